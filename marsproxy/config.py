@@ -1,0 +1,236 @@
+"""The one typed configuration of marsproxy.
+
+Sources, weakest first: built-in defaults, a YAML file, ``MARSPROXY_*`` environment variables,
+command-line flags. Every tunable number lives here with its default, and has the same name in
+YAML, the docs (``docs/configuration.md``) and the code.
+
+Environment overrides name a key path with ``__`` between levels, e.g.
+``MARSPROXY_SERVER__PORT=9000`` or ``MARSPROXY_UPSTREAM__CONNECT_TIMEOUT_S=2``; the value is read
+as YAML, so ``MARSPROXY_WORKERS='[http://a:8000, http://b:8000]'`` works too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "MARSPROXY_"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and the source."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = Field("127.0.0.1", description="Address the proxy listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port the proxy listens on (0: any free).")
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Largest request body accepted; larger gets 413."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the proxy."
+    )
+
+
+class WorkerConfig(_Section):
+    url: str = Field(description="Base URL of a vLLM (or emulated) worker, e.g. http://h:8000.")
+    name: str = Field("", description="Name used in metrics and logs; defaults to host:port.")
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_scheme(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"worker url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.url.split("://", 1)[1]
+
+
+class UpstreamConfig(_Section):
+    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to a worker.")
+    first_byte_timeout_s: float = Field(
+        600.0, gt=0, description="Time from sending a request to the worker's response headers."
+    )
+    idle_timeout_s: float = Field(
+        120.0, gt=0, description="Longest silence between two body chunks of a worker's response."
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="Pooled keep-alive connections to all workers together."
+    )
+    retry_connect_once: bool = Field(
+        True, description="On connect failure before any byte was sent, try another worker once."
+    )
+
+
+class HealthConfig(_Section):
+    interval_s: float = Field(2.0, gt=0, description="Period of GET /health on each worker.")
+    timeout_s: float = Field(1.0, gt=0, description="Timeout of one health check.")
+    unhealthy_after: int = Field(
+        2, ge=1, description="Consecutive failed checks (or failed connects) that eject a worker."
+    )
+    healthy_after: int = Field(1, ge=1, description="Consecutive good checks that readmit it.")
+
+
+DEFAULT_SESSION_HEADERS = (
+    "x-session-id",
+    "x-mars-session-id",
+    "x-dynamo-session-id",
+    "x-claude-code-session-id",
+    "x-litellm-session-id",
+    "session-id",
+    "x-session-affinity",
+    "session_id",
+)
+
+
+class SessionsConfig(_Section):
+    headers: tuple[str, ...] = Field(
+        DEFAULT_SESSION_HEADERS, description="Headers that carry a session id; first match wins."
+    )
+    body_fields: bool = Field(
+        True,
+        description="Also read session_params.session_id, prompt_cache_key and user from bodies.",
+    )
+    chain_matching: bool = Field(
+        True, description="Match id-less requests to sessions by append-only history."
+    )
+    final_headers: tuple[str, ...] = Field(
+        ("x-session-final", "x-dynamo-session-final"),
+        description="Headers whose value true marks a session's last request.",
+    )
+    idle_ttl_s: float = Field(
+        1800.0, gt=0, description="A session unseen this long is forgotten (affinity, history)."
+    )
+    max_sessions: int = Field(
+        100_000, ge=1, description="Most sessions remembered; the least recently seen go first."
+    )
+
+    @field_validator("headers", "final_headers")
+    @classmethod
+    def _lower(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.lower() for h in v)
+
+
+class MarsConfig(_Section):
+    """Root of the configuration."""
+
+    server: ServerConfig = ServerConfig()
+    workers: tuple[WorkerConfig, ...] = Field(
+        (), description="Upstream workers; `serve` needs at least one."
+    )
+    upstream: UpstreamConfig = UpstreamConfig()
+    health: HealthConfig = HealthConfig()
+    sessions: SessionsConfig = SessionsConfig()
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_from_urls(cls, v: Any) -> Any:
+        # A bare URL is the common case; accept it as shorthand for {url: ...}.
+        if isinstance(v, (list, tuple)):
+            return [{"url": w} if isinstance(w, str) else w for w in v]
+        return v
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``MARSPROXY_A__B=v`` → ``{"a": {"b": yaml(v)}}``. ``MARSPROXY_CONFIG`` is not a key."""
+    tree: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"environment variable {name}: not valid YAML: {exc}") from exc
+        _set_path(tree, path, value)
+    return tree
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> MarsConfig:
+    """Build the effective config: defaults < YAML file < environment < ``overrides`` (CLI)."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_PREFIX + "CONFIG"):
+        path = environ[ENV_PREFIX + "CONFIG"]
+    data: dict[str, Any] = {}
+    sources: list[str] = []
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: the top level must be a mapping")
+        data = loaded
+        sources.append(f"file {p}")
+    env = env_overrides(environ)
+    if env:
+        data = _deep_merge(data, env)
+        sources.append("environment " + ", ".join(k for k in environ if k.startswith(ENV_PREFIX)))
+    if overrides:
+        data = _deep_merge(data, overrides)
+        sources.append("command line")
+    try:
+        return MarsConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, "; ".join(sources) or "defaults")) from exc
+
+
+def dump_config(cfg: MarsConfig) -> str:
+    """The effective values as YAML (what ``marsproxy config check`` prints)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
