@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marsproxy.config import ConfigError, MarsConfig, dump_config, load_config
+from marsproxy.emulator.profiles import profile_names
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
@@ -33,11 +34,11 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from marsproxy.gateway.app import serve
-
     cfg = load_config(args.config, overrides=_serve_overrides(args))
     if not cfg.workers:
         raise ConfigError("no workers configured: give --worker URL or a `workers:` list")
+    from marsproxy.gateway.app import serve
+
     _setup_logging(cfg.server.log_level)
     asyncio.run(serve(cfg))
     return 0
@@ -115,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         " batching and a step-time model; output text is filler, timing follows the profile.",
         formatter_class=_FMT,
     )
-    e.add_argument("--profile", default="tiny", help="engine profile (tiny, h200-qwen3-coder-30b-a3b)")
+    e.add_argument(
+        "--profile", default="tiny", choices=profile_names(),
+        help="engine profile (see docs/emulator.md)",
+    )
     e.add_argument("--host", default="127.0.0.1", help="listen address")
     e.add_argument("--port", type=int, default=8000, help="listen port")
     e.add_argument(

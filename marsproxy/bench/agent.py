@@ -1,0 +1,182 @@
+"""Replay one agent session from a trace against an OpenAI-compatible URL, as an agent would.
+
+Each turn sends the whole append-only chat history (system prompt, task, then every reply and
+tool observation), sized so that the prompt matches the trace's ``input_tokens`` under the
+emulated tokenizer (4 bytes per token), streams the answer, then waits out the tool phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from marsproxy.bench.trace import SessionTrace
+
+BYTES_PER_TOKEN = 4
+_WORDS = (
+    "def", "self", "return", "import", "class", "pytest", "assert", "value", "error", "path",
+    "config", "line", "test", "file", "module", "patch", "diff", "token", "cache", "queue",
+)
+
+
+def filler(n_tokens: int, rng: random.Random) -> str:
+    """Deterministic text of exactly ``n_tokens`` × 4 ASCII characters."""
+    n_chars = max(1, n_tokens) * BYTES_PER_TOKEN
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        w = rng.choice(_WORDS) + " "
+        parts.append(w)
+        size += len(w)
+    return "".join(parts)[:n_chars]
+
+
+@dataclass
+class TurnResult:
+    ok: bool
+    status: int
+    ttft_s: float | None
+    latency_s: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    overhead_ms: float | None = None
+    error: str = ""
+
+
+@dataclass
+class SessionResult:
+    session_id: str
+    turns: list[TurnResult] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.turns) and all(t.ok for t in self.turns)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    base_url: str
+    model: str
+    token_scale: float = 1.0
+    tool_time_scale: float = 1.0
+    max_turns: int | None = None
+    system_prompt_tokens: int = 600
+    seed: int = 0
+    session_header: str = "x-session-id"
+    request_timeout_s: float = 300.0
+
+
+ToolRunner = Callable[[float, str], Awaitable[None]]
+
+
+async def sleep_tool(seconds: float, kind: str) -> None:
+    """Tool phase as a wait; benchmarks substitute real CPU work."""
+    await asyncio.sleep(seconds)
+
+
+def _scaled(n: int, scale: float) -> int:
+    return max(1, round(n * scale))
+
+
+async def _send_turn(
+    http: aiohttp.ClientSession,
+    opts: ReplayOptions,
+    headers: dict[str, str],
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+) -> tuple[TurnResult, str]:
+    body = {
+        "model": opts.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    text: list[str] = []
+    usage: dict[str, Any] = {}
+    async with http.post(
+        f"{opts.base_url}/v1/chat/completions", json=body, headers=headers
+    ) as resp:
+        overhead = resp.headers.get("x-marsproxy-overhead-ms")
+        if resp.status != 200:
+            err = (await resp.text())[:300]
+            return TurnResult(False, resp.status, None, time.perf_counter() - t0, error=err), ""
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    text.append(piece)
+    details = usage.get("prompt_tokens_details") or {}
+    result = TurnResult(
+        ok=True,
+        status=200,
+        ttft_s=ttft,
+        latency_s=time.perf_counter() - t0,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        overhead_ms=float(overhead) if overhead else None,
+    )
+    return result, "".join(text)
+
+
+async def replay_session(
+    http: aiohttp.ClientSession,
+    trace: SessionTrace,
+    opts: ReplayOptions,
+    shared_system_prompt: str,
+    tool: ToolRunner = sleep_tool,
+) -> SessionResult:
+    """Drive one session to its end; stops at the first failed turn (as an agent would)."""
+    rng = random.Random(f"{opts.seed}:{trace.id}")
+    turns = trace.turns[: opts.max_turns] if opts.max_turns else trace.turns
+    result = SessionResult(session_id=trace.id, started=time.perf_counter())
+    first = _scaled(turns[0].input_tokens, opts.token_scale)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": shared_system_prompt},
+        {"role": "user", "content": filler(max(1, first - opts.system_prompt_tokens), rng)},
+    ]
+    sent_tokens = first
+    for i, turn in enumerate(turns):
+        if i > 0:
+            target = _scaled(turn.input_tokens, opts.token_scale)
+            messages.append({"role": "user", "content": filler(target - sent_tokens, rng)})
+            sent_tokens = max(target, sent_tokens + 1)
+        headers = {opts.session_header: trace.id}
+        if i == len(turns) - 1:
+            headers["x-session-final"] = "true"
+        max_tokens = _scaled(turn.output_tokens, opts.token_scale)
+        try:
+            tr, reply = await _send_turn(http, opts, headers, messages, max_tokens)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            tr, reply = TurnResult(False, 0, None, 0.0, error=repr(exc)), ""
+        result.turns.append(tr)
+        if not tr.ok:
+            break
+        messages.append({"role": "assistant", "content": reply})
+        sent_tokens += tr.completion_tokens
+        if turn.tool_s is not None and i < len(turns) - 1:
+            await tool(turn.tool_s * opts.tool_time_scale, turn.tool)
+    result.ended = time.perf_counter()
+    return result

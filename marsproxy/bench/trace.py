@@ -1,0 +1,77 @@
+"""Agent-session traces in the format of ``shared/traces/`` (one JSON session per line).
+
+Only the fields replay needs are kept. A packaged sample (``marsproxy/data/sample_trace.jsonl``,
+16 sessions of the public agentcgroup traces, sub-agents dropped, at most 40 turns) lets the demo
+and the tests run with nothing outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_tokens: int
+    output_tokens: int
+    tool_s: float | None  # None after the last call
+    tool: str
+
+
+@dataclass(frozen=True)
+class SessionTrace:
+    id: str
+    turns: tuple[Turn, ...]
+
+
+def _parse_line(line: str, where: str) -> SessionTrace:
+    try:
+        raw = json.loads(line)
+        turns = tuple(
+            Turn(
+                input_tokens=int(t["input_tokens"]),
+                output_tokens=max(1, int(t["output_tokens"])),
+                tool_s=None if t.get("tool_s") is None else float(t["tool_s"]),
+                tool=str(t.get("tool") or "other"),
+            )
+            for t in raw["turns"]
+        )
+        return SessionTrace(id=str(raw["id"]), turns=turns)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TraceError(f"{where}: not a session trace line ({exc})") from exc
+
+
+def load_trace(path: str | Path | None = None) -> list[SessionTrace]:
+    """Load sessions from ``path``, or the packaged sample when ``path`` is None."""
+    if path is None:
+        text = resources.files("marsproxy.data").joinpath("sample_trace.jsonl").read_text()
+        name = "packaged sample_trace.jsonl"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TraceError(f"cannot read trace {path}: {exc.strerror}") from exc
+        name = str(path)
+    sessions = [
+        _parse_line(line, f"{name}:{i}")
+        for i, line in enumerate(text.splitlines(), 1)
+        if line.strip()
+    ]
+    sessions = [s for s in sessions if s.turns]
+    if not sessions:
+        raise TraceError(f"{name}: no sessions")
+    return sessions
+
+
+def sample_sessions(sessions: list[SessionTrace], n: int, seed: int) -> list[SessionTrace]:
+    """``n`` sessions picked with a seeded RNG (all of them, shuffled, when n ≥ len)."""
+    rng = random.Random(seed)
+    return rng.sample(sessions, k=min(n, len(sessions)))

@@ -1,0 +1,96 @@
+"""Who is asking: tenant, explicit session id, final flag, and the history used for chaining.
+
+One resolver for the whole project (DESIGN §2 "one way to do each thing"). The order is
+DESIGN §3.1: configured headers, then body ``session_params.session_id``, ``prompt_cache_key``,
+``user``; chain matching is the table's job (``core.sessions``) and gets the history built here.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from marsproxy.core.canon import (
+    History,
+    anthropic_units,
+    chat_units,
+    responses_units,
+)
+
+Route = Literal["chat", "completions", "responses", "messages"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def tenant_of(authorization: str | None) -> str:
+    """Short hash of the Authorization header, so tenants never share session ids."""
+    if not authorization:
+        return "anon"
+    return hashlib.blake2b(authorization.encode(), digest_size=6).hexdigest()
+
+
+@dataclass(frozen=True)
+class ExplicitId:
+    value: str
+    source: Literal["header", "body"]
+    name: str  # header or field it came from, for logs
+
+
+def explicit_session_id(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any] | None,
+    *,
+    header_names: Sequence[str],
+    body_fields: bool,
+) -> ExplicitId | None:
+    """The first session id found, in the documented order; ``None`` if there is none.
+
+    ``headers`` should be case-insensitive (aiohttp's are); ``header_names`` are lower case.
+    """
+    for name in header_names:
+        value = headers.get(name)
+        if value and value.strip():
+            return ExplicitId(value.strip(), "header", name)
+    if not body_fields or body is None:
+        return None
+    params = body.get("session_params")
+    if isinstance(params, Mapping):
+        sid = params.get("session_id")
+        if isinstance(sid, str) and sid:
+            return ExplicitId(sid, "body", "session_params.session_id")
+    for fname in ("prompt_cache_key", "user"):
+        value = body.get(fname)
+        if isinstance(value, str) and value:
+            return ExplicitId(value, "body", fname)
+    return None
+
+
+def is_final(headers: Mapping[str, str], final_headers: Sequence[str]) -> bool:
+    return any((headers.get(h) or "").strip().lower() in _TRUE for h in final_headers)
+
+
+def history_of(route: Route, body: Mapping[str, Any]) -> History | None:
+    """The append-only history of a request body, or ``None`` if it has none we understand."""
+    if route == "chat":
+        messages = body.get("messages")
+        return History.of_units(chat_units(messages)) if isinstance(messages, list) else None
+    if route == "messages":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        return History.of_units(anthropic_units(body.get("system"), messages))
+    if route == "responses":
+        units = responses_units(body.get("instructions"), body.get("input"))
+        return History.of_units(units) if units else None
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return History.of_text(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return History.of_tokens(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return History.of_text(prompt[0])
+    return None  # batches of prompts: no single history

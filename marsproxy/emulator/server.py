@@ -1,0 +1,277 @@
+"""aiohttp server with vLLM's OpenAI-compatible HTTP surface over the emulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from marsproxy.emulator import openai_api as api
+from marsproxy.emulator.profiles import get_profile
+from marsproxy.emulator.request import RequestError
+from marsproxy.emulator.runner import EngineRunner, TokenStream
+from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+
+VLLM_VERSION = "0.32.0"
+# How often a handler waiting for tokens checks whether its client is still connected.
+_DISCONNECT_POLL_S = 0.25
+# A stream writes to its socket at most once per this many wall seconds; tokens that arrive in
+# between go out together in one write (each still its own SSE event). A send() per token per
+# stream made tens of tiny-profile streams CPU-bound on 2-core machines.
+_MIN_WRITE_INTERVAL_S = 0.005
+_SSE_HEADERS = MappingProxyType(
+    {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+)
+
+
+@dataclass(frozen=True)
+class EmulatorOptions:
+    profile: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    time_scale: float = 1.0
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    num_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    served_model_name: str | None = None
+
+
+RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(), status=status,
+        content_type="application/json",
+    )
+
+
+def _error(exc: api.ApiError) -> web.Response:
+    return _json(exc.body(), exc.status)
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        # vLLM (FastAPI) answers a malformed body with type "Bad Request" rather than the
+        # "BadRequestError" of its own validation errors.
+        raise api.ApiError(400, f"JSON decode error: {exc}", "Bad Request", "body") from exc
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _wait_update(stream: TokenStream, request: web.Request) -> None:
+    """Wait for new tokens; raise ConnectionResetError when the client has gone away (aiohttp
+    does not cancel handlers on disconnect unless the runner enables handler_cancellation)."""
+    while not stream.event.is_set():
+        try:
+            async with asyncio.timeout(_DISCONNECT_POLL_S):
+                await stream.event.wait()
+        except TimeoutError:
+            if _client_gone(request):
+                raise ConnectionResetError("client disconnected") from None
+    stream.event.clear()
+
+
+class _Handlers:
+    def __init__(self, runner: EngineRunner) -> None:
+        self.runner = runner
+        self.model = runner.profile.model_name
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: web.Request, kind: api.Kind) -> web.StreamResponse:
+        try:
+            parsed = api.parse_request(kind, await _read_json(request), self.model)
+        except api.ApiError as exc:
+            return _error(exc)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
+        try:
+            stream = self.runner.submit(
+                rid, parsed.prompt_token_ids, parsed.max_tokens, parsed.ignore_eos,
+                parsed.priority,
+            )
+        except RequestError as exc:
+            return _error(api.bad_request(str(exc)))
+        try:
+            if parsed.stream:
+                return await self._stream(request, parsed, rid, stream)
+            try:
+                while stream.finished is None:
+                    await _wait_update(stream, request)
+            except ConnectionResetError:
+                return web.Response(status=499)  # nobody reads it; the request is aborted below
+            fin = stream.finished
+            body = api.full_response(
+                kind, rid, int(time.time()), self.model,
+                filler_text(0, fin.completion_tokens), fin.finish_reason,
+                api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens),
+            )
+            return _json(body)
+        finally:
+            self.runner.release(rid)
+
+    async def _stream(
+        self, request: web.Request, parsed: api.ParsedRequest, rid: str, stream: TokenStream
+    ) -> web.StreamResponse:
+        created = int(time.time())
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        # A client that went away mid-stream ends the handler quietly; release() aborts.
+        with contextlib.suppress(ConnectionResetError):
+            await self._pump(resp, request, parsed, rid, created, stream)
+        return resp
+
+    async def _pump(
+        self, resp: web.StreamResponse, request: web.Request, parsed: api.ParsedRequest,
+        rid: str, created: int, stream: TokenStream,
+    ) -> None:
+        """Write the stream's tokens as SSE events until it finishes."""
+        kind = parsed.kind
+        # Every token chunk is the same JSON except its text: build the frame once.
+        template = api.chunk(kind, rid, created, self.model, "\x00")
+        head, tail = ("data: " + json.dumps(template, separators=(",", ":"))).split('"\\u0000"')
+        head_b, tail_b = head.encode(), (tail + "\n\n").encode()
+        sent = 0
+        loop = asyncio.get_running_loop()
+        next_write = 0.0
+        while True:
+            pause = next_write - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await _wait_update(stream, request)
+            fin, avail = stream.finished, stream.available
+            parts: list[bytes] = []
+            if sent == 0 and avail > 0 and kind == "chat":
+                parts.append(_sse(api.chunk(kind, rid, created, self.model, "", role=True)))
+            last = avail - 1 if fin is not None else avail
+            for i in range(sent, last):
+                parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
+            if fin is not None:
+                parts.append(_sse(api.chunk(
+                    kind, rid, created, self.model, filler_chunk(avail - 1), fin.finish_reason
+                )))
+                if parsed.include_usage:
+                    u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
+                    parts.append(_sse(api.usage_chunk(kind, rid, created, self.model, u)))
+                parts.append(b"data: [DONE]\n\n")
+            sent = last
+            if parts:
+                await resp.write(b"".join(parts))
+                next_write = loop.time() + _MIN_WRITE_INTERVAL_S
+            if fin is not None:
+                break
+        await resp.write_eof()
+
+    async def models(self, request: web.Request) -> web.Response:
+        m = self.model
+        return _json({"object": "list", "data": [{
+            "id": m, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            "root": m, "parent": None, "max_model_len": self.runner.profile.effective_max_model_len,
+            "permission": [{
+                "id": "modelperm-" + uuid.uuid4().hex[:16], "object": "model_permission",
+                "created": int(time.time()), "allow_create_engine": False,
+                "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                "group": None, "is_blocking": False,
+            }],
+        }]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            if isinstance(body, dict) and body.get("model", self.model) not in (None, self.model):
+                raise api.model_not_found(str(body["model"]), self.model)
+            ids = api.tokenize_body(body)
+        except api.ApiError as exc:
+            return _error(exc)
+        return _json({
+            "count": len(ids), "max_model_len": self.runner.profile.effective_max_model_len,
+            "tokens": ids, "token_strs": None,
+        })
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": VLLM_VERSION})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.runner.metrics.record_state(self.runner.engine.stats())
+        return web.Response(
+            body=self.runner.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def create_app(opts: EmulatorOptions) -> web.Application:
+    """The emulator app; its engine loop starts on app startup and stops on cleanup."""
+    profile = get_profile(
+        opts.profile, num_blocks=opts.num_blocks, max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
+        served_model_name=opts.served_model_name,
+    )
+    runner = EngineRunner(profile, opts.scheduling_policy, opts.time_scale)
+    app = web.Application()
+    app[RUNNER_KEY] = runner
+    h = _Handlers(runner)
+    app.router.add_post("/v1/chat/completions", h.chat)
+    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_post("/tokenize", h.tokenize)
+    app.router.add_get("/health", h.health)
+    app.router.add_get("/ping", h.health)
+    app.router.add_post("/ping", h.health)
+    app.router.add_get("/version", h.version)
+    app.router.add_get("/metrics", h.metrics)
+
+    async def _start(app: web.Application) -> None:
+        app[RUNNER_KEY].start()
+
+    async def _stop(app: web.Application) -> None:
+        await app[RUNNER_KEY].stop()
+
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+async def serve(opts: EmulatorOptions) -> None:
+    """Listen on ``opts.host:opts.port`` until SIGTERM/SIGINT, then shut down cleanly."""
+    app = create_app(opts)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+    # request in the engine (as vLLM aborts on disconnect).
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, opts.host, opts.port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

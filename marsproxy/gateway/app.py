@@ -1,0 +1,163 @@
+"""The aiohttp application of the gateway, and ``serve`` with graceful shutdown.
+
+The app asks its server for ``handler_cancellation``: a client that disconnects cancels its
+handler at once, which closes the upstream connection and so aborts the worker's request even
+while the worker is silent (prefill, queueing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from marsproxy.config import MarsConfig
+from marsproxy.core.identity import Route
+from marsproxy.gateway.bodies import SCHEDULED_ROUTES
+from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
+from marsproxy.gateway.service import Gateway
+
+log = logging.getLogger("marsproxy.gateway")
+
+GATEWAY_KEY = web.AppKey("marsproxy_gateway", Gateway)
+
+
+@web.middleware
+async def _overhead_header(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The admin endpoints' overhead header (the relay sets its own, excluding upstream time)."""
+    t0 = time.perf_counter()
+    resp = await handler(request)
+    if OVERHEAD_HEADER not in resp.headers and not resp.prepared:
+        resp.headers[OVERHEAD_HEADER] = f"{(time.perf_counter() - t0) * 1000:.3f}"
+    return resp
+
+
+def create_app(cfg: MarsConfig) -> web.Application:
+    """The gateway app; its health checker and upstream pool start on startup, stop on cleanup.
+
+    ``app[GATEWAY_KEY].stats()`` gives requests per worker and session → worker assignments.
+    """
+    gw = Gateway(cfg)
+    relay = Relay(gw)
+    # Body size is enforced by the relay (to answer 413 in the OpenAI shape); aiohttp's own
+    # limit only has to stay out of the way.
+    # handler_cancellation travels with the app, so any runner (tests, demo) cancels the
+    # handler of a client that disconnects, which aborts the worker's request at once.
+    app = web.Application(
+        client_max_size=cfg.server.max_body_bytes + 1,
+        handler_args={"handler_cancellation": True},
+        middlewares=[_overhead_header],
+    )
+    app[GATEWAY_KEY] = gw
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        healthy = gw.healthy()
+        if healthy:
+            return web.json_response({"status": "ready", "healthy_workers": len(healthy)})
+        return error_response(
+            503, "no healthy worker", code="no_healthy_worker", headers={"Retry-After": "1"}
+        )
+
+    async def metrics(_: web.Request) -> web.Response:
+        resp = web.Response(body=gw.metrics.render())
+        resp.content_type = "text/plain"
+        resp.charset = "utf-8"
+        return resp
+
+    def scheduled(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await relay.scheduled(request, route)
+
+        return handler
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    for path, route in SCHEDULED_ROUTES.items():
+        app.router.add_post(path, scheduled(route))
+    app.router.add_route("*", "/{tail:.*}", relay.passthrough)
+
+    async def on_startup(_: web.Application) -> None:
+        await gw.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await gw.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+@dataclass
+class Running:
+    """A started gateway: its runner, the port it got, and its state."""
+
+    runner: web.AppRunner
+    port: int
+    gateway: Gateway
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(cfg: MarsConfig, app: web.Application | None = None) -> Running:
+    """Listen on ``cfg.server.host:port`` (port 0: any free one) and return at once."""
+    app = app if app is not None else create_app(cfg)
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=cfg.server.drain_timeout_s,
+        access_log=None,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+    await site.start()
+    port = cfg.server.port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            port = int(addr[1])
+            break
+    return Running(runner, port, app[GATEWAY_KEY])
+
+
+async def serve(cfg: MarsConfig) -> None:
+    """Run until SIGTERM/SIGINT; then stop accepting, drain in-flight requests, exit.
+
+    In-flight requests (streams included) get up to ``server.drain_timeout_s`` to finish;
+    whatever is still running then is cancelled, which closes its upstream connection.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    running = await start(cfg)
+    log.info(
+        "marsproxy listening on %s:%d, workers: %s",
+        cfg.server.host,
+        running.port,
+        ", ".join(w.label for w in cfg.workers),
+    )
+    try:
+        await stop.wait()
+        log.info(
+            "shutting down: draining in-flight requests for up to %.1f s",
+            cfg.server.drain_timeout_s,
+        )
+    finally:
+        await running.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(sig)
+    log.info("marsproxy stopped")

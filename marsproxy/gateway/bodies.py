@@ -1,0 +1,70 @@
+"""Request bodies: read within the size limit, parse, and adjust only where the proxy must."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from marsproxy.core.identity import Route
+
+SCHEDULED_ROUTES: dict[str, Route] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+async def read_limited(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body, or ``BodyError(413)`` as soon as it is known to be too large."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyError(
+            413,
+            "body_too_large",
+            f"request body of {request.content_length} bytes exceeds {max_bytes} bytes",
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@dataclass
+class ParsedBody:
+    obj: dict[str, Any]
+    raw: bytes  # what goes upstream: the original bytes unless the proxy changed something
+    stream: bool
+    strip_usage_chunk: bool  # the proxy added include_usage; the client did not ask for it
+
+
+def parse_body(route: Route, raw: bytes) -> ParsedBody:
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise BodyError(400, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise BodyError(400, "invalid_body", "request body must be a JSON object")
+    stream = obj.get("stream") is True
+    strip = False
+    if stream and route in ("chat", "completions"):
+        opts = obj.get("stream_options")
+        if not (isinstance(opts, dict) and opts.get("include_usage") is True):
+            # Ask for usage on the client's behalf; the relay drops the extra chunk again.
+            base = opts if isinstance(opts, dict) else {}
+            obj["stream_options"] = {**base, "include_usage": True}
+            raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+            strip = True
+    return ParsedBody(obj, raw, stream, strip)

@@ -1,0 +1,49 @@
+"""The one error shape of the proxy: OpenAI's ``{"error": {"message", "type", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("marsproxy.gateway")
+
+# status → OpenAI error type
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_body(message: str, *, status: int, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An OpenAI-shaped error; every one is logged once, saying what was wrong."""
+    log.warning("%d %s: %s", status, code, message)
+    return web.Response(
+        status=status,
+        body=json.dumps(error_body(message, status=status, code=code)).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def sse_error_event(message: str, *, code: str, status: int = 504) -> bytes:
+    """How a stream that already started says it failed: a final ``data:`` event."""
+    log.warning("stream cut (%s): %s", code, message)
+    return b"data: " + json.dumps(error_body(message, status=status, code=code)).encode() + b"\n\n"

@@ -1,0 +1,65 @@
+"""Prometheus metrics of one gateway (its own registry: no process globals).
+
+Labels are bounded: route (the four scheduled routes, ``passthrough`` or ``admin``), status
+code, error kind, worker label. Never a session id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "marsproxy_requests",
+            "Requests answered, by route and status code.",
+            ["route", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "marsproxy_request_duration_seconds",
+            "Request time in the proxy, end to end.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "marsproxy_proxy_overhead_seconds",
+            "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
+            ["route"],
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
+        )
+        self.upstream_errors = Counter(
+            "marsproxy_upstream_errors",
+            "Failures talking to workers, by kind.",
+            ["worker", "kind"],
+            registry=r,
+        )
+        self.worker_healthy = Gauge(
+            "marsproxy_worker_healthy",
+            "1 when the worker takes new sessions.",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_requests = Counter(
+            "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"], registry=r
+        )
+        self.tokens = Counter(
+            "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
+        )
+        self.sessions = Gauge(
+            "marsproxy_sessions", "Sessions remembered (affinity and history).", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

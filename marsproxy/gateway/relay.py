@@ -1,0 +1,358 @@
+"""The request handlers: scheduled routes (session → worker, usage, SSE relay) and pass-through.
+
+Each handler keeps a ``_Clock`` so the ``x-marsproxy-overhead-ms`` header reports only the time
+spent in the proxy: everything up to sending the response headers, minus waiting for the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from marsproxy.core.canon import Reply
+from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
+from marsproxy.core.sessions import Turn
+from marsproxy.gateway.bodies import BodyError, parse_body, read_limited
+from marsproxy.gateway.errors import error_response, sse_error_event
+from marsproxy.gateway.service import Gateway
+from marsproxy.gateway.sse import SSESplitter, StreamTap, Usage, body_usage_and_reply
+from marsproxy.gateway.upstream import Opened, UpstreamFailure, request_headers, response_headers
+
+log = logging.getLogger("marsproxy.gateway.relay")
+
+OVERHEAD_HEADER = "x-marsproxy-overhead-ms"
+CLIENT_GONE = 499  # nginx's code for "client closed request"; only ever a metrics label
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.upstream_s = 0.0
+        self.frozen_s: float | None = None  # overhead as sent in the header
+
+    def overhead_s(self) -> float:
+        if self.frozen_s is not None:
+            return self.frozen_s
+        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s)
+
+    def header(self) -> dict[str, str]:
+        """The overhead header; what it says is final (streams: time to the headers)."""
+        self.frozen_s = self.overhead_s()
+        return {OVERHEAD_HEADER: f"{self.frozen_s * 1000:.3f}"}
+
+
+class _Outcome:
+    """What happened to one request, for metrics and for the session table."""
+
+    def __init__(self, route_label: str) -> None:
+        self.route = route_label
+        self.status = 500
+        self.ok = False
+        self.usage: Usage | None = None
+        self.reply: Reply | None = None
+
+
+def _error(
+    clock: _Clock,
+    out: _Outcome,
+    status: int,
+    code: str,
+    message: str,
+    retry_after: int | None = None,
+) -> web.Response:
+    headers = clock.header()
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    out.status = status
+    return error_response(status, message, code=code, headers=headers)
+
+
+class Relay:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._retry_after = max(1, round(gw.cfg.health.interval_s))
+
+    async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
+        gw, clock, out = self.gw, _Clock(), _Outcome(route)
+        gw.metrics.in_flight.inc()
+        try:
+            return await self._scheduled(request, route, clock, out)
+        except asyncio.CancelledError:
+            out.status = CLIENT_GONE
+            raise
+        finally:
+            self._account(out, clock)
+
+    async def _scheduled(
+        self, request: web.Request, route: Route, clock: _Clock, out: _Outcome
+    ) -> web.StreamResponse:
+        gw, cfg = self.gw, self.gw.cfg
+        try:
+            raw = await read_limited(request, cfg.server.max_body_bytes)
+            body = parse_body(route, raw)
+        except BodyError as exc:
+            return _error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+        # Anthropic-style clients send their key as x-api-key instead of Authorization.
+        tenant = tenant_of(request.headers.get("Authorization") or request.headers.get("x-api-key"))
+        explicit = explicit_session_id(
+            request.headers,
+            body.obj,
+            header_names=cfg.sessions.headers,
+            body_fields=cfg.sessions.body_fields,
+        )
+        history = None
+        if explicit is None and cfg.sessions.chain_matching:
+            history = history_of(route, body.obj)
+        turn = gw.sessions.start(
+            tenant=tenant,
+            explicit_id=explicit.value if explicit else None,
+            explicit_source=explicit.source if explicit else "header",
+            history=history,
+            final=is_final(request.headers, cfg.sessions.final_headers),
+            now=gw.now(),
+        )
+        gw.metrics.sessions.set(len(gw.sessions))
+        try:
+            strip = body.stream and body.strip_usage_chunk
+            return await self._relay(request, route, body.raw, strip, turn, clock, out)
+        finally:
+            if out.usage is not None:
+                gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
+                gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
+            gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+            gw.metrics.sessions.set(len(gw.sessions))
+
+    async def _relay(
+        self,
+        request: web.Request,
+        route: Route,
+        raw: bytes,
+        strip: bool,
+        turn: Turn,
+        clock: _Clock,
+        out: _Outcome,
+    ) -> web.StreamResponse:
+        gw = self.gw
+        headers = request_headers(request.headers, identity=True)
+        try:
+            opened = await gw.upstream.open(
+                request.method,
+                request.path_qs,
+                headers,
+                raw,
+                lambda tried: gw.pick_for_session(turn.session, tried),
+            )
+        except UpstreamFailure as exc:
+            clock.upstream_s += exc.upstream_s
+            retry = self._retry_after if exc.status == 503 else None
+            return _error(clock, out, exc.status, exc.code, exc.message, retry)
+        clock.upstream_s += opened.upstream_s
+        upstream = opened.response
+        completed = False
+        try:
+            is_sse = upstream.content_type == "text/event-stream"
+            if upstream.status < 400 and is_sse:
+                resp = await self._stream(request, route, opened, strip, turn, clock, out)
+            else:
+                resp = await self._buffered(route, opened, turn, clock, out)
+            completed = True
+            return resp
+        finally:
+            if completed:
+                upstream.release()
+            else:
+                # Client gone or stream cut: closing the connection aborts the worker's request.
+                upstream.close()
+
+    async def _buffered(
+        self, route: Route, opened: Opened, turn: Turn, clock: _Clock, out: _Outcome
+    ) -> web.StreamResponse:
+        upstream, gw = opened.response, self.gw
+        chunks: list[bytes] = []
+        t = time.perf_counter()
+        try:
+            while chunk := await gw.upstream.read_chunk(upstream):
+                chunks.append(chunk)
+            clock.upstream_s += time.perf_counter() - t
+        except TimeoutError:
+            clock.upstream_s += time.perf_counter() - t
+            gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
+            return _error(
+                clock,
+                out,
+                504,
+                "upstream_timeout",
+                f"worker {opened.worker.label} went silent mid-response for "
+                f"{gw.cfg.upstream.idle_timeout_s} s",
+            )
+        except aiohttp.ClientError as exc:
+            clock.upstream_s += time.perf_counter() - t
+            gw.metrics.upstream_errors.labels(opened.worker.label, "protocol").inc()
+            return _error(
+                clock,
+                out,
+                502,
+                "upstream_error",
+                f"worker {opened.worker.label} failed mid-response: {exc!r}",
+            )
+        body = b"".join(chunks)
+        out.status = upstream.status
+        if upstream.status < 400:
+            out.usage, out.reply = body_usage_and_reply(route, body, capture=turn.capture_reply)
+            out.ok = True
+        else:
+            log.info("worker %s answered %d on %s", opened.worker.label, upstream.status, route)
+            if upstream.status >= 500:  # e.g. vLLM's 503 "engine busy": overload, worth a graph
+                gw.metrics.upstream_errors.labels(opened.worker.label, "http_5xx").inc()
+        headers = response_headers(upstream.headers)
+        headers.update(clock.header())
+        return web.Response(status=upstream.status, body=body, headers=headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        route: Route,
+        opened: Opened,
+        strip: bool,
+        turn: Turn,
+        clock: _Clock,
+        out: _Outcome,
+    ) -> web.StreamResponse:
+        upstream, gw = opened.response, self.gw
+        tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply)
+        splitter = SSESplitter()
+        headers = response_headers(upstream.headers)
+        headers.update(clock.header())
+        resp = web.StreamResponse(status=upstream.status, headers=headers)
+        out.status = upstream.status
+        await resp.prepare(request)
+        while True:
+            try:
+                chunk = await gw.upstream.read_chunk(upstream)
+            except TimeoutError:
+                gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
+                await self._cut(
+                    resp,
+                    sse_error_event(
+                        f"worker {opened.worker.label} went silent for "
+                        f"{gw.cfg.upstream.idle_timeout_s} s",
+                        code="upstream_timeout",
+                    ),
+                )
+                return resp
+            except aiohttp.ClientError as exc:
+                gw.metrics.upstream_errors.labels(opened.worker.label, "protocol").inc()
+                await self._cut(
+                    resp,
+                    sse_error_event(
+                        f"worker {opened.worker.label} failed mid-stream: {exc!r}",
+                        code="upstream_error",
+                        status=502,
+                    ),
+                )
+                return resp
+            if not chunk:
+                break
+            kept = [e for e in splitter.feed(chunk) if tap.keep(e)]
+            if kept and not await self._write(resp, b"".join(kept), upstream, out):
+                return resp
+        rest = splitter.flush()
+        if rest and tap.keep(rest) and not await self._write(resp, rest, upstream, out):
+            return resp
+        await resp.write_eof()
+        out.usage = tap.usage
+        out.ok = not tap.saw_error
+        out.reply = tap.reply() if out.ok else None
+        return resp
+
+    @staticmethod
+    async def _write(
+        resp: web.StreamResponse, data: bytes, upstream: aiohttp.ClientResponse, out: _Outcome
+    ) -> bool:
+        """Write to the client; if it is gone, abort the worker's request at once."""
+        try:
+            await resp.write(data)
+        except ConnectionError:
+            log.info("client went away mid-stream; aborting the upstream request")
+            upstream.close()
+            out.status = CLIENT_GONE
+            return False
+        return True
+
+    @staticmethod
+    async def _cut(resp: web.StreamResponse, event: bytes) -> None:
+        with contextlib.suppress(ConnectionError):
+            await resp.write(event)
+            await resp.write_eof()
+
+    # -- everything else --------------------------------------------------------------------------
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        gw, clock, out = self.gw, _Clock(), _Outcome("passthrough")
+        gw.metrics.in_flight.inc()
+        try:
+            return await self._passthrough(request, clock, out)
+        except asyncio.CancelledError:
+            out.status = CLIENT_GONE
+            raise
+        finally:
+            self._account(out, clock)
+
+    async def _passthrough(
+        self, request: web.Request, clock: _Clock, out: _Outcome
+    ) -> web.StreamResponse:
+        gw = self.gw
+        try:
+            raw = await read_limited(request, gw.cfg.server.max_body_bytes)
+        except BodyError as exc:
+            return _error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+        try:
+            opened = await gw.upstream.open(
+                request.method,
+                request.path_qs,
+                request_headers(request.headers, identity=False),
+                raw,
+                gw.pick_any,
+            )
+        except UpstreamFailure as exc:
+            clock.upstream_s += exc.upstream_s
+            retry = self._retry_after if exc.status == 503 else None
+            return _error(clock, out, exc.status, exc.code, exc.message, retry)
+        clock.upstream_s += opened.upstream_s
+        upstream = opened.response
+        completed = False
+        try:
+            headers = response_headers(upstream.headers)
+            headers.update(clock.header())
+            resp = web.StreamResponse(status=upstream.status, headers=headers)
+            out.status = upstream.status
+            await resp.prepare(request)
+            try:
+                while chunk := await gw.upstream.read_chunk(upstream):
+                    await resp.write(chunk)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                gw.metrics.upstream_errors.labels(opened.worker.label, "passthrough").inc()
+                log.warning(
+                    "pass-through %s from %s cut: %r", request.path, opened.worker.label, exc
+                )
+                return resp  # the body is short; the client sees the connection end
+            await resp.write_eof()
+            completed = True
+            return resp
+        finally:
+            if completed:
+                upstream.release()
+            else:
+                upstream.close()
+
+    def _account(self, out: _Outcome, clock: _Clock) -> None:
+        m = self.gw.metrics
+        m.in_flight.dec()
+        m.requests.labels(out.route, str(out.status)).inc()
+        m.latency.labels(out.route).observe(time.perf_counter() - clock.t0)
+        m.overhead.labels(out.route).observe(clock.overhead_s())

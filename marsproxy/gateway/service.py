@@ -1,0 +1,100 @@
+"""The gateway's state: config, session table, placement, worker health, metrics, upstream.
+
+Built from config and passed around (no globals). The relay handlers call into it; the demo
+and tests read ``stats()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.core.sessions import SessionTable
+from marsproxy.gateway.health import HealthChecker, WorkerHealth
+from marsproxy.gateway.metrics import GatewayMetrics
+from marsproxy.gateway.upstream import Upstream
+from marsproxy.sched.placement import Placement
+
+
+class Gateway:
+    def __init__(self, cfg: MarsConfig) -> None:
+        self.cfg = cfg
+        self.workers: dict[str, WorkerConfig] = {w.url: w for w in cfg.workers}
+        self.metrics = GatewayMetrics()
+        self.placement = Placement([w.url for w in cfg.workers])
+        self.sessions = SessionTable(
+            idle_ttl_s=cfg.sessions.idle_ttl_s,
+            max_sessions=cfg.sessions.max_sessions,
+            chain_matching=cfg.sessions.chain_matching,
+            on_forget=self.placement.release,
+        )
+        self.health = WorkerHealth(
+            list(self.workers),
+            unhealthy_after=cfg.health.unhealthy_after,
+            healthy_after=cfg.health.healthy_after,
+        )
+        self.checker = HealthChecker(cfg.workers, self.health, cfg.health, self._health_changed)
+        self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
+        self.requests_per_worker: Counter[str] = Counter()
+        for w in cfg.workers:
+            self.metrics.worker_healthy.labels(w.label).set(1)
+
+    @staticmethod
+    def now() -> float:
+        """The clock fed to the sans-IO core."""
+        return time.monotonic()
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        assert self.upstream.session is not None
+        self.checker.start(self.upstream.session)
+
+    async def stop(self) -> None:
+        await self.checker.stop()
+        await self.upstream.close()
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    def healthy(self) -> list[str]:
+        return self.health.healthy()
+
+    def pick_for_session(self, session: str, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+        url = self.placement.assign(session, self.healthy(), exclude={w.url for w in tried})
+        return None if url is None else self._sent(url)
+
+    def pick_any(self, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+        url = self.placement.least_loaded(self.healthy(), exclude={w.url for w in tried})
+        return None if url is None else self._sent(url)
+
+    def _sent(self, url: str) -> WorkerConfig:
+        worker = self.workers[url]
+        self.requests_per_worker[worker.label] += 1
+        self.metrics.worker_requests.labels(worker.label).inc()
+        return worker
+
+    def _upstream_error(self, worker: WorkerConfig, kind: str) -> None:
+        self.metrics.upstream_errors.labels(worker.label, kind).inc()
+        if kind == "connect":
+            # A refused connect is as good a sign as a failed health check.
+            self.checker.record(worker, False)
+
+    def _health_changed(self, url: str, healthy: bool) -> None:
+        self.metrics.worker_healthy.labels(self.workers[url].label).set(1 if healthy else 0)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """A summary for the demo and for tests: requests and sessions per worker."""
+        labels = {url: w.label for url, w in self.workers.items()}
+        return {
+            "requests_per_worker": {
+                w.label: self.requests_per_worker[w.label] for w in self.cfg.workers
+            },
+            "sessions_per_worker": {labels[u]: n for u, n in self.placement.load().items()},
+            "session_workers": {s: labels[u] for s, u in self.placement.assignments().items()},
+            "healthy": {labels[u]: ok for u, ok in self.health.snapshot().items()},
+            "sessions": len(self.sessions),
+        }

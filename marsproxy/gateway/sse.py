@@ -1,0 +1,278 @@
+"""Server-sent events: split a byte stream into events, and tap events for usage and replies.
+
+The relay forwards each upstream event's bytes unchanged as soon as the event is complete; the
+taps here only look. JSON is parsed only for events that can hold what is needed (a cheap
+substring check first), and reply text is collected only for chain-matched sessions.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from marsproxy.core.canon import (
+    Reply,
+    anthropic_message_unit,
+    chat_reply_unit,
+    responses_output_units,
+)
+from marsproxy.core.identity import Route
+
+
+class SSESplitter:
+    """Cuts a byte stream at event boundaries (a blank line), whatever the chunking."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete events (each with its terminating blank line) found so far."""
+        buf = self._buf + data
+        events: list[bytes] = []
+        start = 0
+        while True:
+            nl = buf.find(b"\n\n", start)
+            crnl = buf.find(b"\r\n\r\n", start)
+            if nl < 0 and crnl < 0:
+                break
+            end = crnl + 4 if crnl >= 0 and (nl < 0 or crnl < nl) else nl + 2
+            events.append(buf[start:end])
+            start = end
+        self._buf = buf[start:]
+        return events
+
+    def flush(self) -> bytes:
+        """Bytes left after the stream ended without a final blank line."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+def event_data(event: bytes) -> bytes:
+    """The event's ``data:`` payload (lines joined by newlines)."""
+    parts = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+    return b"\n".join(parts)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @staticmethod
+    def of(obj: Any) -> Usage | None:
+        """OpenAI (prompt/completion) or Anthropic/responses (input/output) usage objects."""
+        if not isinstance(obj, dict):
+            return None
+        prompt = obj.get("prompt_tokens", obj.get("input_tokens"))
+        completion = obj.get("completion_tokens", obj.get("output_tokens"))
+        details = obj.get("prompt_tokens_details") or obj.get("input_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None:
+            cached = obj.get("cache_read_input_tokens")
+        return Usage(_int(prompt), _int(completion), _int(cached))
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Capture:
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index → [name, args...]
+
+
+class StreamTap:
+    """Watches one SSE response of a scheduled route.
+
+    ``keep(event)`` says whether to forward the event: the only event ever dropped is the
+    usage-only chat/completions chunk the proxy asked for on the client's behalf.
+    """
+
+    def __init__(self, route: Route, *, strip_usage_chunk: bool, capture: bool) -> None:
+        self.route = route
+        self.usage: Usage | None = None
+        self._strip = strip_usage_chunk
+        self._capture = _Capture() if capture else None
+        self._responses_output: list[bytes] | None = None
+        self.saw_error = False
+
+    def keep(self, event: bytes) -> bool:
+        if self.route in ("chat", "completions"):
+            return self._openai(event)
+        if self.route == "responses":
+            self._responses(event)
+        else:
+            self._messages(event)
+        return True
+
+    def reply(self) -> Reply | None:
+        """The reply in the form the client will echo next turn (capture only)."""
+        cap = self._capture
+        if cap is None:
+            return None
+        if self.route == "responses":
+            return None if self._responses_output is None else Reply(tuple(self._responses_output))
+        text = "".join(cap.text)
+        calls = [(c[0], "".join(c[1:])) for _, c in sorted(cap.calls.items())]
+        if self.route == "completions":
+            return Reply(text=text)
+        if self.route == "messages":
+            return Reply((messages_reply_unit(text, calls),))
+        return Reply((chat_reply_unit(text, calls),))
+
+    def _openai(self, event: bytes) -> bool:
+        has_usage = b'"usage"' in event and b'"usage":null' not in event
+        if not has_usage and self._capture is None and b'"error"' not in event:
+            return True  # the common case: forward without looking further
+        data = event_data(event)
+        if not data or data == b"[DONE]":
+            return True
+        obj = _loads(data)
+        if not isinstance(obj, dict):
+            return True
+        if "error" in obj:
+            self.saw_error = True
+        if has_usage:
+            usage = Usage.of(obj.get("usage"))
+            if usage is not None:
+                self.usage = usage
+                if self._strip and obj.get("choices") == []:
+                    return False
+        if self._capture is not None:
+            self._capture_openai(obj)
+        return True
+
+    def _capture_openai(self, obj: dict[str, Any]) -> None:
+        assert self._capture is not None
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        for ch in choices:
+            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
+                continue  # n > 1: the client continues with the first choice
+            if self.route == "completions":
+                if isinstance(ch.get("text"), str):
+                    self._capture.text.append(ch["text"])
+                continue
+            delta = ch.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self._capture.text.append(delta["content"])
+            for tc in delta.get("tool_calls") or ():
+                fn = tc.get("function") or {}
+                slot = self._capture.calls.setdefault(int(tc.get("index", 0)), [""])
+                if fn.get("name"):
+                    slot[0] += fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    slot.append(fn["arguments"])
+
+    def _responses(self, event: bytes) -> None:
+        if b"response.completed" not in event and b"response.failed" not in event:
+            return
+        obj = _loads(event_data(event))
+        if not isinstance(obj, dict) or not isinstance(obj.get("response"), dict):
+            return
+        resp = obj["response"]
+        if obj.get("type") == "response.failed":
+            self.saw_error = True
+        self.usage = Usage.of(resp.get("usage")) or self.usage
+        if self._capture is not None:
+            self._responses_output = responses_output_units(resp.get("output"))
+
+    def _messages(self, event: bytes) -> None:
+        if self._capture is None and b'"usage"' not in event and b'"error"' not in event:
+            return
+        obj = _loads(event_data(event))
+        if not isinstance(obj, dict):
+            return
+        kind = obj.get("type")
+        if kind == "error":
+            self.saw_error = True
+        elif kind == "message_start":
+            self.usage = Usage.of((obj.get("message") or {}).get("usage")) or self.usage
+        elif kind == "message_delta":
+            delta = Usage.of(obj.get("usage"))
+            if delta is not None:
+                base = self.usage or Usage()
+                # message_delta carries the cumulative output count; input stays from the start.
+                self.usage = Usage(
+                    delta.prompt_tokens or base.prompt_tokens,
+                    delta.completion_tokens,
+                    base.cached_tokens,
+                )
+        if self._capture is not None:
+            self._capture_messages(kind, obj)
+
+    def _capture_messages(self, kind: Any, obj: dict[str, Any]) -> None:
+        assert self._capture is not None
+        idx = int(obj.get("index", 0) or 0)
+        if kind == "content_block_start":
+            block = obj.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                self._capture.calls[idx] = [str(block.get("name", ""))]
+            elif isinstance(block.get("text"), str):
+                self._capture.text.append(block["text"])
+        elif kind == "content_block_delta":
+            delta = obj.get("delta") or {}
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                self._capture.text.append(delta["text"])
+            elif delta.get("type") == "input_json_delta" and idx in self._capture.calls:
+                self._capture.calls[idx].append(str(delta.get("partial_json", "")))
+
+
+def messages_reply_unit(text: str, calls: list[tuple[str, str]]) -> bytes:
+    """The assistant message an Anthropic client echoes: text and tool_use blocks."""
+    content: list[dict[str, Any]] = []
+    if text:
+        content.append({"type": "text", "text": text})
+    for name, args in calls:
+        content.append({"type": "tool_use", "name": name, "input": _loads(args.encode()) or {}})
+    return anthropic_message_unit({"role": "assistant", "content": content})
+
+
+def body_usage_and_reply(
+    route: Route, body: bytes, *, capture: bool
+) -> tuple[Usage | None, Reply | None]:
+    """Usage (and, for chain sessions, the reply) of a non-streaming response body."""
+    if not capture and b'"usage"' not in body:
+        return None, None
+    obj = _loads(body)
+    if not isinstance(obj, dict):
+        return None, None
+    usage = Usage.of(obj.get("usage"))
+    if not capture:
+        return usage, None
+    if route == "responses":
+        return usage, Reply(tuple(responses_output_units(obj.get("output"))))
+    if route == "messages":
+        text = ""
+        calls: list[tuple[str, str]] = []
+        for block in obj.get("content") or ():
+            if block.get("type") == "text":
+                text += str(block.get("text", ""))
+            elif block.get("type") == "tool_use":
+                calls.append((str(block.get("name", "")), json.dumps(block.get("input", {}))))
+        return usage, Reply((messages_reply_unit(text, calls),))
+    choices = obj.get("choices") or []
+    first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+    if first is None:
+        return usage, None
+    if route == "completions":
+        return usage, Reply(text=str(first.get("text") or ""))
+    msg = first.get("message") or {}
+    calls = []
+    for tc in msg.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        calls.append((str(fn.get("name", "")), str(fn.get("arguments", ""))))
+    return usage, Reply((chat_reply_unit(str(msg.get("content") or ""), calls),))
