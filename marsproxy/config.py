@@ -17,17 +17,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from marsproxy.config_section import Section as _Section
+from marsproxy.probes.config import ProbesConfig
 
 ENV_PREFIX = "MARSPROXY_"
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the key and the source."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ServerConfig(_Section):
@@ -130,6 +129,36 @@ class SessionsConfig(_Section):
         return tuple(h.lower() for h in v)
 
 
+class ToolsConfig(_Section):
+    ema_alpha: float = Field(
+        0.2, gt=0, le=1, description="Weight of the newest sample in tool wait and slowdown EMAs."
+    )
+    quantile: float = Field(
+        0.9, gt=0, le=1, description="Quantile of recent tool durations used as the prediction."
+    )
+    history: int = Field(64, ge=1, description="Tool durations kept per session and per kind.")
+
+
+class RedisStreamConfig(_Section):
+    url: str = Field("", description="Redis URL for the event stream sink; empty: off.")
+    key: str = Field("marsproxy:events", description="Stream key events are XADDed to.")
+    maxlen: int = Field(100_000, ge=1, description="Approximate cap of the stream (MAXLEN ~).")
+
+
+class TelemetryConfig(_Section):
+    bus_capacity: int = Field(
+        65_536, ge=16, description="Events kept in the bus ring; slower readers lose the oldest."
+    )
+    jsonl_path: str = Field("", description="Append every event to this JSONL file; empty: off.")
+    redis_stream: RedisStreamConfig = RedisStreamConfig()
+    sse_keepalive_s: float = Field(
+        15.0, gt=0, description="Comment line sent on idle /mars/v1/events streams."
+    )
+    pressure_sample_every: int = Field(
+        5, ge=1, description="Publish a pressure_sample event every Nth scrape of each worker."
+    )
+
+
 class MarsConfig(_Section):
     """Root of the configuration."""
 
@@ -140,6 +169,9 @@ class MarsConfig(_Section):
     upstream: UpstreamConfig = UpstreamConfig()
     health: HealthConfig = HealthConfig()
     sessions: SessionsConfig = SessionsConfig()
+    probes: ProbesConfig = ProbesConfig()
+    tools: ToolsConfig = ToolsConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -287,14 +319,20 @@ workers:
 def example_yaml() -> str:
     """``configs/marsproxy.yaml``: every key at its default, described in comments."""
     out = [EXAMPLE_HEAD]
-    section = None
+    opened: list[str] = []  # the section path whose header was written last
     for key, default, desc in iter_keys():
         if key == "workers":
             out.append("\n" + EXAMPLE_WORKERS)
+            opened = []
             continue
-        sec, _, leaf = key.partition(".")
-        if sec != section:
-            out.append(f"\n{sec}:\n")
-            section = sec
-        out.append(f"  # {desc}\n  {leaf}: {_yaml_scalar(default)}\n")
+        *path, leaf = key.split(".")
+        common = 0
+        while common < min(len(path), len(opened)) and path[common] == opened[common]:
+            common += 1
+        for depth in range(common, len(path)):
+            blank = "\n" if depth == 0 else ""
+            out.append(f"{blank}{'  ' * depth}{path[depth]}:\n")
+        opened = path
+        pad = "  " * len(path)
+        out.append(f"{pad}# {desc}\n{pad}{leaf}: {_yaml_scalar(default)}\n")
     return "".join(out)

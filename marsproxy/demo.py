@@ -31,15 +31,17 @@ from marsproxy.gateway.app import create_app as create_gateway_app
 
 @dataclass(frozen=True)
 class DemoOptions:
-    sessions: int = 6
-    max_turns: int = 8
+    sessions: int = 10
+    max_turns: int = 10
     token_scale: float = 0.1
-    tool_time_scale: float = 0.05
-    time_scale: float = 0.2
+    tool_time_scale: float = 0.1
+    time_scale: float = 1.0
     trace: str | None = None
     seed: int = 1
-    arrival_gap_s: float = 0.2
+    arrival_gap_s: float = 0.05
     num_blocks: int | None = None
+    proxy_port: int = 0
+    linger_s: float = 0.0
     out: TextIO = field(default=sys.stdout)
 
 
@@ -51,35 +53,35 @@ class WorkerSample:
     counters: dict[str, float] = field(default_factory=dict)
 
 
-def _read_metrics(text: str, into: WorkerSample) -> None:
+def _read_metrics(text: str, prev: WorkerSample) -> WorkerSample:
+    """Peaks carried over from ``prev``; counters as the worker reports them now."""
+    out = WorkerSample(prev.kv_peak, prev.running_peak, prev.waiting_peak)
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "vllm:kv_cache_usage_perc":
-                into.kv_peak = max(into.kv_peak, s.value)
+                out.kv_peak = max(out.kv_peak, s.value)
             elif s.name == "vllm:num_requests_running":
-                into.running_peak = max(into.running_peak, s.value)
+                out.running_peak = max(out.running_peak, s.value)
             elif s.name == "vllm:num_requests_waiting":
-                into.waiting_peak = max(into.waiting_peak, s.value)
+                out.waiting_peak = max(out.waiting_peak, s.value)
             elif s.name in (
                 "vllm:num_preemptions_total",
                 "vllm:prefix_cache_queries_total",
                 "vllm:prefix_cache_hits_total",
                 "vllm:request_success_total",
             ):
-                into.counters[s.name] = into.counters.get(s.name, 0.0) + s.value
+                out.counters[s.name] = out.counters.get(s.name, 0.0) + s.value
+    return out
 
 
 async def _sample_workers(
     http: aiohttp.ClientSession, urls: list[str], samples: list[WorkerSample], stop: asyncio.Event
 ) -> None:
     while True:
-        for url, sample in zip(urls, samples, strict=True):
+        for i, url in enumerate(urls):
             try:
                 async with http.get(f"{url}/metrics") as r:
-                    fresh = WorkerSample(sample.kv_peak, sample.running_peak, sample.waiting_peak)
-                    _read_metrics(await r.text(), fresh)
-                    sample.kv_peak, sample.running_peak = fresh.kv_peak, fresh.running_peak
-                    sample.waiting_peak, sample.counters = fresh.waiting_peak, fresh.counters
+                    samples[i] = _read_metrics(await r.text(), samples[i])
             except aiohttp.ClientError:
                 pass  # a sample missed is only a less precise peak
         if stop.is_set():
@@ -153,9 +155,10 @@ async def run_demo(opts: DemoOptions) -> int:
     cfg: MarsConfig = load_config(
         None, environ={}, overrides={"workers": urls, "health": {"interval_s": 0.5}}
     )
-    proxy = await start_local(create_gateway_app(cfg))
+    proxy = await start_local(create_gateway_app(cfg), port=opts.proxy_port)
     out = opts.out
     out.write(f"workers: {', '.join(urls)}\nproxy:   {proxy.url}\n")
+    out.write(f"watch it live: marsproxy status --url {proxy.url} --watch\n")
     out.write(f"replaying {len(traces)} sessions (at most {opts.max_turns} turns each)...\n")
     out.flush()
     samples = [WorkerSample() for _ in urls]
@@ -184,10 +187,15 @@ async def run_demo(opts: DemoOptions) -> int:
             results = list(await asyncio.gather(*(one(i, i) for i in range(len(traces)))))
             stop.set()
             await sampler
+        wall = time.perf_counter() - t0
+        if opts.linger_s > 0:
+            out.write(f"replay done; keeping the proxy up for {opts.linger_s:.0f} s\n")
+            out.flush()
+            await asyncio.sleep(opts.linger_s)
     finally:
         await proxy.stop()
         for w in workers:
             await w.stop()
-    out.write(_summary(results, samples, urls, time.perf_counter() - t0))
+    out.write(_summary(results, samples, urls, wall))
     out.flush()
     return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,157 @@
+"""Tool-phase tracking: which sessions are running tools now, and how long tools take.
+
+A session is in a tool phase from the end of an LLM response to its next request (inferred),
+unless its agent harness reports ``tool_start``/``tool_end`` itself (explicit): once a session
+sent an explicit event, inference stops for it, so the two never double-count.
+
+Kept: tools in flight, backlog ratio (in flight / tool CPUs), an EMA of reported tool queue
+wait, per-session and per-tool-kind duration estimates (a high quantile of recent durations,
+because tool times are heavy-tailed and a mean would under-predict), and tool slowdown (EMA of
+observed / usual duration for the kind, > 1 when tools contend for CPUs).
+
+Pure code: no I/O; ``now`` is a parameter; methods return the events to publish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from marsproxy.core.events import Event, ToolEnd, ToolStart
+
+UNKNOWN_TOOL = "unknown"
+
+
+@dataclass(frozen=True)
+class ToolTrackerSettings:
+    ema_alpha: float = 0.2
+    quantile: float = 0.9
+    history: int = 64  # durations kept per session and per tool kind
+    tool_cpus: float = 1.0
+
+
+def quantile(values: deque[float] | list[float], q: float) -> float | None:
+    """Nearest-rank quantile; None when there is nothing to estimate from."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class _SessionTools:
+    explicit: bool = False
+    phase_start: float | None = None  # open tool phase (inferred or explicit)
+    phase_tool: str = UNKNOWN_TOOL
+    last_tool: str = UNKNOWN_TOOL
+    durations: deque[float] = field(default_factory=deque)
+
+
+class ToolPhaseTracker:
+    def __init__(self, settings: ToolTrackerSettings) -> None:
+        self.settings = settings
+        self._sessions: dict[str, _SessionTools] = {}
+        self._by_kind: dict[str, deque[float]] = {}
+        self.in_flight = 0
+        self.queue_wait_ema: float = 0.0
+        self.slowdown_ema: float = 1.0
+        self.completed_total = 0
+
+    # -- inputs ---------------------------------------------------------------------------
+    def response_ended(self, session: str, now: float) -> list[Event]:
+        """An LLM response finished: an inferred tool phase begins (if not explicit)."""
+        st = self._sessions.setdefault(session, _SessionTools())
+        if st.explicit or st.phase_start is not None:
+            return []
+        return [self._open(session, st, now, st.last_tool, inferred=True, queue_wait=None)]
+
+    def request_started(self, session: str, now: float) -> list[Event]:
+        """The session's next request arrived: its inferred tool phase ends."""
+        st = self._sessions.get(session)
+        if st is None or st.explicit or st.phase_start is None:
+            return []
+        return [self._close(session, st, now, inferred=True)]
+
+    def explicit_event(
+        self, session: str, kind: str, tool: str, now: float, queue_wait_s: float | None
+    ) -> list[Event]:
+        """``tool_start``/``tool_end`` reported by the agent harness; overrides inference."""
+        st = self._sessions.setdefault(session, _SessionTools())
+        out: list[Event] = []
+        if not st.explicit and st.phase_start is not None:
+            # An inferred phase was open; the explicit report replaces it, uncounted.
+            st.phase_start = None
+            self.in_flight -= 1
+        st.explicit = True
+        if kind == "tool_start":
+            if st.phase_start is not None:  # a start without end: close the previous one
+                out.append(self._close(session, st, now, inferred=False))
+            out.append(self._open(session, st, now, tool, inferred=False, queue_wait=queue_wait_s))
+        elif st.phase_start is not None:
+            out.append(self._close(session, st, now, inferred=False))
+        return out
+
+    def session_ended(self, session: str) -> None:
+        st = self._sessions.pop(session, None)
+        if st is not None and st.phase_start is not None:
+            self.in_flight -= 1
+
+    # -- estimates ------------------------------------------------------------------------
+    @property
+    def backlog_ratio(self) -> float:
+        return self.in_flight / self.settings.tool_cpus if self.settings.tool_cpus > 0 else 0.0
+
+    def predicted_duration(self, session: str, tool: str | None = None) -> float | None:
+        """High quantile of the tool kind's recent durations, else of the session's."""
+        q = self.settings.quantile
+        st = self._sessions.get(session)
+        kind = tool or (st.last_tool if st else UNKNOWN_TOOL)
+        by_kind = quantile(self._by_kind.get(kind, deque()), q)
+        by_session = quantile(st.durations, q) if st else None
+        estimates = [e for e in (by_kind, by_session) if e is not None]
+        return max(estimates) if estimates else None
+
+    def usual_duration(self, tool: str) -> float | None:
+        return quantile(self._by_kind.get(tool, deque()), 0.5)
+
+    def sessions_in_tool_phase(self) -> list[tuple[str, str, float]]:
+        """(session, tool, phase start) of every open tool phase."""
+        return [
+            (s, st.phase_tool, st.phase_start)
+            for s, st in self._sessions.items()
+            if st.phase_start is not None
+        ]
+
+    # -- internals ------------------------------------------------------------------------
+    def _open(
+        self, session: str, st: _SessionTools, now: float, tool: str, *, inferred: bool,
+        queue_wait: float | None,
+    ) -> Event:
+        st.phase_start = now
+        st.phase_tool = tool
+        self.in_flight += 1
+        if queue_wait is not None:
+            a = self.settings.ema_alpha
+            self.queue_wait_ema = a * queue_wait + (1 - a) * self.queue_wait_ema
+        return ToolStart(ts=now, session=session, tool=tool, inferred=inferred,
+                         queue_wait_s=queue_wait)
+
+    def _close(self, session: str, st: _SessionTools, now: float, *, inferred: bool) -> Event:
+        assert st.phase_start is not None
+        duration = max(0.0, now - st.phase_start)
+        tool = st.phase_tool
+        st.phase_start = None
+        st.last_tool = tool
+        self.in_flight -= 1
+        self.completed_total += 1
+        usual = self.usual_duration(tool)
+        if usual is not None and usual > 0:
+            a = self.settings.ema_alpha
+            self.slowdown_ema = a * (duration / usual) + (1 - a) * self.slowdown_ema
+        n = self.settings.history
+        for hist in (st.durations, self._by_kind.setdefault(tool, deque())):
+            hist.append(duration)
+            if len(hist) > n:
+                hist.popleft()
+        return ToolEnd(ts=now, session=session, tool=tool, inferred=inferred, duration_s=duration)

@@ -1,0 +1,214 @@
+"""The asyncio shell around :mod:`marsproxy.probes.vllm_metrics`: scrape every worker's
+``/metrics`` periodically and keep the latest sample and rates of each.
+
+Each worker has its own task, so a slow or hung worker delays nobody else. Errors (connect
+failures, timeouts, non-200, unparseable pages) are counted per worker and never reach callers;
+the worker simply stops getting fresh samples and turns stale, which the policy treats as
+saturated (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from marsproxy.probes.config import VllmProbeConfig
+from marsproxy.probes.vllm_metrics import (
+    MetricsParseError,
+    MetricsTracker,
+    WorkerMetrics,
+    WorkerRates,
+    parse_vllm_metrics,
+)
+
+log = logging.getLogger(__name__)
+
+SampleCallback = Callable[[str, WorkerMetrics, WorkerRates], None]
+"""Called with (worker name, sample, rates) after every good scrape."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPressure:
+    """What the scraper knows about one worker at one instant."""
+
+    worker: str
+    metrics: WorkerMetrics | None
+    """The last good sample; ``None`` before the first one."""
+    rates: WorkerRates
+    stale: bool
+    """No good sample within ``stale_after_s``: treat the worker as saturated."""
+    age_s: float | None
+    """Seconds since the last good sample (``None``: never had one)."""
+    scrape_errors: int
+    last_error: str | None
+
+    @property
+    def kv_usage_fail_closed(self) -> float:
+        """KV usage for admission decisions: 1.0 (full) when stale or unknown."""
+        if self.stale or self.metrics is None or self.metrics.kv_usage is None:
+            return 1.0
+        return self.metrics.kv_usage
+
+
+class _WorkerState:
+    __slots__ = ("errors", "failing", "last_error", "name", "tracker", "url")
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url.rstrip("/") + "/metrics"
+        self.tracker = MetricsTracker()
+        self.errors = 0
+        self.last_error: str | None = None
+        self.failing = False
+
+
+class VllmScraper:
+    """Scrapes ``/metrics`` of each ``(name, base_url)`` worker every ``period_s``.
+
+    ``clock`` stamps samples and judges staleness (inject a fake one in tests); the pacing of
+    scrapes uses the event loop's own timer.
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[tuple[str, str]],
+        http: aiohttp.ClientSession,
+        *,
+        period_s: float = 0.2,
+        timeout_s: float = 0.5,
+        stale_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_sample: SampleCallback | None = None,
+    ) -> None:
+        names = [name for name, _ in workers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"worker names must be unique, got {names}")
+        self._workers = {name: _WorkerState(name, url) for name, url in workers}
+        self._http = http
+        self.period_s = period_s
+        self.timeout_s = timeout_s
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._on_sample = on_sample
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: VllmProbeConfig,
+        workers: Sequence[tuple[str, str]],
+        http: aiohttp.ClientSession,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_sample: SampleCallback | None = None,
+    ) -> VllmScraper:
+        return cls(
+            workers,
+            http,
+            period_s=cfg.period_s,
+            timeout_s=cfg.timeout_s,
+            stale_after_s=cfg.stale_after_s,
+            clock=clock,
+            on_sample=on_sample,
+        )
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return tuple(self._workers)
+
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks)
+
+    async def start(self) -> None:
+        """Start one scrape loop per worker (idempotent)."""
+        if self._tasks:
+            return
+        self._tasks = [
+            asyncio.create_task(self._loop(state), name=f"vllm-scrape-{state.name}")
+            for state in self._workers.values()
+        ]
+
+    async def stop(self) -> None:
+        """Cancel the loops and wait for them to end."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def scrape_once(self, name: str) -> bool:
+        """Scrape one worker now; True on a good sample. Never raises (but cancellation)."""
+        state = self._workers[name]
+        started = self._clock()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._http.get(state.url) as resp:
+                    if resp.status != 200:
+                        raise _ScrapeError(f"HTTP {resp.status}")
+                    body = await resp.read()
+            # Stamp with the send time: the page shows the state when the request arrived,
+            # and the earlier stamp errs on the side of staleness.
+            sample = parse_vllm_metrics(body.decode("utf-8", errors="replace"), started)
+        except (TimeoutError, aiohttp.ClientError, OSError, MetricsParseError, _ScrapeError) as exc:
+            self._record_error(state, exc)
+            return False
+        rates = state.tracker.update(sample)
+        if state.failing:
+            state.failing = False
+            log.info("vllm scrape of %s recovered after %d errors", name, state.errors)
+        if self._on_sample is not None:
+            try:
+                self._on_sample(name, sample, rates)
+            except Exception:
+                # A broken subscriber must not stop the scraping that fail-closed relies on.
+                log.exception("on_sample callback failed for worker %s", name)
+        return True
+
+    def snapshot(self, name: str) -> WorkerPressure:
+        """The latest state of worker ``name`` (KeyError for an unknown name)."""
+        state = self._workers[name]
+        latest = state.tracker.latest
+        now = self._clock()
+        return WorkerPressure(
+            worker=name,
+            metrics=latest,
+            rates=state.tracker.rates,
+            stale=state.tracker.is_stale(now, self.stale_after_s),
+            age_s=None if latest is None else now - latest.sampled_at,
+            scrape_errors=state.errors,
+            last_error=state.last_error,
+        )
+
+    def snapshots(self) -> dict[str, WorkerPressure]:
+        return {name: self.snapshot(name) for name in self._workers}
+
+    async def _loop(self, state: _WorkerState) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await self.scrape_once(state.name)
+            # Fixed period from the start of each scrape; a scrape longer than the period
+            # is followed by the next one at once (but still yields to the loop).
+            await asyncio.sleep(max(0.0, self.period_s - (loop.time() - began)))
+
+    def _record_error(self, state: _WorkerState, exc: BaseException) -> None:
+        state.errors += 1
+        if isinstance(exc, _ScrapeError):
+            state.last_error = str(exc)
+        else:
+            state.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if not state.failing:
+            # Log the first error of a run only; at 5 scrapes/s every error would flood.
+            state.failing = True
+            log.warning(
+                "vllm scrape of %s (%s) failed: %s", state.name, state.url, state.last_error
+            )
+
+
+class _ScrapeError(Exception):
+    """A response that is not a metrics page (non-200 status)."""

@@ -1,0 +1,1 @@
+"""The unified information stream: event bus and its sinks."""

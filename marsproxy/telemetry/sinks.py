@@ -1,0 +1,101 @@
+"""Sinks that drain the event bus: a JSONL file and a Redis stream.
+
+Each sink is a task reading its own subscription, so a slow disk or a slow Redis loses the
+oldest events (counted by the bus) instead of slowing the proxy. A sink that fails logs the
+failure once per kind and keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from marsproxy.core.events import Event, event_to_dict
+from marsproxy.telemetry.bus import EventBus, Subscription
+
+log = logging.getLogger(__name__)
+
+
+def _line(ev: Event) -> str:
+    return json.dumps(event_to_dict(ev), separators=(",", ":")) + "\n"
+
+
+class JsonlSink:
+    """Appends one JSON object per event to ``path`` (what the benchmark reads)."""
+
+    def __init__(self, bus: EventBus, path: str | Path) -> None:
+        self._sub: Subscription = bus.subscribe()
+        self._path = Path(path)
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+
+    def start(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._task = asyncio.create_task(self._run(), name="jsonl-sink")
+
+    async def _run(self) -> None:
+        with self._path.open("a", encoding="utf-8") as f:
+            while True:
+                batch = await self._sub.get_batch()
+                f.write("".join(_line(ev) for ev in batch))
+                f.flush()
+                self.written += len(batch)
+
+    async def stop(self) -> None:
+        """Write what is still queued, then stop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        rest = self._sub.poll(limit=1 << 30)
+        if rest:
+            with self._path.open("a", encoding="utf-8") as f:
+                f.write("".join(_line(ev) for ev in rest))
+            self.written += len(rest)
+        self._sub.close()
+
+
+class RedisStreamSink:
+    """``XADD key MAXLEN ~ maxlen * data <json>`` per event, pipelined per batch."""
+
+    def __init__(self, bus: EventBus, redis: Any, key: str, maxlen: int) -> None:
+        self._sub = bus.subscribe()
+        self._redis = redis
+        self._key = key
+        self._maxlen = maxlen
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="redis-stream-sink")
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._sub.get_batch(limit=512)
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for ev in batch:
+                    pipe.xadd(
+                        self._key, {"data": _line(ev).rstrip("\n")},
+                        maxlen=self._maxlen, approximate=True,
+                    )
+                await pipe.execute()
+                self.written += len(batch)
+            except Exception as exc:  # Redis down: drop this batch, keep the proxy going
+                self.errors += 1
+                if self.errors == 1 or self.errors % 1000 == 0:
+                    log.warning("redis event sink %s: %r (%d failed batches)",
+                                self._key, exc, self.errors)
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._sub.close()
