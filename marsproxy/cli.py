@@ -1,4 +1,4 @@
-"""The ``marsproxy`` command: serve, emulate, config check, demo."""
+"""The ``marsproxy`` command: serve, emulate, config check, demo, status."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from marsproxy.config import ConfigError, MarsConfig, dump_config, load_config
 from marsproxy.emulator.profiles import profile_names
+from marsproxy.status import configure_parser as _configure_status
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
@@ -82,6 +83,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         trace=args.trace,
         seed=args.seed,
+        arrival_gap_s=args.arrival_gap,
+        num_blocks=args.num_blocks,
+        proxy_port=args.port,
+        linger_s=args.linger,
     )
     return asyncio.run(run_demo(opts))
 
@@ -158,21 +163,40 @@ def build_parser() -> argparse.ArgumentParser:
         " sessions from the packaged sample trace through it and print a summary.",
         formatter_class=_FMT,
     )
-    d.add_argument("--sessions", type=int, default=6, help="agent sessions to replay")
-    d.add_argument("--max-turns", type=int, default=8, help="LLM calls per session at most")
+    d.add_argument("--sessions", type=int, default=10, help="agent sessions to replay")
+    d.add_argument("--max-turns", type=int, default=10, help="LLM calls per session at most")
     d.add_argument(
         "--token-scale", type=float, default=0.1, help="multiplier on the trace's token counts"
     )
     d.add_argument(
-        "--tool-time-scale", type=float, default=0.05, help="multiplier on the trace's tool times"
+        "--tool-time-scale", type=float, default=0.1, help="multiplier on the trace's tool times"
     )
     d.add_argument(
-        "--time-scale", type=float, default=0.2, help="emulated workers' time scale"
+        "--time-scale", type=float, default=1.0, help="emulated workers' time scale"
+    )
+    d.add_argument(
+        "--arrival-gap", type=float, default=0.05, help="seconds between session starts"
+    )
+    d.add_argument(
+        "--num-blocks", type=int, default=None,
+        help="KV blocks per emulated worker (default: the tiny profile's 512)",
+    )
+    d.add_argument("--port", type=int, default=0, help="proxy port (0: a free one)")
+    d.add_argument(
+        "--linger", type=float, default=0.0,
+        help="keep workers and proxy up this many seconds after the replay (for `status`)",
     )
     d.add_argument("--trace", default=None, help="trace file (default: packaged sample)")
     d.add_argument("--seed", type=int, default=1, help="seed for picking sessions")
     d.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     d.set_defaults(func=_cmd_demo)
+
+    _configure_status(sub.add_parser(
+        "status",
+        help="print the proxy's state (workers, CPU, tools, sessions) as a table",
+        description="Fetch GET URL/mars/v1/state and print it; --watch refreshes it.",
+        formatter_class=_FMT,
+    ))
     return p
 
 

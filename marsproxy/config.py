@@ -137,6 +137,12 @@ class ToolsConfig(_Section):
         0.9, gt=0, le=1, description="Quantile of recent tool durations used as the prediction."
     )
     history: int = Field(64, ge=1, description="Tool durations kept per session and per kind.")
+    event_max_future_s: float = Field(
+        5.0, ge=0, description="Explicit tool events may carry a ts this far ahead (clock skew)."
+    )
+    event_max_age_s: float = Field(
+        3600.0, gt=0, description="Explicit tool events with an older ts are refused (400)."
+    )
 
 
 class RedisStreamConfig(_Section):

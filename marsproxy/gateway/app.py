@@ -19,10 +19,13 @@ from aiohttp import web
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.identity import Route
+from marsproxy.gateway.admin import Admin
 from marsproxy.gateway.bodies import SCHEDULED_ROUTES
 from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
 from marsproxy.gateway.service import Gateway
+from marsproxy.gateway.state import build_state
+from marsproxy.telemetry.prometheus import StateCollector
 
 log = logging.getLogger("marsproxy.gateway")
 
@@ -58,6 +61,8 @@ def create_app(cfg: MarsConfig) -> web.Application:
         middlewares=[_overhead_header],
     )
     app[GATEWAY_KEY] = gw
+    # Pressure gauges are read from the state document at scrape time, not kept up to date.
+    StateCollector(lambda: build_state(gw)).register(gw.metrics.registry)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -85,6 +90,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    Admin(gw).add_routes(app)
     for path, route in SCHEDULED_ROUTES.items():
         app.router.add_post(path, scheduled(route))
     app.router.add_route("*", "/{tail:.*}", relay.passthrough)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
@@ -57,9 +58,22 @@ class GatewayMetrics:
         self.tokens = Counter(
             "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
         )
-        self.sessions = Gauge(
-            "marsproxy_sessions", "Sessions remembered (affinity and history).", registry=r
+        self.ttft = Histogram(
+            "marsproxy_ttft_seconds",
+            "Time from a request's arrival to its first response bytes (streams: first event).",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
+        self.tool_duration = Histogram(
+            "marsproxy_tool_duration_seconds",
+            "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
+            ["inferred"],
+            buckets=_TOOL_BUCKETS,
+            registry=r,
+        )
+        # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
+        # counts) come from a collector over the state document: see telemetry.prometheus.
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

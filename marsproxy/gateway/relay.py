@@ -1,6 +1,6 @@
 """The request handlers: scheduled routes (session → worker, usage, SSE relay) and pass-through.
 
-Each handler keeps a ``_Clock`` so the ``x-marsproxy-overhead-ms`` header reports only the time
+Each handler keeps a ``Clock`` so the ``x-marsproxy-overhead-ms`` header reports only the time
 spent in the proxy: everything up to sending the response headers, minus waiting for the worker.
 """
 
@@ -14,71 +14,29 @@ import time
 import aiohttp
 from aiohttp import web
 
-from marsproxy.core.canon import Reply
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.bodies import BodyError, parse_body, read_limited
-from marsproxy.gateway.errors import error_response, sse_error_event
+from marsproxy.gateway.errors import sse_error_event
+from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
+from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.sse import SSESplitter, StreamTap, Usage, body_usage_and_reply
+from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply
 from marsproxy.gateway.upstream import Opened, UpstreamFailure, request_headers, response_headers
 
 log = logging.getLogger("marsproxy.gateway.relay")
 
-OVERHEAD_HEADER = "x-marsproxy-overhead-ms"
 CLIENT_GONE = 499  # nginx's code for "client closed request"; only ever a metrics label
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.upstream_s = 0.0
-        self.frozen_s: float | None = None  # overhead as sent in the header
-
-    def overhead_s(self) -> float:
-        if self.frozen_s is not None:
-            return self.frozen_s
-        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s)
-
-    def header(self) -> dict[str, str]:
-        """The overhead header; what it says is final (streams: time to the headers)."""
-        self.frozen_s = self.overhead_s()
-        return {OVERHEAD_HEADER: f"{self.frozen_s * 1000:.3f}"}
-
-
-class _Outcome:
-    """What happened to one request, for metrics and for the session table."""
-
-    def __init__(self, route_label: str) -> None:
-        self.route = route_label
-        self.status = 500
-        self.ok = False
-        self.usage: Usage | None = None
-        self.reply: Reply | None = None
-
-
-def _error(
-    clock: _Clock,
-    out: _Outcome,
-    status: int,
-    code: str,
-    message: str,
-    retry_after: int | None = None,
-) -> web.Response:
-    headers = clock.header()
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    out.status = status
-    return error_response(status, message, code=code, headers=headers)
 
 
 class Relay:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._retry_after = max(1, round(gw.cfg.health.interval_s))
+        self.events = RequestEvents(gw)
 
     async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
-        gw, clock, out = self.gw, _Clock(), _Outcome(route)
+        gw, clock, out = self.gw, Clock(), Outcome(route, scheduled=True)
         gw.metrics.in_flight.inc()
         try:
             return await self._scheduled(request, route, clock, out)
@@ -87,16 +45,18 @@ class Relay:
             raise
         finally:
             self._account(out, clock)
+            self.events.ended(out, clock)
+            self._close_turn(out)
 
     async def _scheduled(
-        self, request: web.Request, route: Route, clock: _Clock, out: _Outcome
+        self, request: web.Request, route: Route, clock: Clock, out: Outcome
     ) -> web.StreamResponse:
         gw, cfg = self.gw, self.gw.cfg
         try:
             raw = await read_limited(request, cfg.server.max_body_bytes)
             body = parse_body(route, raw)
         except BodyError as exc:
-            return _error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+            return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
         # Anthropic-style clients send their key as x-api-key instead of Authorization.
         tenant = tenant_of(request.headers.get("Authorization") or request.headers.get("x-api-key"))
         explicit = explicit_session_id(
@@ -116,16 +76,23 @@ class Relay:
             final=is_final(request.headers, cfg.sessions.final_headers),
             now=gw.now(),
         )
-        gw.metrics.sessions.set(len(gw.sessions))
-        try:
-            strip = body.stream and body.strip_usage_chunk
-            return await self._relay(request, route, body.raw, strip, turn, clock, out)
-        finally:
-            if out.usage is not None:
-                gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
-                gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
-            gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
-            gw.metrics.sessions.set(len(gw.sessions))
+        out.session, out.turn_ref = turn.session, turn
+        out.turn = gw.request_arrived(turn)
+        strip = body.stream and body.strip_usage_chunk
+        return await self._relay(request, route, body.raw, strip, turn, clock, out)
+
+    def _close_turn(self, out: Outcome) -> None:
+        """After llm_end: the session table learns the outcome (which may end the session,
+        publishing session_end), and a session that goes on enters its tool phase."""
+        gw, turn = self.gw, out.turn_ref
+        if out.usage is not None:
+            gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
+            gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
+        if turn is None:
+            return
+        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+        if out.ok:
+            gw.response_ended(turn)
 
     async def _relay(
         self,
@@ -134,8 +101,8 @@ class Relay:
         raw: bytes,
         strip: bool,
         turn: Turn,
-        clock: _Clock,
-        out: _Outcome,
+        clock: Clock,
+        out: Outcome,
     ) -> web.StreamResponse:
         gw = self.gw
         headers = request_headers(request.headers, identity=True)
@@ -145,12 +112,12 @@ class Relay:
                 request.path_qs,
                 headers,
                 raw,
-                lambda tried: gw.pick_for_session(turn.session, tried),
+                self.events.picker(out, lambda tried: gw.pick_for_session(turn.session, tried)),
             )
         except UpstreamFailure as exc:
             clock.upstream_s += exc.upstream_s
             retry = self._retry_after if exc.status == 503 else None
-            return _error(clock, out, exc.status, exc.code, exc.message, retry)
+            return error(clock, out, exc.status, exc.code, exc.message, retry)
         clock.upstream_s += opened.upstream_s
         upstream = opened.response
         completed = False
@@ -170,7 +137,7 @@ class Relay:
                 upstream.close()
 
     async def _buffered(
-        self, route: Route, opened: Opened, turn: Turn, clock: _Clock, out: _Outcome
+        self, route: Route, opened: Opened, turn: Turn, clock: Clock, out: Outcome
     ) -> web.StreamResponse:
         upstream, gw = opened.response, self.gw
         chunks: list[bytes] = []
@@ -182,7 +149,7 @@ class Relay:
         except TimeoutError:
             clock.upstream_s += time.perf_counter() - t
             gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
-            return _error(
+            return error(
                 clock,
                 out,
                 504,
@@ -193,7 +160,7 @@ class Relay:
         except aiohttp.ClientError as exc:
             clock.upstream_s += time.perf_counter() - t
             gw.metrics.upstream_errors.labels(opened.worker.label, "protocol").inc()
-            return _error(
+            return error(
                 clock,
                 out,
                 502,
@@ -205,6 +172,7 @@ class Relay:
         if upstream.status < 400:
             out.usage, out.reply = body_usage_and_reply(route, body, capture=turn.capture_reply)
             out.ok = True
+            self.events.first_token(out, clock)
         else:
             log.info("worker %s answered %d on %s", opened.worker.label, upstream.status, route)
             if upstream.status >= 500:  # e.g. vLLM's 503 "engine busy": overload, worth a graph
@@ -220,8 +188,8 @@ class Relay:
         opened: Opened,
         strip: bool,
         turn: Turn,
-        clock: _Clock,
-        out: _Outcome,
+        clock: Clock,
+        out: Outcome,
     ) -> web.StreamResponse:
         upstream, gw = opened.response, self.gw
         tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply)
@@ -259,6 +227,8 @@ class Relay:
             if not chunk:
                 break
             kept = [e for e in splitter.feed(chunk) if tap.keep(e)]
+            if kept:
+                self.events.first_token(out, clock)
             if kept and not await self._write(resp, b"".join(kept), upstream, out):
                 return resp
         rest = splitter.flush()
@@ -272,7 +242,7 @@ class Relay:
 
     @staticmethod
     async def _write(
-        resp: web.StreamResponse, data: bytes, upstream: aiohttp.ClientResponse, out: _Outcome
+        resp: web.StreamResponse, data: bytes, upstream: aiohttp.ClientResponse, out: Outcome
     ) -> bool:
         """Write to the client; if it is gone, abort the worker's request at once."""
         try:
@@ -293,7 +263,7 @@ class Relay:
     # -- everything else --------------------------------------------------------------------------
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
-        gw, clock, out = self.gw, _Clock(), _Outcome("passthrough")
+        gw, clock, out = self.gw, Clock(), Outcome("passthrough", scheduled=False)
         gw.metrics.in_flight.inc()
         try:
             return await self._passthrough(request, clock, out)
@@ -302,27 +272,28 @@ class Relay:
             raise
         finally:
             self._account(out, clock)
+            self.events.ended(out, clock)
 
     async def _passthrough(
-        self, request: web.Request, clock: _Clock, out: _Outcome
+        self, request: web.Request, clock: Clock, out: Outcome
     ) -> web.StreamResponse:
         gw = self.gw
         try:
             raw = await read_limited(request, gw.cfg.server.max_body_bytes)
         except BodyError as exc:
-            return _error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+            return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
         try:
             opened = await gw.upstream.open(
                 request.method,
                 request.path_qs,
                 request_headers(request.headers, identity=False),
                 raw,
-                gw.pick_any,
+                self.events.picker(out, gw.pick_any),
             )
         except UpstreamFailure as exc:
             clock.upstream_s += exc.upstream_s
             retry = self._retry_after if exc.status == 503 else None
-            return _error(clock, out, exc.status, exc.code, exc.message, retry)
+            return error(clock, out, exc.status, exc.code, exc.message, retry)
         clock.upstream_s += opened.upstream_s
         upstream = opened.response
         completed = False
@@ -350,7 +321,7 @@ class Relay:
             else:
                 upstream.close()
 
-    def _account(self, out: _Outcome, clock: _Clock) -> None:
+    def _account(self, out: Outcome, clock: Clock) -> None:
         m = self.gw.metrics
         m.in_flight.dec()
         m.requests.labels(out.route, str(out.status)).inc()

@@ -1,20 +1,26 @@
-"""The gateway's state: config, session table, placement, worker health, metrics, upstream.
+"""The gateway's state: config, session table, placement, worker health, metrics, upstream,
+and the information stream (bus, probes, tool tracker).
 
 Built from config and passed around (no globals). The relay handlers call into it; the demo
-and tests read ``stats()``.
+and tests read ``stats()``; the admin API reads and ends sessions through it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from marsproxy.config import MarsConfig, WorkerConfig
-from marsproxy.core.sessions import SessionTable
+from marsproxy.core.events import SessionEnd
+from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.health import HealthChecker, WorkerHealth
 from marsproxy.gateway.metrics import GatewayMetrics
+from marsproxy.gateway.sessions import EndReason, ObservedSessions
+from marsproxy.gateway.telemetry import Telemetry
 from marsproxy.gateway.upstream import Upstream
 from marsproxy.sched.placement import Placement
 
@@ -24,12 +30,14 @@ class Gateway:
         self.cfg = cfg
         self.workers: dict[str, WorkerConfig] = {w.url: w for w in cfg.workers}
         self.metrics = GatewayMetrics()
+        self.telemetry = Telemetry(cfg, self.metrics)
         self.placement = Placement([w.url for w in cfg.workers])
-        self.sessions = SessionTable(
+        self.sessions = ObservedSessions(
             idle_ttl_s=cfg.sessions.idle_ttl_s,
             max_sessions=cfg.sessions.max_sessions,
             chain_matching=cfg.sessions.chain_matching,
             on_forget=self.placement.release,
+            on_end=self._session_ended,
         )
         self.health = WorkerHealth(
             list(self.workers),
@@ -39,6 +47,8 @@ class Gateway:
         self.checker = HealthChecker(cfg.workers, self.health, cfg.health, self._health_changed)
         self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
         self.requests_per_worker: Counter[str] = Counter()
+        self.in_flight_by_worker: Counter[str] = Counter()  # by url
+        self._expiry: asyncio.Task[None] | None = None
         for w in cfg.workers:
             self.metrics.worker_healthy.labels(w.label).set(1)
 
@@ -51,10 +61,59 @@ class Gateway:
         await self.upstream.start()
         assert self.upstream.session is not None
         self.checker.start(self.upstream.session)
+        await self.telemetry.start()
+        self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
 
     async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
         await self.checker.stop()
         await self.upstream.close()
+        await self.telemetry.stop()
+
+    async def _expire_loop(self) -> None:
+        # The table only expires lazily (on the next request); this makes idle session_end
+        # events and the state's session counts timely when traffic stops.
+        period = min(1.0, self.cfg.sessions.idle_ttl_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.sessions.expire(self.now())
+
+    # -- session lifecycle (feeds the tool tracker and the event stream) -------------------
+
+    def request_arrived(self, turn: Turn) -> int:
+        """A scheduled request joined ``turn.session``: end its tool phase; its turn number."""
+        sess = self.sessions.get(turn.session)
+        if sess is None:
+            return 0
+        if not sess.ephemeral:
+            tel = self.telemetry
+            tel.publish_tools(tel.tracker.request_started(turn.session, tel.wall()))
+        return sess.turns
+
+    def response_ended(self, turn: Turn) -> None:
+        """A response ended well and the session goes on: its tool phase begins (inferred)."""
+        sess = self.sessions.get(turn.session)
+        if sess is None or sess.ephemeral or sess.in_flight:
+            return  # ended (final turn), one-shot, or another request of it still runs
+        tel = self.telemetry
+        tel.publish_tools(tel.tracker.response_ended(turn.session, tel.wall()))
+
+    def _session_ended(self, sess: Session, reason: EndReason, duration_s: float) -> None:
+        self.telemetry.tracker.session_ended(sess.key)
+        worker = self.placement.worker_of(sess.key)
+        self.telemetry.publish(
+            SessionEnd(
+                ts=self.telemetry.wall(),
+                session=sess.key,
+                worker=None if worker is None else self.workers[worker].label,
+                reason=reason,
+                turns=sess.turns,
+                duration_s=duration_s,
+            )
+        )
 
     # -- decisions ------------------------------------------------------------------------------
 

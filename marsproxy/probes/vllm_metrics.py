@@ -78,6 +78,8 @@ _SELECTED_PREFIXES = (
     CACHE_CONFIG_INFO,
     PROCESS_START,
 )
+# cache_config_info has ~40 labels and costs a third of a parse; it only changes on a restart.
+_SELECTED_WITHOUT_CACHE_CONFIG = tuple(p for p in _SELECTED_PREFIXES if p != CACHE_CONFIG_INFO)
 
 
 class MetricsParseError(ValueError):
@@ -154,8 +156,13 @@ def _as_int(label: str | None) -> int | None:
         return None
 
 
-def parse_vllm_metrics(text: str, now: float) -> WorkerMetrics:
+def parse_vllm_metrics(
+    text: str, now: float, *, known_cache_config: tuple[int | None, int | None] | None = None
+) -> WorkerMetrics:
     """Parse a vLLM ``/metrics`` page taken at clock time ``now``.
+
+    ``known_cache_config`` = (block_size, num_gpu_blocks) from an earlier sample of the same
+    server process: the ``vllm:cache_config_info`` line is then skipped, not parsed.
 
     Sums over engines and other labels; KV usage is the max over engines, read from
     :data:`KV_USAGE` and, only when that is absent, from :data:`KV_USAGE_DEPRECATED`. NaN
@@ -170,7 +177,8 @@ def parse_vllm_metrics(text: str, now: float) -> WorkerMetrics:
     lines = text.splitlines()
     if not any(line.startswith("vllm:") for line in lines):
         raise MetricsParseError(f"no vllm: series on the page (starts {text[:60]!r})")
-    selected = "\n".join(line for line in lines if line.startswith(_SELECTED_PREFIXES))
+    prefixes = _SELECTED_PREFIXES if known_cache_config is None else _SELECTED_WITHOUT_CACHE_CONFIG
+    selected = "\n".join(line for line in lines if line.startswith(prefixes))
     try:
         families = list(text_string_to_metric_families(selected + "\n"))
     except (ValueError, IndexError, KeyError, TypeError) as exc:
@@ -213,6 +221,11 @@ def parse_vllm_metrics(text: str, now: float) -> WorkerMetrics:
                     blocks_by_engine[labels.get("engine", "")] = blocks
             elif name == PROCESS_START:
                 start_time = value
+
+    if known_cache_config is not None:
+        block_size, known_blocks = known_cache_config
+        if known_blocks is not None:
+            blocks_by_engine = {"": known_blocks}
 
     kv_source = (
         KV_USAGE

@@ -56,7 +56,7 @@ class WorkerPressure:
 
 
 class _WorkerState:
-    __slots__ = ("errors", "failing", "last_error", "name", "tracker", "url")
+    __slots__ = ("cache_config", "errors", "failing", "last_error", "name", "tracker", "url")
 
     def __init__(self, name: str, url: str) -> None:
         self.name = name
@@ -65,6 +65,8 @@ class _WorkerState:
         self.errors = 0
         self.last_error: str | None = None
         self.failing = False
+        # (block_size, num_gpu_blocks) of the running server process; re-read after a restart.
+        self.cache_config: tuple[int | None, int | None] | None = None
 
 
 class VllmScraper:
@@ -153,11 +155,18 @@ class VllmScraper:
                     body = await resp.read()
             # Stamp with the send time: the page shows the state when the request arrived,
             # and the earlier stamp errs on the side of staleness.
-            sample = parse_vllm_metrics(body.decode("utf-8", errors="replace"), started)
+            sample = parse_vllm_metrics(
+                body.decode("utf-8", errors="replace"), started,
+                known_cache_config=state.cache_config,
+            )
         except (TimeoutError, aiohttp.ClientError, OSError, MetricsParseError, _ScrapeError) as exc:
             self._record_error(state, exc)
             return False
         rates = state.tracker.update(sample)
+        if rates.restarted:
+            state.cache_config = None  # a restarted server may have a new KV geometry
+        elif state.cache_config is None and sample.block_size is not None:
+            state.cache_config = (sample.block_size, sample.num_gpu_blocks)
         if state.failing:
             state.failing = False
             log.info("vllm scrape of %s recovered after %d errors", name, state.errors)

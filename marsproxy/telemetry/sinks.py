@@ -70,6 +70,7 @@ class RedisStreamSink:
         self._task: asyncio.Task[None] | None = None
         self.written = 0
         self.errors = 0
+        self._ok = True  # the last write worked (a Redis that is down is not waited for at stop)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="redis-stream-sink")
@@ -78,24 +79,41 @@ class RedisStreamSink:
         while True:
             batch = await self._sub.get_batch(limit=512)
             try:
-                pipe = self._redis.pipeline(transaction=False)
-                for ev in batch:
-                    pipe.xadd(
-                        self._key, {"data": _line(ev).rstrip("\n")},
-                        maxlen=self._maxlen, approximate=True,
-                    )
-                await pipe.execute()
-                self.written += len(batch)
+                await self._write(batch)
             except Exception as exc:  # Redis down: drop this batch, keep the proxy going
-                self.errors += 1
-                if self.errors == 1 or self.errors % 1000 == 0:
-                    log.warning("redis event sink %s: %r (%d failed batches)",
-                                self._key, exc, self.errors)
+                self._failed(exc)
                 await asyncio.sleep(1.0)
 
-    async def stop(self) -> None:
+    async def _write(self, batch: list[Event]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for ev in batch:
+            pipe.xadd(
+                self._key, {"data": _line(ev).rstrip("\n")},
+                maxlen=self._maxlen, approximate=True,
+            )
+        await pipe.execute()
+        self.written += len(batch)
+        self._ok = True
+
+    def _failed(self, exc: BaseException) -> None:
+        self._ok = False
+        self.errors += 1
+        if self.errors == 1 or self.errors % 1000 == 0:
+            log.warning("redis event sink %s: %r (%d failed batches)", self._key, exc, self.errors)
+
+    async def stop(self, flush_timeout_s: float = 2.0) -> None:
+        """Write what is still queued (for at most ``flush_timeout_s``: Redis may be gone)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        rest = self._sub.poll(limit=1 << 30)
         self._sub.close()
+        if not rest or not self._ok:
+            return
+        try:
+            async with asyncio.timeout(flush_timeout_s):
+                for i in range(0, len(rest), 512):
+                    await self._write(rest[i : i + 512])
+        except Exception as exc:  # including the timeout: shutdown must not hang on Redis
+            self._failed(exc)

@@ -40,6 +40,7 @@ class FakeWorker:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)  # the proxy's probe; not recorded in seen
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
@@ -48,6 +49,17 @@ class FakeWorker:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        page = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0"}} {self.active}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{engine="0"} 0\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {0.1 * self.active}\n'
+        )
+        return web.Response(text=page, content_type="text/plain")
 
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.read()

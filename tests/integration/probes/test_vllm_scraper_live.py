@@ -225,3 +225,44 @@ async def test_from_config_and_unique_names(http: aiohttp.ClientSession) -> None
     assert s.workers == ("x",)
     with pytest.raises(ValueError, match="unique"):
         VllmScraper([("x", "http://a"), ("x", "http://b")], http)
+
+
+async def test_kv_geometry_read_once_and_again_after_a_restart(
+    http: aiohttp.ClientSession,
+) -> None:
+    page = PAGE.read_text()
+    served = {"page": page}
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=served["page"], content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        clock = FakeClock()
+        scraper = VllmScraper(
+            [("w", str(server.make_url("")).rstrip("/"))], http, clock=clock,
+            period_s=1.0, timeout_s=2.0, stale_after_s=5.0,
+        )
+        assert await scraper.scrape_once("w")
+        first = scraper.snapshot("w").metrics
+        assert first is not None and first.num_gpu_blocks == 160
+        # Same process, new geometry on the page: not re-read (the line is skipped).
+        served["page"] = page.replace('num_gpu_blocks="160"', 'num_gpu_blocks="999"')
+        clock.t += 1.0
+        assert await scraper.scrape_once("w")
+        assert scraper.snapshot("w").metrics.num_gpu_blocks == 160  # type: ignore[union-attr]
+        # A restart (new process start time) makes the next scrape read it again.
+        served["page"] = served["page"].replace(
+            "process_start_time_seconds 1.79594013576e+09",
+            "process_start_time_seconds 1.79594099999e+09",
+        )
+        clock.t += 1.0
+        assert await scraper.scrape_once("w")
+        clock.t += 1.0
+        assert await scraper.scrape_once("w")
+        assert scraper.snapshot("w").metrics.num_gpu_blocks == 999  # type: ignore[union-attr]
+    finally:
+        await server.close()

@@ -189,3 +189,16 @@ def test_lines_not_read_are_not_validated() -> None:
         "unrelated garbage line\n"
     )
     assert parse_vllm_metrics(text, now=0.0).running == 2
+
+
+def test_known_cache_config_skips_the_info_line() -> None:
+    if not REAL.exists():
+        pytest.skip("real vLLM fixture absent")
+    text = REAL.read_text()
+    full = parse_vllm_metrics(text, 1.0)
+    assert full.block_size is not None and full.num_gpu_blocks is not None
+    fast = parse_vllm_metrics(text, 1.0, known_cache_config=(full.block_size, full.num_gpu_blocks))
+    assert fast == full
+    # The known values are what is reported: the line really is not read.
+    other = parse_vllm_metrics(text, 1.0, known_cache_config=(64, 7))
+    assert (other.block_size, other.num_gpu_blocks) == (64, 7)

@@ -1,0 +1,145 @@
+"""``GET /mars/v1/state``: the state document (schema in :mod:`marsproxy.telemetry.state`).
+
+Built on demand from what the gateway holds now; the Prometheus collector builds the same
+document (without session details) at each scrape. Session ids are shown without their tenant
+scope; nothing from a request's Authorization header ever appears.
+"""
+
+from __future__ import annotations
+
+import time
+
+import marsproxy
+from marsproxy.config import WorkerConfig
+from marsproxy.gateway.service import Gateway
+from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.probes.nvml import GpuPressure
+from marsproxy.telemetry.state import (
+    SESSION_STATES,
+    CpuState,
+    GpuState,
+    SessionDetail,
+    SessionsState,
+    SessionState,
+    StateDoc,
+    ToolsState,
+    WorkerState,
+    finite,
+)
+
+
+def build_state(
+    gw: Gateway, *, details: bool = False, limit: int = 100, offset: int = 0
+) -> StateDoc:
+    tel = gw.telemetry
+    return {
+        "time": time.time(),
+        "version": marsproxy.__version__,
+        "workers": [_worker(gw, w) for w in gw.cfg.workers],
+        "cpu": _cpu(gw),
+        "tools": _tools(gw),
+        "sessions": _sessions(gw, details=details, limit=limit, offset=offset),
+        "events": {
+            "published_total": tel.bus.published_total,
+            "dropped_total": tel.bus.dropped_total,
+            "subscribers": tel.bus.subscribers,
+        },
+    }
+
+
+def _worker(gw: Gateway, w: WorkerConfig) -> WorkerState:
+    p = gw.telemetry.worker_pressure(w.label)
+    m = None if p is None else p.metrics
+    r = None if p is None else p.rates
+    gpus = gw.telemetry.gpu.latest
+    return {
+        "name": w.label,
+        "url": w.url,
+        "healthy": gw.health.is_healthy(w.url),
+        # Before the first scrape nothing is known: stale, like a worker that stopped answering.
+        "stale": True if p is None else p.stale,
+        "age_s": None if p is None else finite(p.age_s),
+        "kv_usage": None if m is None else finite(m.kv_usage),
+        "running": None if m is None else m.running,
+        "waiting": None if m is None else m.waiting,
+        "preemptions_per_s": None if r is None else finite(r.preemptions_per_s),
+        "prefix_cache_hit_rate": None if r is None else finite(r.prefix_cache_hit_rate),
+        "prefill_tokens_per_s": None if r is None else finite(r.prefill_tokens_per_s),
+        "block_size": None if m is None else m.block_size,
+        "num_gpu_blocks": None if m is None else m.num_gpu_blocks,
+        "scrape_errors": 0 if p is None else p.scrape_errors,
+        "sessions": gw.placement.load().get(w.url, 0),
+        "requests_in_flight": gw.in_flight_by_worker[w.url],
+        "gpu": _gpu(None if gpus is None else gpus.get(w.label)),
+    }
+
+
+def _gpu(g: GpuPressure | None) -> GpuState:
+    if g is None or not g.available:
+        return {"available": False, "memory_used_frac": None, "utilization_pct": None}
+    return {
+        "available": True,
+        "memory_used_frac": finite(g.memory_used_frac),
+        "utilization_pct": finite(g.utilization_pct),
+    }
+
+
+def _cpu(gw: Gateway) -> CpuState:
+    probe, c = gw.telemetry.cpu_probe, gw.telemetry.cpu.latest
+    return {
+        "source": c.source if c is not None else (probe.sources[0] if probe.sources else ""),
+        "psi_some_avg10": None if c is None else finite(c.psi_some_avg10),
+        "psi_some_avg60": None if c is None else finite(c.psi_some_avg60),
+        "throttled_usec": None if c is None else c.throttled_usec,
+        "cpu_percent": None if c is None else finite(c.cpu_percent),
+        "tool_cpus": probe.tool_cpus,
+    }
+
+
+def _tools(gw: Gateway) -> ToolsState:
+    t = gw.telemetry.tracker
+    return {
+        "in_flight": t.in_flight,
+        "backlog_ratio": t.backlog_ratio,
+        "queue_wait_ema_s": t.queue_wait_ema,
+        "slowdown_ema": t.slowdown_ema,
+    }
+
+
+def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> SessionsState:
+    tools = {s: (tool, start) for s, tool, start in gw.telemetry.tracker.sessions_in_tool_phase()}
+    counts: dict[str, int] = dict.fromkeys(SESSION_STATES, 0)
+    rows: list[SessionDetail] = []
+    keys = gw.sessions.keys()
+    mono, wall = gw.now(), time.time()
+    for i, key in enumerate(keys):
+        sess = gw.sessions.get(key)
+        if sess is None:
+            continue
+        state: SessionState
+        if sess.in_flight:
+            state = "llm"
+        elif key in tools:
+            state = "tool"
+        else:
+            state = "idle"
+        counts[state] += 1
+        if details and offset <= i < offset + limit:
+            url = gw.placement.worker_of(key)
+            tool = tools.get(key)
+            rows.append(
+                {
+                    "id": unscoped_id(key),
+                    "worker": "" if url is None else gw.workers[url].label,
+                    "state": state,
+                    "turns": sess.turns,
+                    "tool": tool[0] if state == "tool" and tool else None,
+                    "since_s": max(
+                        0.0, wall - tool[1] if state == "tool" and tool else mono - sess.last_seen
+                    ),
+                }
+            )
+    out: SessionsState = {"total": len(keys), "by_state": counts}
+    if details:
+        out["details"] = rows
+    return out

@@ -1,0 +1,134 @@
+"""Prometheus export of the information stream: a collector that reads the state at scrape time.
+
+Gauges of worker pressure, CPU, tools and sessions are not updated per request or per probe
+sample; each scrape of ``/metrics`` builds the state document once (the same one
+``GET /mars/v1/state`` serves) and turns it into metric families. Labels are bounded: worker
+names from config and the three session states. Never a session id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from marsproxy.telemetry.state import SESSION_STATES, StateDoc, WorkerState
+
+_WORKER_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("marsproxy_worker_kv_usage_ratio", "kv_usage", "KV cache usage of the worker, 0..1."),
+    ("marsproxy_worker_requests_running", "running", "Requests the worker runs now."),
+    ("marsproxy_worker_requests_waiting", "waiting", "Requests queued in the worker."),
+    (
+        "marsproxy_worker_sample_age_seconds",
+        "age_s",
+        "Age of the worker's last good /metrics sample.",
+    ),
+)
+
+
+class StateCollector(Collector):
+    """Exports the state document built by ``state()`` at every scrape."""
+
+    def __init__(self, state: Callable[[], StateDoc]) -> None:
+        self._state = state
+
+    def register(self, registry: CollectorRegistry) -> StateCollector:
+        registry.register(self)
+        return self
+
+    def describe(self) -> list[Metric]:
+        # No description: the registry would otherwise call collect() at registration time,
+        # before the gateway's probes exist.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        doc = self._state()
+        yield from _workers(doc["workers"])
+        cpu = GaugeMetricFamily(
+            "marsproxy_cpu_pressure_some_avg10",
+            "CPU pressure (PSI 'some' avg10, percent 0..100) where tools run.",
+        )
+        if doc["cpu"]["psi_some_avg10"] is not None:
+            cpu.add_metric([], doc["cpu"]["psi_some_avg10"])
+        yield cpu
+        yield _gauge("marsproxy_tool_cpus", "CPUs available to tools.", doc["cpu"]["tool_cpus"])
+        tools = doc["tools"]
+        yield _gauge("marsproxy_tools_in_flight", "Tool phases open now.", tools["in_flight"])
+        yield _gauge(
+            "marsproxy_tool_backlog_ratio",
+            "Tools in flight / tool CPUs.",
+            tools["backlog_ratio"],
+        )
+        yield _gauge(
+            "marsproxy_tool_queue_wait_ema_seconds",
+            "EMA of tool queue wait reported by agents.",
+            tools["queue_wait_ema_s"],
+        )
+        yield _gauge(
+            "marsproxy_tool_slowdown_ratio",
+            "EMA of tool duration / usual duration of its kind (> 1: tools contend).",
+            tools["slowdown_ema"],
+        )
+        sessions = GaugeMetricFamily(
+            "marsproxy_sessions",
+            "Sessions remembered, by state (llm: request in flight; tool: in a tool phase).",
+            labels=["state"],
+        )
+        for st in SESSION_STATES:
+            sessions.add_metric([st], doc["sessions"]["by_state"].get(st, 0))
+        yield sessions
+        ev = doc["events"]
+        yield _counter("marsproxy_events_published", "Events published on the bus.",
+                       ev["published_total"])
+        yield _counter(
+            "marsproxy_events_dropped",
+            "Events slow subscribers lost (the bus ring overran them).",
+            ev["dropped_total"],
+        )
+        yield _gauge("marsproxy_event_subscribers", "Open bus subscriptions.", ev["subscribers"])
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _workers(workers: list[WorkerState]) -> Iterator[Metric]:
+    for name, key, doc in _WORKER_GAUGES:
+        fam = GaugeMetricFamily(name, doc, labels=["worker"])
+        for w in workers:
+            v = w[key]  # type: ignore[literal-required]
+            if v is not None:  # unknown: no sample rather than a made-up number
+                fam.add_metric([w["name"]], float(v))
+        yield fam
+    stale = GaugeMetricFamily(
+        "marsproxy_worker_stale",
+        "1 when the worker's sample is older than stale_after_s (treated as saturated).",
+        labels=["worker"],
+    )
+    errors = CounterMetricFamily(
+        "marsproxy_worker_scrape_errors", "Failed /metrics scrapes of the worker.",
+        labels=["worker"],
+    )
+    gpu_mem = GaugeMetricFamily(
+        "marsproxy_worker_gpu_memory_used_ratio",
+        "Memory used on the fullest GPU of the worker (NVML), 0..1.",
+        labels=["worker"],
+    )
+    gpu_util = GaugeMetricFamily(
+        "marsproxy_worker_gpu_utilization_percent",
+        "Mean GPU utilization of the worker's GPUs (NVML), 0..100.",
+        labels=["worker"],
+    )
+    for w in workers:
+        stale.add_metric([w["name"]], 1.0 if w["stale"] else 0.0)
+        errors.add_metric([w["name"]], w["scrape_errors"])
+        if w["gpu"]["memory_used_frac"] is not None:
+            gpu_mem.add_metric([w["name"]], w["gpu"]["memory_used_frac"])
+        if w["gpu"]["utilization_pct"] is not None:
+            gpu_util.add_metric([w["name"]], w["gpu"]["utilization_pct"])
+    yield from (stale, errors, gpu_mem, gpu_util)

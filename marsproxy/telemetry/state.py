@@ -1,0 +1,97 @@
+"""The shape of ``GET /mars/v1/state``: one JSON document with every pressure the proxy sees.
+
+Typed here (pure, no I/O) so that the gateway that builds it, the Prometheus collector that
+exports it and ``marsproxy status`` that renders it agree on one schema. Numbers that are not
+known (no sample yet, no such metric on the server) are ``None`` (JSON ``null``), never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, TypedDict
+
+SessionState = Literal["llm", "tool", "idle"]
+SESSION_STATES: tuple[SessionState, ...] = ("llm", "tool", "idle")
+
+
+class GpuState(TypedDict):
+    available: bool
+    memory_used_frac: float | None
+    utilization_pct: float | None
+
+
+class WorkerState(TypedDict):
+    name: str
+    url: str
+    healthy: bool
+    stale: bool
+    age_s: float | None
+    kv_usage: float | None
+    running: int | None
+    waiting: int | None
+    preemptions_per_s: float | None
+    prefix_cache_hit_rate: float | None
+    prefill_tokens_per_s: float | None
+    block_size: int | None
+    num_gpu_blocks: int | None
+    scrape_errors: int
+    sessions: int
+    requests_in_flight: int
+    gpu: GpuState
+
+
+class CpuState(TypedDict):
+    source: str
+    psi_some_avg10: float | None
+    psi_some_avg60: float | None
+    throttled_usec: int | None
+    cpu_percent: float | None
+    tool_cpus: float
+
+
+class ToolsState(TypedDict):
+    in_flight: int
+    backlog_ratio: float
+    queue_wait_ema_s: float
+    slowdown_ema: float
+
+
+class SessionDetail(TypedDict):
+    id: str
+    worker: str
+    state: SessionState
+    turns: int
+    tool: str | None
+    since_s: float
+
+
+class _SessionsBase(TypedDict):
+    total: int
+    by_state: dict[str, int]
+
+
+class SessionsState(_SessionsBase, total=False):
+    details: list[SessionDetail]  # only with ?sessions=1
+
+
+class EventsState(TypedDict):
+    published_total: int
+    dropped_total: int
+    subscribers: int
+
+
+class StateDoc(TypedDict):
+    time: float
+    version: str
+    workers: list[WorkerState]
+    cpu: CpuState
+    tools: ToolsState
+    sessions: SessionsState
+    events: EventsState
+
+
+def finite(x: float | None) -> float | None:
+    """``x`` unless it is None, NaN or infinite (JSON has no NaN; the status CLI needs null)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)

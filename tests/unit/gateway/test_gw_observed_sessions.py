@@ -1,0 +1,47 @@
+"""The gateway's session table reports why each session ended (pure)."""
+
+from __future__ import annotations
+
+from marsproxy.core.sessions import Session, Turn
+from marsproxy.gateway.sessions import ObservedSessions, keys_for, unscoped_id
+
+
+def _table(ended: list[tuple[str, str, int, float]], **kw: object) -> ObservedSessions:
+    def on_end(sess: Session, reason: str, duration: float) -> None:
+        ended.append((sess.key, reason, sess.turns, duration))
+
+    args: dict[str, object] = {"max_sessions": 100, **kw}
+    return ObservedSessions(idle_ttl_s=10.0, on_end=on_end, **args)
+
+
+def _start(t: ObservedSessions, sid: str, now: float, final: bool = False) -> Turn:
+    return t.start(tenant="t", explicit_id=sid, history=None, final=final, now=now)
+
+
+def test_reasons_final_idle_evicted_deleted() -> None:
+    ended: list[tuple[str, str, int, float]] = []
+    t = _table(ended, max_sessions=2)
+    turn = _start(t, "a", 0.0)
+    t.finish(turn, ok=True, reply=None, now=1.0)
+    turn = _start(t, "a", 2.0, final=True)
+    t.finish(turn, ok=True, reply=None, now=3.0)
+    assert ended == [("t/id/a", "final", 2, 3.0)]
+
+    for sid, now in (("b", 4.0), ("c", 5.0)):
+        t.finish(_start(t, sid, now), ok=True, reply=None, now=now)
+    _start(t, "d", 6.0)  # over the cap of 2: the least recently seen goes
+    assert ended[-1][:2] == ("t/id/b", "evicted")
+    t.expire(30.0)  # c and d unseen for longer than the TTL
+    assert [e[:2] for e in ended[-2:]] == [("t/id/c", "idle"), ("t/id/d", "idle")]
+
+    _start(t, "e", 40.0)
+    assert t.end("t/id/e", 41.0) and not t.end("t/id/e", 41.0)
+    assert ended[-1] == ("t/id/e", "deleted", 1, 1.0)
+    assert len(t) == 0
+
+
+def test_ids_and_keys() -> None:
+    assert unscoped_id("abc/id/my/session") == "my/session"
+    assert unscoped_id("abc/chain/3") == "chain/3"
+    assert keys_for("abc", "x") == ("abc/id/x",)
+    assert keys_for("abc", "chain/3") == ("abc/id/chain/3", "abc/chain/3")
