@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_section import Section as _Section
 from marsproxy.probes.config import ProbesConfig
 
@@ -178,6 +180,8 @@ class MarsConfig(_Section):
     probes: ProbesConfig = ProbesConfig()
     tools: ToolsConfig = ToolsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    store: StoreConfig = StoreConfig()
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -1,0 +1,306 @@
+"""The admission plane as one sans-IO object: events in, actions out.
+
+:class:`AdmissionCore` ties the per-worker AIMD controllers, the admission queue, the KV-fit
+check and the session lifecycle together. The gateway (or the simulator) calls ``on_*`` when a
+request arrives or ends and ``tick`` on every control interval, then carries out what comes
+back: wake held requests on their worker, answer expired ones with 503, publish events.
+
+Invariant: a session is admitted onto a worker only while that worker holds fewer sessions
+than its effective limit. A shrinking window never evicts admitted sessions; it only stops new
+ones until enough end. Continuations of an admitted session are never held.
+
+Pure code: no I/O; ``now`` is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.controller import AimdController, ControlSignals
+from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, kv_budget
+from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
+from marsproxy.core.events import (
+    Event,
+    Rejected,
+    SessionAdmitted,
+    SessionEnd,
+    SessionQueued,
+    WindowChange,
+)
+from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
+
+_DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for workers that do not report cache_config_info
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSignals:
+    """One worker's latest pressure, as the probes report it."""
+
+    healthy: bool = True
+    stale: bool = False
+    kv_usage: float | None = None
+    free_blocks: int | None = None
+    total_blocks: int | None = None
+    block_size: int | None = None
+    retained_blocks: int = 0
+    """Blocks the proxy reserved for retained dormant sessions (the scheduler's KV ledger)."""
+    tools_in_flight: int = 0
+    backlog_ratio: float = 0.0
+    tool_wait_ema_s: float = 0.0
+    psi_some_avg10: float | None = None
+    tool_cpus: float = 0.0
+
+
+class DecisionKind(StrEnum):
+    ADMITTED = "admitted"
+    WAIT = "wait"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """A waiting request that must be answered with an error now."""
+
+    session: str
+    status: int
+    retry_after_s: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Actions:
+    admitted: list[Admission] = field(default_factory=list)
+    """Sessions to wake: send their held requests to ``worker``."""
+    expired: list[Expiry] = field(default_factory=list)
+    ended: list[tuple[str, EndReason]] = field(default_factory=list)
+    window_changes: list[WindowChange] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    """Everything to publish, in order (includes the window changes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: DecisionKind
+    worker: str | None = None
+    status: int = 0
+    retry_after_s: int | None = None
+    reason: str = ""
+    actions: Actions = field(default_factory=Actions)
+    """Side effects of this request: events, and other sessions admitted in the same pass."""
+
+
+class AdmissionCore:
+    def __init__(self, cfg: AdmissionConfig, workers: Sequence[str]) -> None:
+        if not workers:
+            raise ValueError("at least one worker is needed")
+        self.cfg = cfg
+        self.workers = tuple(workers)
+        self.controllers = {w: AimdController(cfg, w) for w in self.workers}
+        self.queue = AdmissionQueue(cfg)
+        self.sessions = SessionLifecycle(
+            cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s
+        )
+        self.estimator = PromptEstimator(cfg.chars_per_token)
+        self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
+        # Blocks promised to sessions admitted whose first prompt the worker has not served
+        # yet: its free-block gauge cannot show them, so the budget must.
+        self._pending: dict[str, tuple[str, int]] = {}
+        self._pending_on: dict[str, int] = dict.fromkeys(self.workers, 0)
+
+    # -- requests -----------------------------------------------------------------------------
+    def on_request(
+        self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False
+    ) -> Decision:
+        """A request arrives: serve it now, hold it, or reject it."""
+        rec = self.sessions.get(session)
+        if rec is not None and rec.state is SessionState.ADMITTED:
+            self.sessions.request(now, session, final)
+            return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")
+        if rec is not None:
+            self.sessions.add_waiter(session, final)
+            return Decision(DecisionKind.WAIT, reason="queued")
+        if not self.cfg.enabled:
+            return self._admit_unconditionally(now, session, tenant, est_tokens, final)
+        entry = self.queue.entry(session, tenant, now, est_tokens)
+        if not self.queue.push(entry):
+            retry = self.queue.retry_after(now)
+            ev = Rejected(ts=now, session=session, reason="queue_full", status=429)
+            return Decision(DecisionKind.REJECT, status=429, retry_after_s=retry,
+                            reason="queue_full", actions=Actions(events=[ev]))
+        self.sessions.queue(now, session, tenant, est_tokens, entry.long, final)
+        actions = Actions(events=[SessionQueued(ts=now, session=session,
+                                                est_prompt_tokens=est_tokens)])
+        self._admit_pass(now, actions)
+        mine = next((a for a in actions.admitted if a.entry.session == session), None)
+        if mine is None:
+            return Decision(DecisionKind.WAIT, reason="queued", actions=actions)
+        actions.admitted.remove(mine)
+        return Decision(DecisionKind.ADMITTED, worker=mine.worker, reason="admitted",
+                        actions=actions)
+
+    def on_response_end(
+        self, now: float, session: str, *, prompt_chars: int | None = None,
+        prompt_tokens: int | None = None, usual_tool_s: float | None = None,
+    ) -> Actions:
+        """A request of an admitted session finished (success, error or client gone)."""
+        actions = Actions()
+        rec = self.sessions.get(session)
+        if rec is None or rec.state is not SessionState.ADMITTED:
+            return actions
+        if prompt_chars is not None and prompt_tokens is not None:
+            self.estimator.observe(session, prompt_chars, prompt_tokens)
+        self._settle(session)  # the worker has seen its prompt now
+        rec = self.sessions.response_end(now, session, usual_tool_s)
+        if rec.final and rec.in_flight == 0:
+            self._end(now, session, EndReason.FINAL, actions)
+            self._admit_pass(now, actions)
+        return actions
+
+    def on_session_end(self, now: float, session: str, reason: EndReason) -> Actions:
+        """The session ends (delete, or its waiting client left); its slot frees up."""
+        actions = Actions()
+        self.queue.remove(session)
+        if self._end(now, session, reason, actions):
+            self._admit_pass(now, actions)
+        return actions
+
+    # -- the control tick -----------------------------------------------------------------------
+    def tick(self, now: float, signals_by_worker: Mapping[str, WorkerSignals]) -> Actions:
+        """Control step: windows, idle timeouts, queue deadlines, admissions."""
+        actions = Actions()
+        for w in self.workers:
+            # A worker the probes did not report on is unseen: fail closed.
+            self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
+            changes = self.controllers[w].tick(now, self._control_signals(w))
+            actions.window_changes.extend(changes)
+            actions.events.extend(changes)
+        for rec in self.sessions.idle_expired(now):
+            self._end(now, rec.key, EndReason.IDLE_TIMEOUT, actions)
+        expired = self.queue.expire(now)
+        if expired:
+            placeable = any(v.placeable for v in self._views())
+            reason = "queue_deadline" if placeable else "no_healthy_worker"
+            retry = self.queue.retry_after(now)
+            for e in expired:
+                self.sessions.end(now, e.session, EndReason.QUEUE_DEADLINE)
+                actions.expired.append(Expiry(e.session, 503, retry, reason))
+                actions.events.append(Rejected(ts=now, session=e.session, reason=reason,
+                                               status=503))
+        self._admit_pass(now, actions)
+        return actions
+
+    # -- views ----------------------------------------------------------------------------------
+    def budget(self, worker: str) -> int | None:
+        """KV blocks a new session may use on ``worker`` (``None``: no block counts)."""
+        s = self._signals[worker]
+        if s.stale:
+            return 0
+        if s.free_blocks is None or s.total_blocks is None:
+            return None
+        return kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
+                         s.retained_blocks) - self._pending_on[worker]
+
+    def _free(self, worker: str) -> int | None:
+        # Free blocks as the load balancer should see them: less what is promised already.
+        s = self._signals[worker]
+        if s.stale:
+            return 0
+        return None if s.free_blocks is None else s.free_blocks - self._pending_on[worker]
+
+    def views(self) -> list[WorkerView]:
+        return self._views()
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Windows, caps, overload states, admitted sessions and the queue (``/mars/v1/state``)."""
+        workers = {}
+        for w in self.workers:
+            c = self.controllers[w]
+            workers[w] = {
+                "window": c.window, "effective_limit": c.effective_limit,
+                "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap,
+                "kv_overloaded": c.kv_overloaded, "cpu_overloaded": c.cpu_overloaded,
+                "stale": c.stale, "budget_blocks": self.budget(w),
+                "admitted": self.sessions.sessions_on(w),
+            }
+        return {
+            "enabled": self.cfg.enabled,
+            "workers": workers,
+            "queue": {
+                "length": len(self.queue), "mode": str(self.queue.mode),
+                "order": [s for s, _ in self.queue.positions(now)],
+                "admission_rate_per_s": self.queue.admission_rate(now),
+                "retry_after_s": self.queue.retry_after(now),
+            },
+        }
+
+    # -- internals ------------------------------------------------------------------------------
+    def _control_signals(self, w: str) -> ControlSignals:
+        s = self._signals[w]
+        return ControlSignals(
+            kv_usage=s.kv_usage, stale=s.stale, free_blocks=s.free_blocks,
+            budget_blocks=self.budget(w), tools_in_flight=s.tools_in_flight,
+            backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
+            psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
+            admitted=self.sessions.admitted_on(w),
+        )
+
+    def _views(self) -> list[WorkerView]:
+        out = []
+        for w in self.workers:
+            s, c = self._signals[w], self.controllers[w]
+            out.append(WorkerView(
+                name=w, admitted=self.sessions.admitted_on(w), limit=c.effective_limit,
+                healthy=s.healthy, stale=s.stale, budget_blocks=self.budget(w),
+                free_blocks=self._free(w), retained_blocks=s.retained_blocks,
+                block_size=s.block_size or _DEFAULT_BLOCK_SIZE,
+                long_admitted=self.sessions.long_on(w),
+                kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
+            ))
+        return out
+
+    def _admit_pass(self, now: float, actions: Actions) -> None:
+        if not len(self.queue):
+            return
+        for a in self.queue.select(now, self._views()):
+            rec = self.sessions.admit(now, a.entry.session, a.worker)
+            block_size = self._signals[a.worker].block_size or _DEFAULT_BLOCK_SIZE
+            blocks = blocks_for_tokens(a.entry.est_tokens, block_size)
+            self._pending[a.entry.session] = (a.worker, blocks)
+            self._pending_on[a.worker] += blocks
+            actions.admitted.append(a)
+            actions.events.append(SessionAdmitted(ts=now, session=a.entry.session,
+                                                  worker=a.worker, wait_s=now - rec.queued_at))
+
+    def _admit_unconditionally(
+        self, now: float, session: str, tenant: str, est_tokens: int, final: bool
+    ) -> Decision:
+        # Admission control off: place by KV budget among placeable workers, ignore the window.
+        views = [v for v in self._views() if v.placeable] or self._views()
+        best = max(views, key=lambda v: (v.budget_blocks or 0, -v.admitted))
+        long = est_tokens > self.cfg.long_prompt_tokens
+        self.sessions.queue(now, session, tenant, est_tokens, long, final)
+        self.sessions.admit(now, session, best.name)
+        ev = SessionAdmitted(ts=now, session=session, worker=best.name, wait_s=0.0)
+        return Decision(DecisionKind.ADMITTED, worker=best.name, reason="admission_disabled",
+                        actions=Actions(events=[ev]))
+
+    def _settle(self, session: str) -> None:
+        promise = self._pending.pop(session, None)
+        if promise is not None:
+            self._pending_on[promise[0]] -= promise[1]
+
+    def _end(self, now: float, session: str, reason: EndReason, actions: Actions) -> bool:
+        rec = self.sessions.end(now, session, reason)
+        self._settle(session)
+        self.estimator.forget(session)
+        if rec is None:
+            return False
+        actions.ended.append((session, reason))
+        actions.events.append(SessionEnd(
+            ts=now, session=session, worker=rec.worker, reason=str(reason), turns=rec.turns,
+            duration_s=now - rec.queued_at))
+        return True

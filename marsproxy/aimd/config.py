@@ -1,0 +1,148 @@
+"""Configuration of the admission control plane (mounted into ``MarsConfig`` as ``admission:``).
+
+Every number of DESIGN §5.1 (AIMD window) and §5.2 (admission order) is a field here with the
+design's default, so code, YAML, docs and Prometheus share one name for it.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from marsproxy.config_section import Section as _Section
+
+
+class AdmissionConfig(_Section):
+    """``admission:`` — AIMD window per worker, KV-fit check and the admission queue."""
+
+    enabled: bool = Field(
+        True, description="Hold new sessions in the admission queue; false: admit every session."
+    )
+    # -- AIMD window (DESIGN §5.1) ----------------------------------------------------------
+    window_init: int = Field(30, ge=1, description="Window (sessions per worker) at start.")
+    window_min: int = Field(4, ge=1, description="Smallest window; decreases stop here.")
+    window_max: int = Field(30, ge=1, description="Largest window; increases stop here.")
+    increase: int = Field(1, ge=1, description="Additive increase per control tick.")
+    decrease: float = Field(
+        0.7, gt=0, lt=1, description="Multiplicative decrease per control tick while overloaded."
+    )
+    control_interval_s: float = Field(
+        0.2, gt=0, description="Period of the control tick; faster calls are ignored."
+    )
+    kv_enter: float = Field(
+        0.90, gt=0, le=1, description="KV usage at or above which a worker is KV-overloaded."
+    )
+    kv_leave: float = Field(
+        0.85, ge=0, lt=1, description="KV usage at or below which KV overload ends."
+    )
+    cpu_backlog_enter: float = Field(
+        2.0, gt=0,
+        description="Tool backlog ratio (tools in flight / tool CPUs) at or above which CPU"
+        " overload begins.",
+    )
+    cpu_backlog_leave: float = Field(
+        1.0, ge=0, description="Tool backlog ratio at or below which CPU overload may end."
+    )
+    tool_wait_enter_s: float = Field(
+        5.0, gt=0, description="Tool queue-wait EMA (s) at or above which CPU overload begins."
+    )
+    tool_wait_leave_s: float = Field(
+        2.0, ge=0, description="Tool queue-wait EMA (s) at or below which CPU overload may end."
+    )
+    use_psi: bool = Field(
+        False, description="Also use CPU PSI 'some avg10' for CPU overload (when the probe has it)."
+    )
+    psi_enter: float = Field(
+        60.0, gt=0, le=100, description="PSI some avg10 (%) at or above which CPU overload begins."
+    )
+    psi_leave: float = Field(
+        30.0, ge=0, lt=100, description="PSI some avg10 (%) at or below which CPU overload may end."
+    )
+    app_limited_frac: float = Field(
+        0.5, ge=0, le=1,
+        description="Grow only when admitted sessions ≥ this fraction of the window (app-limited"
+        " guard).",
+    )
+    # -- KV fit ---------------------------------------------------------------------------
+    kv_reserve_frac: float = Field(
+        0.10, ge=0, lt=1, description="Fraction of a worker's KV blocks never promised to sessions."
+    )
+    chars_per_token: float = Field(
+        4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."
+    )
+    # -- Admission order (DESIGN §5.2) ----------------------------------------------------
+    long_prompt_tokens: int = Field(
+        50_000, ge=1, description="A session whose first prompt exceeds this many tokens is long."
+    )
+    max_long_in_flight: int = Field(
+        2, ge=0, description="Long sessions admitted per worker while short ones wait."
+    )
+    long_pack_frac: float = Field(
+        0.9, gt=0, le=1,
+        description="When only long sessions wait, pack them into this fraction of free KV.",
+    )
+    queue_deadline_s: float = Field(
+        300.0, gt=0,
+        description="Longest wait in the admission queue; past it the request gets 503.",
+    )
+    queue_max: int = Field(
+        10_000, ge=1, description="Most sessions waiting; one more gets 429."
+    )
+    aging_margin_s: float = Field(
+        30.0, ge=0,
+        description="Safety slack (s): a session goes first once its time to deadline, less this,"
+        " no longer covers admitting it and all due before it at the observed admission rate.",
+    )
+    max_bypass: int = Field(
+        64, ge=1,
+        description="Times later arrivals may be admitted ahead of a waiting session before it"
+        " goes first.",
+    )
+    rate_halflife_s: float = Field(
+        30.0, gt=0, description="Half-life of the admission-rate estimate behind Retry-After."
+    )
+    retry_after_min_s: int = Field(1, ge=0, description="Smallest Retry-After sent (s).")
+    retry_after_max_s: int = Field(60, ge=1, description="Largest Retry-After sent (s).")
+    # -- Session lifecycle ------------------------------------------------------------------
+    idle_timeout_factor: float = Field(
+        4.0, gt=0, description="An admitted session idle this many times its usual tool time ends."
+    )
+    idle_timeout_min_s: float = Field(60.0, gt=0, description="Floor of the idle timeout (s).")
+    idle_timeout_max_s: float = Field(
+        1800.0, gt=0,
+        description="Cap of the idle timeout (s); also used while a session has no tool history.",
+    )
+
+    @model_validator(mode="after")
+    def _relations(self) -> AdmissionConfig:
+        # Bad relations make the controller oscillate or never move; say which keys clash.
+        problems = []
+        if not self.window_min <= self.window_init <= self.window_max:
+            problems.append(
+                f"need window_min ≤ window_init ≤ window_max, got {self.window_min} ≤ "
+                f"{self.window_init} ≤ {self.window_max}"
+            )
+        pairs = (
+            ("kv_leave", self.kv_leave, "kv_enter", self.kv_enter),
+            ("cpu_backlog_leave", self.cpu_backlog_leave, "cpu_backlog_enter",
+             self.cpu_backlog_enter),
+            ("tool_wait_leave_s", self.tool_wait_leave_s, "tool_wait_enter_s",
+             self.tool_wait_enter_s),
+            ("psi_leave", self.psi_leave, "psi_enter", self.psi_enter),
+            ("idle_timeout_min_s", self.idle_timeout_min_s, "idle_timeout_max_s",
+             self.idle_timeout_max_s),
+            ("retry_after_min_s", self.retry_after_min_s, "retry_after_max_s",
+             self.retry_after_max_s),
+        )
+        for low_name, low, high_name, high in pairs:
+            strict = low_name.startswith(("kv_", "cpu_", "tool_", "psi_"))
+            if low > high or (strict and low == high):
+                rel = "<" if strict else "≤"
+                problems.append(f"need {low_name} {rel} {high_name}, got {low} and {high}")
+        if self.aging_margin_s >= self.queue_deadline_s:
+            problems.append(
+                f"need aging_margin_s < queue_deadline_s, got {self.aging_margin_s} and "
+                f"{self.queue_deadline_s}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,188 @@
+"""The AIMD admission window of one worker, with hysteresis and caps (DESIGN §5.1).
+
+Two overload state machines (KV and tool CPU) each enter at a high mark and leave at a low
+mark, so a pressure that hovers between the marks neither grows nor shrinks the window. While
+either is overloaded the window shrinks multiplicatively on every control tick; it grows by a
+constant only when both pressures are below their low marks, the KV budget is positive and the
+window is actually used. Caps derived from the current pressure bound the limit immediately,
+without waiting for the window to walk down.
+
+Pure code: no I/O; ``now`` is a parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.core.events import WindowChange
+
+# Float sums of the interval (0.2 + 0.2 + ...) land a hair short of the boundary; without a
+# tolerance every other tick would be skipped. The same holds for 0.7·W landing a hair below
+# an integer it equals.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSignals:
+    """One worker's inputs to a control tick, all from the information stream."""
+
+    kv_usage: float | None = None
+    """KV usage 0..1; ``None``: unknown, treated as full (fail closed)."""
+    stale: bool = False
+    """No fresh sample: treated as full KV (fail closed)."""
+    free_blocks: int | None = None
+    budget_blocks: int | None = None
+    """Blocks a new session may use (kvfit.kv_budget); ``None``: the worker reports no blocks."""
+    tools_in_flight: int = 0
+    backlog_ratio: float = 0.0
+    tool_wait_ema_s: float = 0.0
+    psi_some_avg10: float | None = None
+    tool_cpus: float = 0.0
+    """CPUs for tools; 0: unknown, no CPU cap."""
+    admitted: int = 0
+    """Sessions admitted on this worker now (for the app-limited guard)."""
+
+
+class AimdController:
+    """Window, caps and overload states of one worker."""
+
+    def __init__(self, cfg: AdmissionConfig, worker: str = "") -> None:
+        self.cfg = cfg
+        self.worker = worker
+        self._window = cfg.window_init
+        self._kv_cap = cfg.window_max
+        self._cpu_cap = cfg.window_max
+        self._kv_over = False
+        self._cpu_over = False
+        self._stale = False
+        self._last_tick: float | None = None
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @property
+    def kv_cap(self) -> int:
+        return self._kv_cap
+
+    @property
+    def cpu_cap(self) -> int:
+        return self._cpu_cap
+
+    @property
+    def effective_limit(self) -> int:
+        """Sessions this worker may hold now: the window bounded by both caps."""
+        return min(self._window, self._kv_cap, self._cpu_cap)
+
+    @property
+    def kv_overloaded(self) -> bool:
+        return self._kv_over
+
+    @property
+    def cpu_overloaded(self) -> bool:
+        return self._cpu_over
+
+    @property
+    def stale(self) -> bool:
+        return self._stale
+
+    @property
+    def last_tick(self) -> float | None:
+        return self._last_tick
+
+    # -- the control tick -------------------------------------------------------------------
+    def tick(self, now: float, signals: ControlSignals) -> list[WindowChange]:
+        """Run one control step if ``control_interval_s`` has passed since the last one.
+
+        Returns the window changes (at most one) to publish; empty when skipped or held.
+        """
+        cfg = self.cfg
+        last = self._last_tick
+        if last is not None and now < last + cfg.control_interval_s - _EPS:
+            return []
+        self._last_tick = now
+        self._stale = signals.stale or signals.kv_usage is None
+        usage = 1.0 if self._stale else float(signals.kv_usage or 0.0)
+        self._update_kv(usage)
+        self._update_cpu(signals)
+        self._kv_cap = self._kv_cap_for(usage)
+        self._cpu_cap = self._cpu_cap_for(signals.tool_cpus)
+
+        old = self._window
+        reason = ""
+        if self._kv_over or self._cpu_over:
+            self._window = max(cfg.window_min, math.floor(cfg.decrease * old + _EPS))
+            reason = self._overload_reason()
+        elif self._may_grow(usage, signals):
+            self._window = min(cfg.window_max, old + cfg.increase)
+            reason = "additive_increase"
+        if self._window == old:
+            return []
+        return [
+            WindowChange(ts=now, worker=self.worker, old=old, new=self._window, reason=reason)
+        ]
+
+    def _update_kv(self, usage: float) -> None:
+        if self._kv_over:
+            self._kv_over = usage > self.cfg.kv_leave
+        else:
+            self._kv_over = usage >= self.cfg.kv_enter
+
+    def _update_cpu(self, s: ControlSignals) -> None:
+        cfg = self.cfg
+        # PSI joins only when configured and reported; a host without PSI is not overloaded.
+        psi = s.psi_some_avg10 if cfg.use_psi else None
+        if self._cpu_over:
+            self._cpu_over = not self._cpu_below_leave(s)
+        else:
+            self._cpu_over = (
+                s.backlog_ratio >= cfg.cpu_backlog_enter
+                or s.tool_wait_ema_s >= cfg.tool_wait_enter_s
+                or (psi is not None and psi >= cfg.psi_enter)
+            )
+
+    def _cpu_below_leave(self, s: ControlSignals) -> bool:
+        cfg = self.cfg
+        psi = s.psi_some_avg10 if cfg.use_psi else None
+        return (
+            s.backlog_ratio <= cfg.cpu_backlog_leave
+            and s.tool_wait_ema_s <= cfg.tool_wait_leave_s
+            and (psi is None or psi <= cfg.psi_leave)
+        )
+
+    def _may_grow(self, usage: float, s: ControlSignals) -> bool:
+        cfg = self.cfg
+        if usage > cfg.kv_leave or not self._cpu_below_leave(s):
+            return False  # inside a hysteresis band: hold
+        # A worker that reports no blocks has only its usage gauge to go by, checked above.
+        if s.budget_blocks is not None and s.budget_blocks <= 0:
+            return False
+        # App-limited guard: an unused window proves nothing about capacity.
+        return s.admitted >= cfg.app_limited_frac * self._window
+
+    def _overload_reason(self) -> str:
+        parts = []
+        if self._kv_over:
+            parts.append("stale" if self._stale else "kv_overload")
+        if self._cpu_over:
+            parts.append("cpu_overload")
+        return "+".join(parts)
+
+    def _kv_cap_for(self, usage: float) -> int:
+        cfg = self.cfg
+        if usage <= cfg.kv_leave:
+            return cfg.window_max
+        if usage >= cfg.kv_enter:
+            return cfg.window_min
+        frac = (usage - cfg.kv_leave) / (cfg.kv_enter - cfg.kv_leave)
+        return math.floor(cfg.window_max - frac * (cfg.window_max - cfg.window_min) + _EPS)
+
+    def _cpu_cap_for(self, tool_cpus: float) -> int:
+        cfg = self.cfg
+        if tool_cpus <= 0:
+            return cfg.window_max
+        cap = math.ceil(tool_cpus * (cfg.cpu_backlog_leave + cfg.cpu_backlog_enter) / 2)
+        return max(cfg.window_min, min(cfg.window_max, cap))

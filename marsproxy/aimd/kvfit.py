@@ -1,0 +1,79 @@
+"""KV-fit: how many blocks a session needs, and how many a worker can still promise.
+
+vLLM's usage gauge does not count blocks the proxy has promised but the worker has not yet
+filled (admitted sessions whose prompts are still on their way, retained dormant prefixes), so
+admission checks an explicit budget instead: free blocks minus a reserve minus those promises.
+
+Prompt sizes are estimated from characters until the worker tells the truth: after each call
+the session's real ``usage.prompt_tokens`` corrects its estimate. Agent prompts are append-only
+and the tokenizer's characters-per-token is stable within a session, so the ratio of the last
+call carries over to the next.
+
+Pure code: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def blocks_for_tokens(tokens: int, block_size: int) -> int:
+    """KV blocks that ``tokens`` tokens occupy (a partly filled block is a whole block)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return max(0, math.ceil(tokens / block_size))
+
+
+def free_blocks_from_usage(kv_usage: float | None, total_blocks: int | None) -> int | None:
+    """Free blocks from vLLM's usage gauge and ``num_gpu_blocks`` (vLLM exports no free count).
+
+    Rounded down, so the estimate never promises a block the worker may not have.
+    """
+    if kv_usage is None or total_blocks is None:
+        return None
+    return max(0, math.floor((1.0 - min(1.0, max(0.0, kv_usage))) * total_blocks + 1e-9))
+
+
+def kv_budget(
+    free_blocks: int, total_blocks: int, reserve_frac: float, retained_blocks: int = 0
+) -> int:
+    """Blocks a new session may use: free − reserve_frac·total − retained (may be negative)."""
+    return free_blocks - math.ceil(reserve_frac * total_blocks) - retained_blocks
+
+
+def fits(blocks: int, budget: int | None) -> bool:
+    """Whether ``blocks`` fit ``budget``; ``None`` (a worker without block counts) always fits."""
+    return budget is None or blocks <= budget
+
+
+class PromptEstimator:
+    """Prompt-token estimates per session, corrected by the usage each call reports."""
+
+    def __init__(self, chars_per_token: float) -> None:
+        if chars_per_token <= 0:
+            raise ValueError(f"chars_per_token must be positive, got {chars_per_token}")
+        self.chars_per_token = chars_per_token
+        self._correction: dict[str, float] = {}  # session → real tokens / raw estimate
+
+    def raw(self, chars: int) -> float:
+        return max(0, chars) / self.chars_per_token
+
+    def estimate(self, session: str, chars: int) -> int:
+        """Estimated prompt tokens of a request of ``chars`` characters."""
+        return math.ceil(self.raw(chars) * self._correction.get(session, 1.0))
+
+    def observe(self, session: str, chars: int, prompt_tokens: int) -> None:
+        """The worker reported ``prompt_tokens`` for a request of ``chars`` characters."""
+        raw = self.raw(chars)
+        if raw <= 0 or prompt_tokens <= 0:
+            return  # nothing to learn from an empty prompt or a missing usage block
+        self._correction[session] = prompt_tokens / raw
+
+    def correction(self, session: str) -> float:
+        return self._correction.get(session, 1.0)
+
+    def forget(self, session: str) -> None:
+        self._correction.pop(session, None)
+
+    def __len__(self) -> int:
+        return len(self._correction)

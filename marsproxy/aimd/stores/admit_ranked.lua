@@ -1,0 +1,22 @@
+-- KEYS: adm, own, queue (global waiting ZSET, lowest score first)
+-- ARGV: session, free_slots, limit, now_ms, expiry_ms, replica
+-- Admits a waiting session only while it is among the first free_slots of the global queue and
+-- the worker has room, and takes it out of the queue in the same step: order holds across
+-- replicas. Returns 1 admitted (or already admitted), 0 not yet.
+local adm, own, queue = KEYS[1], KEYS[2], KEYS[3]
+local session, free_slots, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+reap(adm, own, ARGV[4])
+local rank = redis.call('ZRANK', queue, session)
+if not rank then
+  if redis.call('ZSCORE', adm, session) then
+    grant(adm, own, session, ARGV[5], ARGV[6])
+    return 1
+  end
+  return 0
+end
+if rank >= free_slots or redis.call('ZCARD', adm) >= limit then
+  return 0
+end
+grant(adm, own, session, ARGV[5], ARGV[6])
+redis.call('ZREM', queue, session)
+return 1

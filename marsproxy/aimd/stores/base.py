@@ -1,0 +1,156 @@
+"""The ``WindowStore`` interface: admission state that one or several replicas share.
+
+The gateway talks only to this Protocol; :mod:`.memory` serves one replica, :mod:`.redis_store`
+several replicas behind one Redis (DESIGN §5.5). Times are integer milliseconds on a clock the
+replicas share (wall clock), passed in so that tests and the simulator drive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+# "memory": the in-process store; "shared": Redis is up; the others: Redis is down and
+# ``on_store_failure`` is in effect.
+StoreMode = Literal["memory", "shared", "local", "closed", "open"]
+
+ClockMs = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    """Epoch milliseconds: replicas on different hosts agree on it (NTP), unlike monotonic."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRecord:
+    """One worker's admission window as the leader computed it."""
+
+    limit: int  # effective limit: min(window, caps) — what admission checks against
+    window: int  # the AIMD window before caps
+    updated_ms: int
+    reason: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WindowRecord:
+        d = json.loads(raw)
+        return cls(int(d["limit"]), int(d["window"]), int(d["updated_ms"]), str(d["reason"]))
+
+
+@runtime_checkable
+class WindowStore(Protocol):
+    """Admission leases, leader-written windows, the global queue, wake-ups, session records."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def up(self) -> bool:
+        """False while the shared backend is unreachable (the memory store is always up)."""
+
+    @property
+    def mode(self) -> StoreMode: ...
+
+    @property
+    def failures_total(self) -> int: ...
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def live_replicas(self) -> int:
+        """Replicas seen heartbeating (last known while down); divides windows in local mode."""
+
+    async def start(self) -> None:
+        """Start the heartbeat (and, for Redis, the wake-up listener)."""
+
+    async def close(self) -> None:
+        """Stop background work; leases are not released (they expire, as after a crash)."""
+
+    async def try_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
+        """Reap expired leases on ``worker``; admit iff live leases < ``limit``.
+
+        Idempotent: a session already admitted on ``worker`` is renewed and gets True.
+        """
+
+    async def release(self, worker: str, session: str) -> None:
+        """Drop the session's lease; wake the replicas if sessions wait in the global queue."""
+
+    async def renew(self, now_ms: int) -> int:
+        """Heartbeat: renew this replica's leases, reap expired ones; returns leases renewed."""
+
+    async def admitted(self, worker: str) -> int:
+        """Live leases on ``worker`` (while the shared backend is down: this replica's own)."""
+
+    async def admitted_sessions(self, worker: str) -> list[str]:
+        """Sorted sessions holding a live lease on ``worker`` (down: this replica's own)."""
+
+    async def try_lead(self, now_ms: int) -> bool:
+        """Take or keep the leader lease; True while this replica is the leader."""
+
+    async def publish_windows(self, windows: Mapping[str, WindowRecord]) -> bool:
+        """Leader only: replace the windows hash; False if this replica is not the leader."""
+
+    async def read_windows(self) -> dict[str, WindowRecord]:
+        """The last published windows (the cached copy while the backend is down)."""
+
+    async def enqueue(self, session: str, score: float) -> None:
+        """Add or re-score a waiting session; lower scores are admitted first."""
+
+    async def dequeue(self, session: str) -> None: ...
+
+    async def queue_rank(self, session: str) -> int | None:
+        """0-based position in the global queue; None when not waiting."""
+
+    async def queue_len(self) -> int: ...
+
+    async def admit_if_ranked(
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+    ) -> bool:
+        """Admit a queued session iff its rank < ``free_slots`` and ``worker`` has room.
+
+        The rank check, the admission and the removal from the queue are one atomic step, so
+        the global order holds across replicas. An already admitted session gets True.
+        """
+
+    async def notify(self) -> None:
+        """Wake every replica's waiters (they re-check the queue)."""
+
+    def wakeups(self) -> AsyncGenerator[None, None]:
+        """Yields once per wake-up (coalesced); ``aclose()`` it when done waiting."""
+
+    async def save_session(self, key: str, record: Mapping[str, Any]) -> None:
+        """Store a JSON-serialisable session record for ``session_ttl_s``."""
+
+    async def load_session(self, key: str) -> dict[str, Any] | None: ...
+
+    async def delete_session(self, key: str) -> None: ...
+
+
+class WakeupHub:
+    """Fans wake-ups out to local waiters; one pending wake-up per waiter is enough."""
+
+    def __init__(self) -> None:
+        self._waiters: set[asyncio.Queue[None]] = set()
+
+    def fire(self) -> None:
+        for q in self._waiters:
+            if q.empty():  # coalesce: a waiter re-checks everything once anyway
+                q.put_nowait(None)
+
+    async def stream(self) -> AsyncGenerator[None, None]:
+        q: asyncio.Queue[None] = asyncio.Queue(maxsize=1)
+        self._waiters.add(q)
+        try:
+            while True:
+                await q.get()
+                yield None
+        finally:
+            self._waiters.discard(q)

@@ -1,0 +1,87 @@
+"""Redis key names and the Lua scripts of the Redis store.
+
+Every key of a pool shares the hash tag ``{pool}`` (``mars:{default}:...``), so on Redis
+Cluster all keys a script touches live in one slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+# What scripts take as ARGV.
+Arg = str | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    base: str  # "{key_prefix}:{{pool}}:"
+
+    @classmethod
+    def for_pool(cls, key_prefix: str, pool: str) -> Keys:
+        return cls(f"{key_prefix}:{{{pool}}}:")
+
+    def adm(self, worker: str) -> str:
+        """Lease ZSET of one worker: session scored by lease expiry (epoch ms)."""
+        return f"{self.base}adm:{worker}"
+
+    def own(self, worker: str) -> str:
+        """Hash session → replica id, to renew only one's own leases."""
+        return f"{self.base}own:{worker}"
+
+    @property
+    def windows(self) -> str:
+        return f"{self.base}windows"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.base}leader"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.base}queue"
+
+    @property
+    def replicas(self) -> str:
+        return f"{self.base}replicas"
+
+    def session(self, key: str) -> str:
+        return f"{self.base}sess:{key}"
+
+    @property
+    def channel(self) -> str:
+        return f"{self.base}wake"
+
+    @property
+    def pattern(self) -> str:
+        """Matches every key of the pool (tests and ``SCAN`` clean-ups)."""
+        return f"{self.base}*"
+
+
+def _source(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+class Scripts:
+    """The registered scripts; redis-py reloads one after NOSCRIPT (e.g. a restarted Redis)."""
+
+    def __init__(self, client: Redis) -> None:
+        lib = _source("_lib.lua")
+
+        def lease_script(name: str) -> AsyncScript:
+            return client.register_script(lib + "\n" + _source(name))
+
+        def plain(name: str) -> AsyncScript:
+            return client.register_script(_source(name))
+
+        self.admit = lease_script("admit.lua")
+        self.admit_ranked = lease_script("admit_ranked.lua")
+        self.renew = lease_script("renew.lua")
+        self.resync = lease_script("resync.lua")
+        self.release = plain("release.lua")
+        self.heartbeat = plain("heartbeat.lua")
+        self.lead = plain("lead.lua")
+        self.publish_windows = plain("publish_windows.lua")

@@ -1,0 +1,152 @@
+"""The Redis connection of a store: timeouts, outage detection, reconnect, wake-up listener.
+
+Kept apart from :mod:`.redis_store` so that the store reads as admission semantics only. The
+link decides *whether* Redis is usable; the store decides what to do meanwhile
+(``on_store_failure``) and how to write its local view back (``on_recover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from marsproxy.aimd.stores.config import StoreConfig
+from marsproxy.aimd.stores.redis_batch import ScriptBatcher
+from marsproxy.aimd.stores.redis_keys import Keys, Scripts
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What "Redis is unreachable" looks like; anything else (a script error) is a bug and raises.
+FAILURES: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    TimeoutError,
+    OSError,
+)
+
+
+class RedisLink:
+    def __init__(
+        self,
+        config: StoreConfig,
+        on_recover: Callable[[], Awaitable[str]],
+        on_wakeup: Callable[[], None],
+    ) -> None:
+        self.cfg = config
+        self.keys = Keys.for_pool(config.key_prefix, config.pool)
+        # One quick retry covers a pooled connection that a Redis restart broke. No socket
+        # timeout: every op runs under its own op_timeout_s (io() and the batcher), and a
+        # per-read timer inside redis-py would cost ~8 % of an admission.
+        self.redis = Redis.from_url(
+            config.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=config.op_timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        # Pub/sub has a connection of its own: it blocks on reads by design.
+        self._sub = Redis.from_url(
+            config.redis_url, decode_responses=True, socket_connect_timeout=config.op_timeout_s
+        )
+        self.scripts = Scripts(self.redis)
+        self.batch = ScriptBatcher(self.redis, config.op_timeout_s)
+        self.up = True
+        self.failures_total = 0
+        self._on_recover = on_recover
+        self._on_wakeup = on_wakeup
+        self._listener: asyncio.Task[None] | None = None
+        self._closing = False
+        self._reconnect: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._listener = asyncio.create_task(self._listen(), name="redis-store-wakeups")
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [t for t in (self._listener, self._reconnect) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)  # bounded: never hang a shutdown
+        self._listener = self._reconnect = None
+        await self.batch.close()
+        await self.redis.aclose()
+        await self._sub.aclose()
+
+    async def io(self, aw: Awaitable[T]) -> T:
+        # asyncio.timeout, not wait_for: no extra task per op (a third of an op's cost).
+        async with asyncio.timeout(self.cfg.op_timeout_s):
+            return await aw
+
+    def fail(self, exc: BaseException) -> None:
+        """Count a failed op; on the first, say so once and start reconnecting."""
+        self.failures_total += 1
+        if self.up:
+            self.up = False
+            where = urlsplit(self.cfg.redis_url)  # never log the password in the URL
+            log.warning(
+                "state store: Redis at %s:%s unreachable (%r); pool %r continues with "
+                "on_store_failure=%s until it is back",
+                where.hostname,
+                where.port,
+                exc,
+                self.cfg.pool,
+                self.cfg.on_store_failure,
+            )
+        if self._reconnect is None or self._reconnect.done():
+            self._reconnect = asyncio.create_task(self._reconnect_loop(), name="redis-reconnect")
+
+    async def _reconnect_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.reconnect_interval_s)
+            try:
+                await self.io(self.redis.ping())
+                summary = await self._on_recover()
+            except FAILURES as exc:
+                log.debug("state store: Redis still unreachable: %r", exc)
+                continue
+            except Exception:  # a bug must not end reconnecting: this replica would stay local
+                log.exception("state store: resync failed; retrying")
+                continue
+            if self.up:  # else it failed again during the last resync pass: keep trying
+                log.warning("state store: Redis is back; %s", summary)
+                return
+
+    async def _listen(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        while not self._closing:
+            ps = self._sub.pubsub()
+            try:
+                await ps.subscribe(self.keys.channel)
+                raise_if_cancelled(me)
+                self._on_wakeup()  # wake-ups published while unsubscribed are lost
+                while not self._closing:
+                    if await ps.get_message(ignore_subscribe_messages=True, timeout=None):
+                        self._on_wakeup()
+                    raise_if_cancelled(me)
+            except FAILURES as exc:
+                # Data ops detect outages; a broken subscription only needs a new one.
+                log.debug("state store: wake-up subscription lost: %r", exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    await ps.aclose()  # type: ignore[no-untyped-call]
+            raise_if_cancelled(me)
+            await asyncio.sleep(self.cfg.reconnect_interval_s)
+
+
+def raise_if_cancelled(task: asyncio.Task[None]) -> None:
+    # redis-py (8.1, Python 3.11) can swallow a cancellation that lands inside subscribe();
+    # the request stays counted on the task, so honour it here instead of reading forever.
+    if task.cancelling():
+        raise asyncio.CancelledError

@@ -1,0 +1,387 @@
+"""The Redis ``WindowStore``: admission state shared by several gateway replicas (DESIGN §5.5).
+
+Every check-and-change is one Lua script (see the ``.lua`` files beside this module). Each
+replica also mirrors its own leases, queued sessions and session records in a private
+:class:`MemoryStore`: that mirror is what it renews by heartbeat, what it keeps admitting
+against while Redis is unreachable (``on_store_failure``), and what it writes back on recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_clock_ms
+from marsproxy.aimd.stores.config import StoreConfig
+from marsproxy.aimd.stores.memory import MemoryStore, new_replica_id
+from marsproxy.aimd.stores.redis_keys import Arg
+from marsproxy.aimd.stores.redis_link import FAILURES, RedisLink, raise_if_cancelled
+from marsproxy.aimd.stores.resync import resync
+
+log = logging.getLogger(__name__)
+
+# Leases per renew script: a long script blocks Redis for every other client meanwhile.
+_RENEW_CHUNK = 500
+
+
+class RedisStore:
+    """``WindowStore`` over Redis, with the configured fallback while Redis is away."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock: ClockMs = wall_clock_ms,
+        replica_id: str | None = None,
+    ) -> None:
+        self.cfg = config
+        self.clock = clock
+        self._id = replica_id or new_replica_id()
+        self.local = MemoryStore(config, clock=clock, replica_id=self._id)
+        self.link = RedisLink(config, self._recover, self.local.fire_local)
+        self.keys, self.scripts, self.redis = self.link.keys, self.link.scripts, self.link.redis
+        self.io, self.fail = self.link.io, self.link.fail
+        self.lease_ms = round(config.lease_ttl_s * 1000)
+        self.session_ms = round(config.session_ttl_s * 1000)
+        self._leader_ms = round(config.leader_ttl_s * 1000)
+        self.replicas = 1  # last known count of live replicas
+        self._lead_until = 0
+        self._windows: dict[str, WindowRecord] = {}
+        self.workers: set[str] = set()  # every worker touched: resync must visit them
+        # Changes made while down, written back on recovery.
+        self.q_gone: set[str] = set()
+        self.dirty: set[str] = set()
+        self.deleted: set[str] = set()
+        self.gen = 0  # bumped by every local change while down: resync repeats until stable
+        # Leases granted since the heartbeat started: its "gone" answer may predate them.
+        self.fresh: set[tuple[str, str]] = set()
+        self._beat_task: asyncio.Task[None] | None = None
+
+    # -- health ---------------------------------------------------------------------------------
+    @property
+    def replica_id(self) -> str:
+        return self._id
+
+    @property
+    def up(self) -> bool:
+        return self.link.up
+
+    @property
+    def mode(self) -> StoreMode:
+        return "shared" if self.link.up else self.cfg.on_store_failure
+
+    @property
+    def failures_total(self) -> int:
+        return self.link.failures_total
+
+    @property
+    def is_leader(self) -> bool:
+        return self.link.up and self._lead_until > self.clock()
+
+    @property
+    def live_replicas(self) -> int:
+        return self.replicas
+
+    async def start(self) -> None:
+        await self.renew(self.clock())  # registers this replica; a dead Redis starts reconnecting
+        self._beat_task = asyncio.create_task(self._beat(), name="redis-store-heartbeat")
+        self.link.start()
+
+    async def close(self) -> None:
+        if self._beat_task is not None:
+            self._beat_task.cancel()
+            await asyncio.wait([self._beat_task], timeout=1.0)  # bounded: never hang a shutdown
+            self._beat_task = None
+        await self.link.close()
+
+    async def _beat(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            try:
+                await self.renew(self.clock())
+            except Exception:  # a missed beat is survivable (lease > 2 beats); a dead loop is not
+                log.exception("state store: heartbeat failed")
+            raise_if_cancelled(me)
+
+    async def _recover(self) -> str:
+        moved = await resync(self)  # still down: ops stay local while this pass runs
+        self.link.up = True
+        # One more pass catches what changed locally during the last one.
+        with contextlib.suppress(*FAILURES):
+            moved += await resync(self)
+        self.local.fire_local()  # waiters re-check against the shared state
+        held = sum(len(v) for v in self.local.own_leases().values())
+        return f"resynced {held} leases of this replica ({moved} had moved to others)"
+
+    # -- leases ---------------------------------------------------------------------------------
+    def _lease_keys(self, worker: str) -> list[str]:
+        return [self.keys.adm(worker), self.keys.own(worker)]
+
+    def _granted(self, worker: str, session: str, now_ms: int) -> None:
+        self.local.add_lease(worker, session, now_ms)
+        self.fresh.add((worker, session))
+
+    def _fallback_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
+        self.gen += 1
+        mode = self.cfg.on_store_failure
+        if mode == "open":
+            self.local.add_lease(worker, session, now_ms)
+            return True
+        # local: this replica's share of the last window; closed: only renew what it holds.
+        share = max(1, limit // max(1, self.replicas)) if mode == "local" else 0
+        return self.local.admit_sync(worker, session, share, now_ms)
+
+    async def try_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
+        self.workers.add(worker)
+        if self.link.up:
+            args: list[Arg] = [session, limit, now_ms, now_ms + self.lease_ms, self._id]
+            try:
+                ok = await self.link.batch.run(self.scripts.admit, self._lease_keys(worker), args)
+            except FAILURES as exc:
+                # The script may have run before the reply was lost: that lease is nobody's
+                # to renew and expires within one lease TTL.
+                self.fail(exc)
+            else:
+                if ok:
+                    self._granted(worker, session, now_ms)
+                return bool(ok)
+        return self._fallback_admit(worker, session, limit, now_ms)
+
+    async def release(self, worker: str, session: str) -> None:
+        self.local.drop_lease(worker, session)  # first: resync reconciles a failed release
+        if self.link.up:
+            args: list[Arg] = [session, self.keys.channel]
+            try:
+                keys = [*self._lease_keys(worker), self.keys.queue]
+                await self.link.batch.run(self.scripts.release, keys, args)
+                return
+            except FAILURES as exc:
+                self.fail(exc)
+        self.gen += 1
+        self.local.fire_local()
+
+    async def renew(self, now_ms: int) -> int:
+        self.fresh.clear()
+        own = {w: ss for w, ss in self.local.own_leases().items() if ss}
+        renewed = self.local.renew_sync(now_ms)
+        if not self.link.up:
+            return renewed
+        expiry = now_ms + self.lease_ms
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                await self.scripts.heartbeat(
+                    keys=[self.keys.replicas], args=[now_ms, expiry, self._id], client=pipe
+                )
+                chunks = [
+                    (w, ss[i : i + _RENEW_CHUNK])
+                    for w, ss in own.items()
+                    for i in range(0, len(ss), _RENEW_CHUNK)
+                ]
+                for w, chunk in chunks:
+                    args: list[Arg] = [now_ms, expiry, self._id, *chunk]
+                    await self.scripts.renew(keys=self._lease_keys(w), args=args, client=pipe)
+                results = await self.io(pipe.execute())
+        except FAILURES as exc:
+            self.fail(exc)
+            return renewed
+        self.replicas = int(results[0])
+        lost = 0
+        for (w, _), gone in zip(chunks, results[1:], strict=True):
+            for s in gone:
+                if (w, s) not in self.fresh:  # released elsewhere, moved, or expired
+                    lost += self.local.drop_lease(w, s)
+        if lost:
+            # Usually a session that moved to another replica; after a stall longer than
+            # lease_ttl_s it is a slot that was reaped and may have been given away.
+            log.info("state store: %d leases of this replica are gone from Redis", lost)
+        return sum(len(ss) for ss in own.values()) - lost
+
+    async def admitted(self, worker: str) -> int:
+        if self.link.up:
+            try:
+                key, low = self.keys.adm(worker), f"({self.clock()}"
+                return await self.io(self.redis.zcount(key, low, "+inf"))
+            except FAILURES as exc:
+                self.fail(exc)
+        return self.local.own_count(worker)
+
+    async def admitted_sessions(self, worker: str) -> list[str]:
+        if self.link.up:
+            key, now = self.keys.adm(worker), self.clock()
+            try:
+                got = await self.io(self.redis.zrange(key, f"({now}", "+inf", byscore=True))
+                return sorted(str(s) for s in got)
+            except FAILURES as exc:
+                self.fail(exc)
+        return sorted(self.local.own_leases().get(worker, []))
+
+    # -- leader and windows ---------------------------------------------------------------------
+    async def try_lead(self, now_ms: int) -> bool:
+        if self.link.up:
+            args: list[Arg] = [self._id, self._leader_ms]
+            try:
+                ok = bool(await self.io(self.scripts.lead(keys=[self.keys.leader], args=args)))
+            except FAILURES as exc:
+                self.fail(exc)
+            else:
+                # now_ms precedes the key's own start, so this belief ends before the key does.
+                self._lead_until = now_ms + self._leader_ms if ok else 0
+                return ok
+        self._lead_until = 0  # leadership cannot be proven: nobody adapts the windows
+        return False
+
+    async def publish_windows(self, windows: Mapping[str, WindowRecord]) -> bool:
+        if not self.link.up:
+            return False
+        args: list[Arg] = [self._id]
+        for worker, rec in windows.items():
+            args += [worker, rec.to_json()]
+        keys = [self.keys.leader, self.keys.windows]
+        try:
+            ok = bool(await self.io(self.scripts.publish_windows(keys=keys, args=args)))
+        except FAILURES as exc:
+            self.fail(exc)
+            return False
+        if ok:
+            self._windows = dict(windows)
+        return ok
+
+    async def read_windows(self) -> dict[str, WindowRecord]:
+        if self.link.up:
+            try:
+                raw = await self.io(self.redis.hgetall(self.keys.windows))
+            except FAILURES as exc:
+                self.fail(exc)
+            else:
+                # Empty after a Redis restart lost it: the last windows serve until the leader
+                # publishes again (a leader never publishes an empty set).
+                if raw:
+                    self._windows = {str(w): WindowRecord.from_json(v) for w, v in raw.items()}
+        return dict(self._windows)
+
+    # -- global queue ---------------------------------------------------------------------------
+    async def enqueue(self, session: str, score: float) -> None:
+        self.local.enqueue_sync(session, score)
+        self.q_gone.discard(session)
+        if self.link.up:
+            try:
+                await self.io(self.redis.zadd(self.keys.queue, {session: score}))
+                return
+            except FAILURES as exc:
+                self.fail(exc)
+        self.gen += 1
+
+    async def dequeue(self, session: str) -> None:
+        self.local.dequeue_sync(session)
+        if self.link.up:
+            try:
+                await self.io(self.redis.zrem(self.keys.queue, session))
+                return
+            except FAILURES as exc:
+                self.fail(exc)
+        self.q_gone.add(session)
+        self.gen += 1
+
+    async def queue_rank(self, session: str) -> int | None:
+        if self.link.up:
+            try:
+                rank: Any = await self.io(self.redis.zrank(self.keys.queue, session))
+                return None if rank is None else int(rank)  # typed int | list (WITHSCORE)
+            except FAILURES as exc:
+                self.fail(exc)
+        return self.local.rank_sync(session)
+
+    async def queue_len(self) -> int:
+        if self.link.up:
+            try:
+                return int(await self.io(self.redis.zcard(self.keys.queue)))
+            except FAILURES as exc:
+                self.fail(exc)
+        return len(self.local.queue_items())
+
+    async def admit_if_ranked(
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+    ) -> bool:
+        self.workers.add(worker)
+        if self.link.up:
+            keys = [*self._lease_keys(worker), self.keys.queue]
+            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id]
+            try:
+                ok = bool(await self.link.batch.run(self.scripts.admit_ranked, keys, args))
+            except FAILURES as exc:
+                self.fail(exc)
+            else:
+                if ok:
+                    self._granted(worker, session, now_ms)
+                    self.local.dequeue_sync(session)
+                return ok
+        self.gen += 1
+        mode = self.cfg.on_store_failure
+        share = max(1, limit // max(1, self.replicas))
+        if mode == "local":
+            ok = self.local.admit_ranked_sync(session, free_slots, worker, share, now_ms)
+        else:
+            ok = self._fallback_admit(worker, session, limit, now_ms)
+        if ok and self.local.dequeue_sync(session):
+            self.q_gone.add(session)
+        return ok
+
+    # -- wake-ups -------------------------------------------------------------------------------
+    async def notify(self) -> None:
+        if self.link.up:
+            try:
+                await self.io(self.redis.publish(self.keys.channel, "notify"))
+                return  # our own subscription delivers it here too
+            except FAILURES as exc:
+                self.fail(exc)
+        self.local.fire_local()
+
+    def wakeups(self) -> AsyncGenerator[None, None]:
+        return self.local.wakeups()
+
+    # -- session records ------------------------------------------------------------------------
+    async def save_session(self, key: str, record: Mapping[str, Any]) -> None:
+        raw = json.dumps(record, separators=(",", ":"))
+        self.local.save_raw(key, raw)  # the copy that serves this session while Redis is away
+        self.deleted.discard(key)
+        if self.link.up:
+            try:
+                await self.io(self.redis.set(self.keys.session(key), raw, px=self.session_ms))
+                return
+            except FAILURES as exc:
+                self.fail(exc)
+        self.dirty.add(key)
+        self.gen += 1
+
+    async def load_session(self, key: str) -> dict[str, Any] | None:
+        if self.link.up:
+            try:
+                raw = await self.io(self.redis.get(self.keys.session(key)))
+            except FAILURES as exc:
+                self.fail(exc)
+            else:
+                if raw is None:
+                    await self.local.delete_session(key)
+                    return None
+                self.local.save_raw(key, str(raw))
+                return dict(json.loads(raw))
+        raw_local = self.local.load_raw(key)
+        return None if raw_local is None else dict(json.loads(raw_local))
+
+    async def delete_session(self, key: str) -> None:
+        await self.local.delete_session(key)
+        self.dirty.discard(key)
+        if self.link.up:
+            try:
+                await self.io(self.redis.delete(self.keys.session(key)))
+                return
+            except FAILURES as exc:
+                self.fail(exc)
+        self.deleted.add(key)
+        self.gen += 1

@@ -1,0 +1,30 @@
+-- KEYS: adm, own   ARGV: now_ms, expiry_ms, replica, session...
+-- After an outage: make Redis hold exactly this replica's local leases on one worker. Own
+-- leases not listed were released while Redis was away: dropped. Listed ones are (re-)added;
+-- ZADD of an existing member only re-scores it, so nothing is counted twice. A session that
+-- another replica now owns has moved there: left alone and returned, to be forgotten locally.
+local adm, own, replica = KEYS[1], KEYS[2], ARGV[3]
+reap(adm, own, ARGV[1])
+local keep = {}
+for i = 4, #ARGV do
+  keep[ARGV[i]] = true
+end
+local stale = {}
+local owners = redis.call('HGETALL', own)
+for i = 1, #owners, 2 do
+  if owners[i + 1] == replica and not keep[owners[i]] then
+    stale[#stale + 1] = owners[i]
+  end
+end
+remove_all(adm, own, stale)
+local moved = {}
+for i = 4, #ARGV do
+  local s = ARGV[i]
+  local owner = redis.call('HGET', own, s)
+  if owner and owner ~= replica then
+    moved[#moved + 1] = s
+  else
+    grant(adm, own, s, ARGV[2], replica)
+  end
+end
+return moved

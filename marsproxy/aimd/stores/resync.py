@@ -1,0 +1,70 @@
+"""Write a replica's local view back into Redis after an outage (DESIGN §5.5: nothing admitted
+is lost, nothing is counted twice).
+
+The replica's mirror is the truth for what *it* admitted: its leases are re-added (ZADD of an
+existing member only re-scores it) and its own leases that Redis still holds but it released
+are dropped, per worker, inside ``resync.lua``. Queue entries and session records changed while
+Redis was away are written back in the same pipeline. Every step is idempotent, so a pass that
+fails half-way is simply repeated by the reconnect loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from marsproxy.aimd.stores.redis_keys import Arg
+
+if TYPE_CHECKING:
+    from marsproxy.aimd.stores.redis_store import RedisStore
+
+_PASSES = 3  # ops keep running locally during a pass; repeat while they changed something
+
+
+async def resync(store: RedisStore) -> int:
+    """Returns how many sessions turned out to be owned by another replica (now forgotten)."""
+    moved = 0
+    for _ in range(_PASSES):
+        gen = store.gen
+        moved += await _one_pass(store)
+        if store.gen == gen:
+            break
+    return moved
+
+
+async def _one_pass(store: RedisStore) -> int:
+    now = store.clock()
+    expiry = now + store.lease_ms
+    own = store.local.own_leases()
+    workers = sorted(store.workers | own.keys())
+    q_gone = set(store.q_gone)
+    queued = store.local.queue_items()
+    dirty = {k: raw for k in store.dirty if (raw := store.local.load_raw(k)) is not None}
+    deleted = set(store.deleted)
+    store.fresh.clear()
+    keys = store.keys
+    async with store.redis.pipeline(transaction=False) as pipe:
+        await store.scripts.heartbeat(
+            keys=[keys.replicas], args=[now, expiry, store.replica_id], client=pipe
+        )
+        for w in workers:
+            args: list[Arg] = [now, expiry, store.replica_id, *own.get(w, [])]
+            await store.scripts.resync(keys=[keys.adm(w), keys.own(w)], args=args, client=pipe)
+        if q_gone:
+            pipe.zrem(keys.queue, *q_gone)
+        if queued:
+            pipe.zadd(keys.queue, dict(queued))
+        for k, raw in dirty.items():
+            pipe.set(keys.session(k), raw, px=store.session_ms)
+        if deleted:
+            pipe.delete(*(keys.session(k) for k in deleted))
+        results = await store.io(pipe.execute())
+    store.replicas = int(results[0])
+    moved = 0
+    for w, gone in zip(workers, results[1 : 1 + len(workers)], strict=True):
+        for s in gone:
+            if (w, s) not in store.fresh:
+                moved += store.local.drop_lease(w, s)
+    store.q_gone -= q_gone
+    store.dirty -= dirty.keys()
+    store.deleted -= deleted
+    return moved

@@ -1,0 +1,201 @@
+"""Session lifecycle for admission: QUEUED → ADMITTED (LLM and TOOL phases) → ENDED.
+
+A session's first request waits in the admission queue (QUEUED). Once admitted it holds a slot
+on one worker across all its tool phases, because releasing the slot between calls would let
+other sessions push its prefix out of the KV cache. It ends on its final request, on an explicit
+delete, or when it stays idle (no request in flight) longer than a timeout scaled by its own
+usual tool time: an agent that died must not hold a slot forever, and a slow test suite must
+not lose its slot mid-run.
+
+Pure code: no I/O; ``now`` is a parameter.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class SessionState(StrEnum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    ENDED = "ended"
+
+
+class Phase(StrEnum):
+    LLM = "llm"
+    TOOL = "tool"
+
+
+class EndReason(StrEnum):
+    FINAL = "final"
+    DELETED = "deleted"
+    IDLE_TIMEOUT = "idle_timeout"
+    QUEUE_DEADLINE = "queue_deadline"
+    ABANDONED = "abandoned"
+    """The client of a waiting session went away before it was admitted."""
+
+
+class LifecycleError(ValueError):
+    """A transition the lifecycle does not allow (a bug in the caller)."""
+
+
+def idle_timeout_s(usual_tool_s: float | None, factor: float, min_s: float, max_s: float) -> float:
+    """clamp(factor × usual tool time, min, max); without history, the cap (never cut short)."""
+    if usual_tool_s is None:
+        return max_s
+    return max(min_s, min(max_s, factor * usual_tool_s))
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    key: str
+    tenant: str
+    state: SessionState
+    queued_at: float
+    est_tokens: int = 0
+    long: bool = False
+    phase: Phase = Phase.LLM
+    worker: str | None = None
+    admitted_at: float | None = None
+    last_active: float = 0.0
+    in_flight: int = 0
+    """Requests of this session being served or waiting for admission."""
+    final: bool = False
+    """Its last request has arrived: it ends when that request's response ends."""
+    idle_timeout_s: float = 0.0
+    turns: int = 0
+    end_reason: EndReason | None = None
+    idle_key: tuple[float, str] | None = None
+    """Its place in the lifecycle's idle index while it is idle."""
+
+    def idle_deadline(self) -> float | None:
+        """When an idle session times out; ``None`` while a request is in flight."""
+        if self.state is not SessionState.ADMITTED or self.in_flight > 0:
+            return None
+        return self.last_active + self.idle_timeout_s
+
+
+class SessionLifecycle:
+    """The live sessions of the admission plane, and the counts per worker."""
+
+    def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float) -> None:
+        self._idle_args = (idle_factor, idle_min_s, idle_max_s)
+        self._records: dict[str, SessionRecord] = {}
+        self._by_worker: dict[str, set[str]] = {}
+        self._long_by_worker: dict[str, int] = {}
+        # (idle deadline, key) of admitted sessions with nothing in flight, sorted, so a tick
+        # finds the timed-out ones without scanning every session.
+        self._idle: list[tuple[float, str]] = []
+
+    # -- queries ----------------------------------------------------------------------------
+    def get(self, key: str) -> SessionRecord | None:
+        return self._records.get(key)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[SessionRecord]:
+        return iter(self._records.values())
+
+    def admitted_on(self, worker: str) -> int:
+        return len(self._by_worker.get(worker, ()))
+
+    def long_on(self, worker: str) -> int:
+        return self._long_by_worker.get(worker, 0)
+
+    def sessions_on(self, worker: str) -> list[str]:
+        return sorted(self._by_worker.get(worker, ()))
+
+    # -- transitions --------------------------------------------------------------------------
+    def queue(self, now: float, key: str, tenant: str, est_tokens: int, long: bool,
+              final: bool = False) -> SessionRecord:
+        """A new session's first request arrives and waits."""
+        if key in self._records:
+            raise LifecycleError(f"session {key!r} already exists")
+        rec = SessionRecord(key, tenant, SessionState.QUEUED, now, est_tokens, long,
+                            last_active=now, in_flight=1, final=final)
+        self._records[key] = rec
+        return rec
+
+    def add_waiter(self, key: str, final: bool = False) -> SessionRecord:
+        """Another request of a session that is still queued: it waits for the same slot."""
+        rec = self._require(key, SessionState.QUEUED)
+        rec.in_flight += 1
+        rec.final = rec.final or final
+        return rec
+
+    def admit(self, now: float, key: str, worker: str) -> SessionRecord:
+        rec = self._require(key, SessionState.QUEUED)
+        rec.state = SessionState.ADMITTED
+        rec.worker = worker
+        rec.admitted_at = now
+        rec.last_active = now
+        rec.phase = Phase.LLM
+        rec.turns += rec.in_flight
+        self._by_worker.setdefault(worker, set()).add(key)
+        if rec.long:
+            self._long_by_worker[worker] = self._long_by_worker.get(worker, 0) + 1
+        return rec
+
+    def request(self, now: float, key: str, final: bool = False) -> SessionRecord:
+        """A continuation of an admitted session: served at once, never held by the window."""
+        rec = self._require(key, SessionState.ADMITTED)
+        self._unidle(rec)
+        rec.in_flight += 1
+        rec.turns += 1
+        rec.phase = Phase.LLM
+        rec.last_active = now
+        rec.final = rec.final or final
+        return rec
+
+    def response_end(self, now: float, key: str, usual_tool_s: float | None) -> SessionRecord:
+        """A request of an admitted session finished (well or not); a tool phase may begin."""
+        rec = self._require(key, SessionState.ADMITTED)
+        rec.in_flight = max(0, rec.in_flight - 1)
+        rec.last_active = now
+        if rec.in_flight == 0:
+            rec.phase = Phase.TOOL
+            rec.idle_timeout_s = idle_timeout_s(usual_tool_s, *self._idle_args)
+            self._unidle(rec)
+            rec.idle_key = (rec.last_active + rec.idle_timeout_s, key)
+            bisect.insort(self._idle, rec.idle_key)
+        return rec
+
+    def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
+        """The session ends (whatever its state); ``None`` if it was unknown or already gone."""
+        rec = self._records.pop(key, None)
+        if rec is None:
+            return None
+        self._unidle(rec)
+        if rec.state is SessionState.ADMITTED and rec.worker is not None:
+            self._by_worker[rec.worker].discard(key)
+            if rec.long:
+                self._long_by_worker[rec.worker] -= 1
+        rec.state = SessionState.ENDED
+        rec.end_reason = reason
+        rec.last_active = max(rec.last_active, now)
+        return rec
+
+    def idle_expired(self, now: float) -> list[SessionRecord]:
+        """Admitted sessions idle past their timeout (still live; the caller ends them)."""
+        end = bisect.bisect_right(self._idle, now, key=lambda k: k[0])
+        return [self._records[key] for _, key in self._idle[:end]]
+
+    def _unidle(self, rec: SessionRecord) -> None:
+        if rec.idle_key is None:
+            return
+        i = bisect.bisect_left(self._idle, rec.idle_key)
+        if i < len(self._idle) and self._idle[i] == rec.idle_key:
+            del self._idle[i]
+        rec.idle_key = None
+
+    def _require(self, key: str, state: SessionState) -> SessionRecord:
+        rec = self._records.get(key)
+        if rec is None:
+            raise LifecycleError(f"session {key!r} is unknown")
+        if rec.state is not state:
+            raise LifecycleError(f"session {key!r} is {rec.state}, not {state}")
+        return rec

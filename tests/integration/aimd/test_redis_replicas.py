@@ -1,0 +1,150 @@
+"""Several Redis-store replicas on the shared Redis, in real time, with their background
+heartbeats running: the total never exceeds the window, a killed replica's slots come back
+within one lease TTL, and a dead leader is replaced within the leader TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from marsproxy.aimd.stores import RedisStore, StoreConfig, wall_clock_ms
+
+MakeReplica = Callable[..., Awaitable[RedisStore]]
+
+
+@pytest.fixture
+async def make_replica(pool: str) -> AsyncIterator[MakeReplica]:
+    started: list[RedisStore] = []
+
+    async def _make(**overrides: Any) -> RedisStore:
+        cfg = StoreConfig(backend="redis", pool=pool, **overrides)
+        store = RedisStore(cfg)
+        await store.start()
+        started.append(store)
+        return store
+
+    yield _make
+    for s in started:
+        await s.close()
+
+
+async def test_replicas_under_concurrent_load_never_exceed_the_limit(
+    make_replica: MakeReplica, pool: str
+) -> None:
+    reps = [await make_replica(heartbeat_interval_s=0.1, lease_ttl_s=5) for _ in range(3)]
+    workers, limit = ["w1", "w2"], 5
+    held = dict.fromkeys(workers, 0)  # admitted right now, as the clients see it
+    peak = dict.fromkeys(workers, 0)
+    zcard_peak = dict.fromkeys(workers, 0)
+    admits = 0
+    stop = time.monotonic() + 1.5
+    keys = reps[0].keys
+    r = aioredis.Redis(decode_responses=True)
+
+    async def client(n: int) -> None:
+        nonlocal admits
+        rep, rng = reps[n % 3], random.Random(n)
+        i = 0
+        while time.monotonic() < stop:
+            w, session = rng.choice(workers), f"c{n}-{i}"
+            i += 1
+            if await rep.try_admit(w, session, limit, wall_clock_ms()):
+                admits += 1
+                held[w] += 1
+                peak[w] = max(peak[w], held[w])
+                await asyncio.sleep(rng.random() * 0.005)
+                held[w] -= 1
+                await rep.release(w, session)
+            else:
+                await asyncio.sleep(0.001)
+
+    async def observer() -> None:
+        while time.monotonic() < stop:
+            for w in workers:
+                zcard_peak[w] = max(zcard_peak[w], await r.zcard(keys.adm(w)))
+            await asyncio.sleep(0.002)
+
+    await asyncio.gather(observer(), *(client(n) for n in range(60)))
+    try:
+        assert admits > 200  # the load was real
+        assert all(peak[w] <= limit for w in workers), peak
+        assert all(zcard_peak[w] <= limit for w in workers), zcard_peak
+        assert zcard_peak == dict.fromkeys(workers, limit)  # and the window was used fully
+        for w in workers:
+            assert await r.zcard(keys.adm(w)) == 0 and await r.hlen(keys.own(w)) == 0
+        assert all(s.failures_total == 0 for s in reps)
+    finally:
+        await r.aclose()
+
+
+async def test_a_killed_replicas_slots_return_within_one_lease_ttl(
+    make_replica: MakeReplica,
+) -> None:
+    ttl = dict(lease_ttl_s=1.0, heartbeat_interval_s=0.2)
+    a, b = await make_replica(**ttl), await make_replica(**ttl)
+    assert await b.try_admit("w1", "b0", 3, wall_clock_ms())
+    now = wall_clock_ms()  # one admission time: both leases end together
+    assert all([await a.try_admit("w1", f"a{i}", 3, now) for i in range(2)])
+    assert not await b.try_admit("w1", "b1", 3, wall_clock_ms())
+    await a.close()  # SIGKILL-like: no release, no more heartbeats
+    killed = time.monotonic()
+    while not await b.try_admit("w1", "b1", 3, wall_clock_ms()):
+        assert time.monotonic() - killed < 1.3, "slots did not come back within one lease TTL"
+        await asyncio.sleep(0.02)
+    assert await b.try_admit("w1", "b2", 3, wall_clock_ms())  # both of a's slots came back
+    await asyncio.sleep(1.2)  # b's own leases outlive the TTL: its heartbeat renews them
+    assert await b.admitted_sessions("w1") == ["b0", "b1", "b2"]
+
+
+async def test_the_leader_dies_and_another_takes_over_within_leader_ttl(
+    make_replica: MakeReplica,
+) -> None:
+    cfg = dict(leader_ttl_s=0.5)
+    reps = [await make_replica(**cfg) for _ in range(3)]
+    alive = set(range(3))
+
+    async def elect() -> None:  # each replica's control loop tries every 100 ms
+        while True:
+            for i in list(alive):
+                await reps[i].try_lead(wall_clock_ms())
+            await asyncio.sleep(0.1)
+
+    loop = asyncio.create_task(elect())
+    try:
+        await asyncio.sleep(0.3)
+        leaders = [i for i in alive if reps[i].is_leader]
+        assert len(leaders) == 1
+        dead = leaders[0]
+        alive.discard(dead)
+        await reps[dead].close()
+        died = time.monotonic()
+        while not any(reps[i].is_leader for i in alive):
+            assert time.monotonic() - died < 0.5 + 0.15, "no new leader within leader_ttl"
+            await asyncio.sleep(0.01)
+        assert sum(reps[i].is_leader for i in alive) == 1
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
+
+async def test_a_session_record_and_its_lease_survive_the_replica_that_wrote_them(
+    make_replica: MakeReplica,
+) -> None:
+    a, b = await make_replica(), await make_replica()
+    assert await a.try_admit("w1", "t:s", 4, wall_clock_ms())
+    await a.save_session("t:s", {"worker": "w1", "prompt_tokens": 900, "attained_s": 1.5})
+    await a.close()
+    rec = await b.load_session("t:s")
+    assert rec is not None and rec["worker"] == "w1"
+    # b serves the next call: the admit is idempotent and b now renews the lease.
+    assert await b.try_admit(rec["worker"], "t:s", 4, wall_clock_ms())
+    assert await b.renew(wall_clock_ms()) == 1
+    assert await b.admitted_sessions("w1") == ["t:s"]

@@ -1,0 +1,56 @@
+"""``store:`` config: defaults, validation, and the factory."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from marsproxy.aimd.stores import (
+    MemoryStore,
+    RedisStore,
+    StoreConfig,
+    WindowRecord,
+    WindowStore,
+    make_store,
+)
+from marsproxy.aimd.stores.redis_keys import Keys
+
+
+def test_defaults_follow_design() -> None:
+    cfg = StoreConfig()
+    assert cfg.backend == "memory" and cfg.on_store_failure == "local"
+    assert cfg.pool == "default" and cfg.key_prefix == "mars"
+    assert cfg.heartbeat_interval_s < cfg.lease_ttl_s / 2
+    assert all(f.description for f in StoreConfig.model_fields.values())
+
+
+def test_heartbeat_must_fit_twice_in_a_lease() -> None:
+    with pytest.raises(pydantic.ValidationError, match="heartbeat_interval_s"):
+        StoreConfig(lease_ttl_s=2, heartbeat_interval_s=1)
+
+
+def test_unknown_keys_and_modes_are_errors() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        StoreConfig(on_store_failure="retry")
+    with pytest.raises(pydantic.ValidationError):
+        StoreConfig.model_validate({"lease_ttl": 3})
+
+
+def test_keys_share_one_cluster_hash_tag() -> None:
+    k = Keys.for_pool("mars", "prod")
+    assert k.adm("w1") == "mars:{prod}:adm:w1" and k.leader == "mars:{prod}:leader"
+    assert all(key.startswith("mars:{prod}:") for key in (k.queue, k.windows, k.channel))
+
+
+def test_window_record_round_trips_through_json() -> None:
+    rec = WindowRecord(limit=7, window=9, updated_ms=123, reason="kv_overload")
+    assert WindowRecord.from_json(rec.to_json()) == rec
+
+
+async def test_factory_builds_the_configured_backend() -> None:
+    mem = make_store(StoreConfig())
+    assert isinstance(mem, MemoryStore) and isinstance(mem, WindowStore)
+    red = make_store(StoreConfig(backend="redis"), replica_id="r1")
+    assert isinstance(red, RedisStore) and isinstance(red, WindowStore)
+    assert red.replica_id == "r1" and red.mode == "shared"
+    await red.link.close()  # never started: just release the (unconnected) clients

@@ -1,0 +1,198 @@
+"""AdmissionCore: the sans-IO admission plane, events in, actions out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.core.events import Rejected, SessionAdmitted, SessionEnd, SessionQueued
+from marsproxy.core.lifecycle import EndReason, SessionState
+
+
+def sig(**kw: Any) -> WorkerSignals:
+    base: dict[str, Any] = dict(kv_usage=0.3, free_blocks=10_000, total_blocks=10_000,
+                                block_size=16)
+    base.update(kw)
+    return WorkerSignals(**base)
+
+
+def core(workers: tuple[str, ...] = ("w0",), **cfg: Any) -> AdmissionCore:
+    base: dict[str, Any] = dict(window_init=4, window_min=2, window_max=8)
+    base.update(cfg)
+    c = AdmissionCore(AdmissionConfig(**base), workers)
+    c.tick(0.0, {w: sig() for w in workers})
+    return c
+
+
+def test_fail_closed_before_any_signal() -> None:
+    c = AdmissionCore(AdmissionConfig(), ["w0"])
+    d = c.on_request(0.0, "s", "t", 100)
+    assert d.kind is DecisionKind.WAIT
+    assert isinstance(d.actions.events[0], SessionQueued)
+    acts = c.tick(0.1, {"w0": sig()})
+    assert [a.entry.session for a in acts.admitted] == ["s"]
+
+
+def test_burst_admitted_up_to_window_rest_wait_then_follow() -> None:
+    c = core()
+    decisions = [c.on_request(1.0, f"s{i}", "t", 100) for i in range(6)]
+    assert [d.kind for d in decisions] == [DecisionKind.ADMITTED] * 4 + [DecisionKind.WAIT] * 2
+    assert {d.worker for d in decisions[:4]} == {"w0"}
+    assert c.sessions.admitted_on("w0") == 4 and len(c.queue) == 2
+    # s0 ends (delete): s4 gets its slot in the same step.
+    acts = c.on_session_end(2.0, "s0", EndReason.DELETED)
+    assert [a.entry.session for a in acts.admitted] == ["s4"]
+    assert acts.ended == [("s0", EndReason.DELETED)]
+    assert any(isinstance(e, SessionEnd) for e in acts.events)
+    assert any(isinstance(e, SessionAdmitted) and e.wait_s == 1.0 for e in acts.events)
+    assert c.sessions.admitted_on("w0") == 4
+
+
+def test_continuations_are_never_held() -> None:
+    c = core()
+    for i in range(4):
+        c.on_request(1.0, f"s{i}", "t", 100)
+    c.on_response_end(2.0, "s0")
+    # KV overload collapses the window and cap below what is admitted.
+    c.tick(3.0, {"w0": sig(kv_usage=0.99)})
+    assert c.controllers["w0"].effective_limit == 2
+    d = c.on_request(4.0, "s0", "t", 100)
+    assert d.kind is DecisionKind.ADMITTED and d.worker == "w0" and d.reason == "continuation"
+    # A new session waits until admitted < effective limit.
+    assert c.on_request(4.0, "new", "t", 100).kind is DecisionKind.WAIT
+    c.on_session_end(5.0, "s1", EndReason.DELETED)
+    c.on_session_end(5.0, "s2", EndReason.DELETED)
+    assert "new" in c.queue  # 2 admitted, limit 2
+    acts = c.on_session_end(5.0, "s3", EndReason.DELETED)
+    assert [a.entry.session for a in acts.admitted] == ["new"]
+
+
+def test_final_request_ends_session_after_its_response() -> None:
+    c = core(window_init=2, window_min=1)
+    c.on_request(1.0, "a", "t", 10)
+    c.on_request(1.0, "b", "t", 10)
+    assert c.on_request(1.0, "c", "t", 10).kind is DecisionKind.WAIT
+    c.on_response_end(2.0, "a")
+    c.on_request(3.0, "a", "t", 10, final=True)
+    acts = c.on_response_end(4.0, "a")
+    assert acts.ended == [("a", EndReason.FINAL)]
+    assert [x.entry.session for x in acts.admitted] == ["c"]
+    assert c.sessions.get("a") is None
+
+
+def test_idle_timeout_frees_the_slot() -> None:
+    c = core(window_init=1, window_min=1, window_max=1, idle_timeout_min_s=10.0,
+             idle_timeout_factor=2.0)
+    c.on_request(1.0, "a", "t", 10)
+    c.on_response_end(2.0, "a", usual_tool_s=3.0)  # timeout max(10, 6) = 10 s
+    c.on_request(3.0, "b", "t", 10)
+    assert c.tick(11.9, {"w0": sig()}).ended == []
+    acts = c.tick(12.0, {"w0": sig()})
+    assert acts.ended == [("a", EndReason.IDLE_TIMEOUT)]
+    assert [x.entry.session for x in acts.admitted] == ["b"]
+
+
+def test_queue_deadline_gives_503_with_retry_after() -> None:
+    c = core(window_init=1, window_min=1, queue_deadline_s=10.0, aging_margin_s=2.0)
+    c.on_request(0.0, "a", "t", 10)
+    c.on_request(1.0, "b", "t", 10)
+    acts = c.tick(11.0, {"w0": sig()})
+    (exp,) = acts.expired
+    assert (exp.session, exp.status, exp.reason) == ("b", 503, "queue_deadline")
+    assert 1 <= exp.retry_after_s <= 60
+    assert any(isinstance(e, Rejected) and e.status == 503 for e in acts.events)
+    assert c.sessions.get("b") is None and "b" not in c.queue
+
+
+def test_expiry_without_healthy_worker_says_so() -> None:
+    c = core(queue_deadline_s=10.0, aging_margin_s=2.0)
+    c.tick(0.5, {"w0": sig(healthy=False)})
+    c.on_request(1.0, "a", "t", 10)
+    (exp,) = c.tick(11.0, {"w0": sig(healthy=False)}).expired
+    assert exp.reason == "no_healthy_worker"
+
+
+def test_queue_full_gives_429() -> None:
+    c = core(window_init=1, window_min=1, queue_max=1)
+    c.on_request(0.0, "a", "t", 10)
+    assert c.on_request(0.0, "b", "t", 10).kind is DecisionKind.WAIT
+    d = c.on_request(0.0, "c", "t", 10)
+    assert d.kind is DecisionKind.REJECT and d.status == 429 and d.reason == "queue_full"
+    assert d.retry_after_s == 60  # nothing admitted through the queue yet: the cap
+    assert isinstance(d.actions.events[0], Rejected)
+    assert c.sessions.get("c") is None
+
+
+def test_second_request_of_a_waiting_session_waits_too() -> None:
+    c = core(window_init=1, window_min=1)
+    c.on_request(0.0, "a", "t", 10)
+    c.on_request(0.0, "b", "t", 10)
+    assert c.on_request(0.5, "b", "t", 10).kind is DecisionKind.WAIT
+    assert len(c.queue) == 1
+    acts = c.on_session_end(1.0, "a", EndReason.DELETED)
+    assert [x.entry.session for x in acts.admitted] == ["b"]
+    rec = c.sessions.get("b")
+    assert rec is not None and rec.in_flight == 2
+
+
+def test_abandoned_waiting_session_leaves_the_queue() -> None:
+    c = core(window_init=1, window_min=1)
+    c.on_request(0.0, "a", "t", 10)
+    c.on_request(0.0, "b", "t", 10)
+    acts = c.on_session_end(1.0, "b", EndReason.ABANDONED)
+    assert acts.ended == [("b", EndReason.ABANDONED)] and acts.admitted == []
+    assert "b" not in c.queue and c.sessions.get("b") is None
+
+
+def test_kv_fit_uses_budget_and_pending_promises() -> None:
+    # 1000 blocks total, 400 free: budget 400 − 100 reserve − 50 retained = 250 blocks.
+    c = core(window_init=8)
+    c.tick(0.2, {"w0": sig(free_blocks=400, total_blocks=1000, retained_blocks=50)})
+    assert c.budget("w0") == 250
+    assert c.on_request(1.0, "a", "t", 160 * 16).kind is DecisionKind.ADMITTED  # 160 blocks
+    assert c.budget("w0") == 90  # promised until the worker has served its prompt
+    assert c.on_request(1.0, "b", "t", 100 * 16).kind is DecisionKind.WAIT
+    c.on_response_end(2.0, "a")
+    assert c.budget("w0") == 250
+
+
+def test_stale_worker_gets_no_new_sessions() -> None:
+    c = core(("w0", "w1"))
+    c.tick(0.2, {"w0": sig(), "w1": sig(stale=True)})
+    d = [c.on_request(1.0, f"s{i}", "t", 10) for i in range(3)]
+    assert {x.worker for x in d} == {"w0"}
+    c.tick(0.4, {"w0": sig()})  # w1 not reported at all: stale too
+    assert c.controllers["w1"].stale and c.budget("w1") == 0
+
+
+def test_estimator_corrected_through_response_end() -> None:
+    c = core()
+    c.on_request(1.0, "a", "t", c.estimator.estimate("a", 4000))
+    c.on_response_end(2.0, "a", prompt_chars=4000, prompt_tokens=2000)
+    assert c.estimator.estimate("a", 8000) == 4000
+
+
+def test_disabled_admits_everything() -> None:
+    c = core(enabled=False, window_init=2, window_min=1)
+    d = [c.on_request(1.0, f"s{i}", "t", 10) for i in range(5)]
+    assert all(x.kind is DecisionKind.ADMITTED for x in d)
+    assert c.sessions.admitted_on("w0") == 5 and len(c.queue) == 0
+
+
+def test_window_change_events_from_tick() -> None:
+    c = core()
+    acts = c.tick(0.2, {"w0": sig(kv_usage=0.95)})
+    assert [(e.old, e.new, e.reason) for e in acts.window_changes] == [(4, 2, "kv_overload")]
+    assert acts.window_changes[0] in acts.events
+
+
+def test_snapshot() -> None:
+    c = core(window_init=1, window_min=1)
+    c.on_request(1.0, "a", "t", 10)
+    c.on_request(1.0, "b", "t", 10)
+    snap = c.snapshot(1.0)
+    w = snap["workers"]["w0"]
+    assert w["admitted"] == ["a"] and w["window"] == 1 and w["effective_limit"] == 1
+    assert snap["queue"]["length"] == 1 and snap["queue"]["order"] == ["b"]
+    assert c.sessions.get("a").state is SessionState.ADMITTED  # type: ignore[union-attr]

@@ -1,0 +1,204 @@
+"""AimdController driven by scripted pressure traces (DESIGN §5.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.controller import AimdController, ControlSignals
+
+CFG = AdmissionConfig()
+DT = CFG.control_interval_s
+
+
+def healthy(admitted: int = 30, **kw: object) -> ControlSignals:
+    base: dict[str, object] = dict(kv_usage=0.5, budget_blocks=1000, admitted=admitted)
+    base.update(kw)
+    return ControlSignals(**base)  # type: ignore[arg-type]
+
+
+def run(c: AimdController, trace: Iterable[ControlSignals], t0: float = 0.0) -> list[int]:
+    """Tick once per control interval; the window after each tick."""
+    out = []
+    t = t0
+    for s in trace:
+        c.tick(t, s)
+        out.append(c.window)
+        t += DT
+    return out
+
+
+def test_collapse_under_sustained_kv_overload() -> None:
+    c = AimdController(CFG, "w0")
+    # 30 → ⌊21.0⌋ → ⌊14.7⌋ → ⌊9.8⌋ → ⌊6.3⌋ → max(4, ⌊4.2⌋) → max(4, ⌊2.8⌋)
+    assert run(c, [healthy(kv_usage=0.95)] * 7) == [21, 14, 9, 6, 4, 4, 4]
+    assert c.kv_overloaded and not c.cpu_overloaded
+    assert c.kv_cap == 4 and c.effective_limit == 4
+
+
+def test_window_change_events_carry_reason_and_values() -> None:
+    c = AimdController(CFG, "w0")
+    evs = c.tick(10.0, healthy(kv_usage=0.95))
+    assert len(evs) == 1
+    ev = evs[0]
+    assert (ev.ts, ev.worker, ev.old, ev.new, ev.reason) == (10.0, "w0", 30, 21, "kv_overload")
+    # At the floor nothing changes, so nothing is published.
+    run(c, [healthy(kv_usage=0.95)] * 5, t0=10.2)
+    assert c.window == 4
+    assert c.tick(20.0, healthy(kv_usage=0.95)) == []
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [
+        healthy(backlog_ratio=2.0),  # exactly the enter mark
+        healthy(tool_wait_ema_s=5.0),
+        healthy(backlog_ratio=3.0, tool_wait_ema_s=9.0),
+    ],
+)
+def test_collapse_under_cpu_overload(signals: ControlSignals) -> None:
+    c = AimdController(CFG)
+    assert run(c, [signals] * 6) == [21, 14, 9, 6, 4, 4]
+    assert c.cpu_overloaded and not c.kv_overloaded
+    assert c.tick(99.0, signals)[0:1] == []  # at min already
+
+
+def test_both_overloaded_reason() -> None:
+    c = AimdController(CFG)
+    (ev,) = c.tick(0.0, healthy(kv_usage=0.99, backlog_ratio=5.0))
+    assert ev.reason == "kv_overload+cpu_overload"
+
+
+def test_psi_only_when_enabled() -> None:
+    s = healthy(psi_some_avg10=80.0)
+    off = AimdController(CFG)
+    off.tick(0.0, s)
+    assert not off.cpu_overloaded and off.window == 30
+    on = AimdController(AdmissionConfig(use_psi=True))
+    (ev,) = on.tick(0.0, s)
+    assert on.cpu_overloaded and ev.reason == "cpu_overload"
+    # PSI 40 % is inside its band: still overloaded; 30 % leaves.
+    on.tick(0.2, healthy(psi_some_avg10=40.0))
+    assert on.cpu_overloaded
+    on.tick(0.4, healthy(psi_some_avg10=30.0))
+    assert not on.cpu_overloaded
+
+
+def test_slow_growth_after_overload_when_used() -> None:
+    c = AimdController(CFG)
+    run(c, [healthy(kv_usage=0.95)] * 5)
+    assert c.window == 4
+    # Pressure gone, window fully used: +1 per tick, no faster.
+    assert run(c, [healthy(admitted=30)] * 5, t0=10.0) == [5, 6, 7, 8, 9]
+    assert not c.kv_overloaded
+
+
+def test_growth_stops_at_max() -> None:
+    c = AimdController(AdmissionConfig(window_init=28))
+    assert run(c, [healthy()] * 4) == [29, 30, 30, 30]
+
+
+def test_app_limited_guard() -> None:
+    c = AimdController(CFG)
+    run(c, [healthy(kv_usage=0.95)] * 5)
+    assert c.window == 4
+    # 3 admitted: 3 ≥ 0.5·4, 0.5·5, 0.5·6 → grow to 7; 3 < 0.5·7 → hold.
+    assert run(c, [healthy(admitted=3)] * 6, t0=10.0) == [5, 6, 7, 7, 7, 7]
+
+
+def test_no_growth_without_kv_budget() -> None:
+    c = AimdController(AdmissionConfig(window_init=10))
+    assert run(c, [healthy(budget_blocks=0)] * 3) == [10, 10, 10]
+    assert run(c, [healthy(budget_blocks=None)] * 2, t0=5.0) == [11, 12]  # no block counts
+
+
+def test_hold_inside_band_from_below() -> None:
+    c = AimdController(AdmissionConfig(window_init=10))
+    trace = [healthy(kv_usage=u) for u in (0.86, 0.89, 0.87, 0.8999, 0.86)]
+    assert run(c, trace) == [10] * 5
+    assert not c.kv_overloaded
+    # CPU band: ratio 1.5 and wait 3 s are between leave and enter.
+    assert run(c, [healthy(backlog_ratio=1.5), healthy(tool_wait_ema_s=3.0)], t0=5.0) == [10, 10]
+
+
+def test_no_oscillation_inside_band_after_overload() -> None:
+    c = AimdController(CFG)
+    trace = [healthy(kv_usage=0.95)] + [healthy(kv_usage=u) for u in (0.86, 0.89, 0.87, 0.88)]
+    windows = run(c, trace)
+    # Still overloaded in the band (hysteresis): only decreases, never a step up.
+    assert windows == [21, 14, 9, 6, 4]
+    assert c.kv_overloaded
+    # Only at or below the leave mark does the state flip, and growth resumes.
+    assert run(c, [healthy(kv_usage=0.85)] * 2, t0=5.0) == [5, 6]
+    assert not c.kv_overloaded
+
+
+def test_cpu_overload_needs_both_marks_to_leave() -> None:
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(backlog_ratio=2.5))
+    c.tick(0.2, healthy(backlog_ratio=0.5, tool_wait_ema_s=3.0))  # wait above its leave mark
+    assert c.cpu_overloaded and c.window == 14
+    c.tick(0.4, healthy(backlog_ratio=0.5, tool_wait_ema_s=2.0))
+    assert not c.cpu_overloaded and c.window == 15
+
+
+@pytest.mark.parametrize(
+    ("tool_cpus", "cap"), [(0.0, 30), (1.0, 4), (3.0, 5), (8.0, 12), (7.5, 12), (100.0, 30)]
+)
+def test_cpu_cap(tool_cpus: float, cap: int) -> None:
+    # ceil(cpus · (1.0 + 2.0) / 2) clamped to [4, 30]; 0 CPUs means unknown: no cap.
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(tool_cpus=tool_cpus))
+    assert c.cpu_cap == cap
+    assert c.effective_limit == min(c.window, cap)
+
+
+@pytest.mark.parametrize(
+    ("usage", "cap"), [(0.0, 30), (0.85, 30), (0.86, 24), (0.88, 14), (0.8999, 4), (0.9, 4)]
+)
+def test_kv_cap_is_linear_between_marks(usage: float, cap: int) -> None:
+    # 30 − (u − 0.85)/0.05 · 26, floored: 0.86 → 24.8 → 24, 0.88 → 14.4 → 14.
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(kv_usage=usage))
+    assert c.kv_cap == cap
+
+
+def test_effective_limit_is_min_of_window_and_caps() -> None:
+    c = AimdController(AdmissionConfig(window_init=20))
+    c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, admitted=0))
+    assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 24, 12, 12)
+    c.tick(0.2, healthy(kv_usage=0.88, tool_cpus=100.0, admitted=0))
+    assert c.effective_limit == 14
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [healthy(stale=True), healthy(kv_usage=None), healthy(kv_usage=0.1, stale=True)],
+)
+def test_stale_counts_as_kv_overloaded(signals: ControlSignals) -> None:
+    c = AimdController(CFG)
+    (ev,) = c.tick(0.0, signals)
+    assert ev.reason == "stale" and ev.new == 21
+    assert c.kv_overloaded and c.stale
+    assert c.kv_cap == 4 and c.effective_limit == 4
+
+
+def test_control_interval_respected() -> None:
+    c = AimdController(CFG)
+    over = healthy(kv_usage=0.95)
+    assert c.tick(0.0, over) and c.window == 21
+    assert c.tick(0.1, over) == [] and c.window == 21
+    assert c.tick(0.19, over) == [] and c.window == 21
+    assert c.tick(0.2, over) and c.window == 14
+    assert c.last_tick == 0.2
+
+
+def test_float_accumulated_ticks_are_not_skipped() -> None:
+    c = AimdController(AdmissionConfig(window_init=4))
+    t = 0.0
+    for _ in range(20):
+        c.tick(t, healthy())
+        t += 0.2  # 0.6000000000000001, 0.7999999999999999, ...
+    assert c.window == 24

@@ -1,0 +1,142 @@
+"""Session lifecycle: QUEUED → ADMITTED (LLM/TOOL) → ENDED, and idle timeouts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marsproxy.core.lifecycle import (
+    EndReason,
+    LifecycleError,
+    Phase,
+    SessionLifecycle,
+    SessionState,
+    idle_timeout_s,
+)
+
+
+def table() -> SessionLifecycle:
+    return SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0)
+
+
+@pytest.mark.parametrize(
+    ("usual", "timeout"), [(None, 1800.0), (1.0, 60.0), (30.0, 120.0), (1000.0, 1800.0)]
+)
+def test_idle_timeout_clamped(usual: float | None, timeout: float) -> None:
+    assert idle_timeout_s(usual, 4.0, 60.0, 1800.0) == timeout
+
+
+def test_full_life() -> None:
+    t = table()
+    rec = t.queue(0.0, "s", "tenant", 500, long=False)
+    assert rec.state is SessionState.QUEUED and rec.in_flight == 1
+    rec = t.admit(2.0, "s", "w0")
+    assert rec.state is SessionState.ADMITTED and rec.worker == "w0" and rec.admitted_at == 2.0
+    assert t.admitted_on("w0") == 1 and t.sessions_on("w0") == ["s"]
+    rec = t.response_end(5.0, "s", usual_tool_s=30.0)
+    assert rec.phase is Phase.TOOL and rec.in_flight == 0 and rec.idle_timeout_s == 120.0
+    rec = t.request(40.0, "s")
+    assert rec.phase is Phase.LLM and rec.turns == 2 and rec.idle_deadline() is None
+    t.response_end(45.0, "s", usual_tool_s=None)
+    assert rec.idle_deadline() == 45.0 + 1800.0
+    ended = t.end(50.0, "s", EndReason.DELETED)
+    assert ended is not None
+    assert ended is rec and rec.state is SessionState.ENDED
+    assert rec.end_reason is EndReason.DELETED
+    assert t.admitted_on("w0") == 0 and t.get("s") is None and len(t) == 0
+    assert t.end(51.0, "s", EndReason.DELETED) is None
+
+
+def test_idle_expiry_only_without_requests_in_flight() -> None:
+    t = table()
+    t.queue(0.0, "a", "t", 1, long=False)
+    t.admit(0.0, "a", "w0")
+    assert t.idle_expired(10_000.0) == []  # its first request is still in flight
+    t.response_end(10.0, "a", usual_tool_s=20.0)  # timeout 80 s
+    assert t.idle_expired(89.9) == []
+    assert [r.key for r in t.idle_expired(90.0)] == ["a"]
+    t.request(90.0, "a")
+    assert t.idle_expired(1000.0) == []
+
+
+def test_queued_sessions_never_idle_out() -> None:
+    t = table()
+    t.queue(0.0, "q", "t", 1, long=False)
+    assert t.idle_expired(10**6) == []
+
+
+def test_long_sessions_counted_per_worker() -> None:
+    t = table()
+    t.queue(0.0, "l", "t", 90_000, long=True)
+    t.queue(0.0, "s", "t", 10, long=False)
+    t.admit(1.0, "l", "w0")
+    t.admit(1.0, "s", "w0")
+    assert t.long_on("w0") == 1 and t.admitted_on("w0") == 2
+    t.end(2.0, "l", EndReason.FINAL)
+    assert t.long_on("w0") == 0 and t.admitted_on("w0") == 1
+
+
+def test_waiters_and_final_flag() -> None:
+    t = table()
+    t.queue(0.0, "s", "t", 1, long=False)
+    t.add_waiter("s", final=True)
+    rec = t.admit(1.0, "s", "w0")
+    assert rec.in_flight == 2 and rec.turns == 2 and rec.final
+    rec = t.response_end(2.0, "s", None)
+    assert rec.phase is Phase.LLM  # one still in flight
+    rec = t.response_end(3.0, "s", None)
+    assert rec.phase is Phase.TOOL
+
+
+def test_ending_a_queued_session_frees_nothing() -> None:
+    t = table()
+    t.queue(0.0, "s", "t", 1, long=False)
+    rec = t.end(5.0, "s", EndReason.QUEUE_DEADLINE)
+    assert rec is not None and rec.worker is None and rec.end_reason is EndReason.QUEUE_DEADLINE
+
+
+def test_invalid_transitions() -> None:
+    t = table()
+    with pytest.raises(LifecycleError):
+        t.admit(0.0, "nobody", "w0")
+    t.queue(0.0, "s", "t", 1, long=False)
+    with pytest.raises(LifecycleError):
+        t.queue(0.0, "s", "t", 1, long=False)
+    with pytest.raises(LifecycleError):
+        t.request(0.0, "s")  # not admitted yet: continuations come after admission
+    with pytest.raises(LifecycleError):
+        t.response_end(0.0, "s", None)
+    t.admit(0.0, "s", "w0")
+    with pytest.raises(LifecycleError):
+        t.admit(0.0, "s", "w1")
+    with pytest.raises(LifecycleError):
+        t.add_waiter("s")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(
+    st.floats(0.0, 50.0), st.sampled_from(["req", "resp", "end"]), st.integers(0, 5),
+    st.one_of(st.none(), st.floats(0.0, 100.0)),
+), max_size=60))
+def test_idle_index_matches_a_full_scan(ops: list[tuple[float, str, int, float | None]]) -> None:
+    t = table()
+    now = 0.0
+    for dt, kind, n, usual in ops:
+        now += dt
+        key = f"s{n}"
+        rec = t.get(key)
+        if kind == "req":
+            if rec is None:
+                t.queue(now, key, "t", 1, long=False)
+                t.admit(now, key, "w0")
+            else:
+                t.request(now, key)
+        elif kind == "resp" and rec is not None and rec.in_flight > 0:
+            t.response_end(now, key, usual)
+        elif kind == "end":
+            t.end(now, key, EndReason.DELETED)
+        brute = sorted(
+            r.key for r in t if (d := r.idle_deadline()) is not None and now >= d
+        )
+        assert sorted(r.key for r in t.idle_expired(now)) == brute
