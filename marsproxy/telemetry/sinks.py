@@ -71,12 +71,15 @@ class RedisStreamSink:
         self.written = 0
         self.errors = 0
         self._ok = True  # the last write worked (a Redis that is down is not waited for at stop)
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="redis-stream-sink")
 
     async def _run(self) -> None:
-        while True:
+        # redis-py 8.1 can swallow a task's cancellation inside a command; the flag ends the
+        # loop anyway, so stop() never waits on a task that did not notice it was cancelled.
+        while not self._stopping:
             batch = await self._sub.get_batch(limit=512)
             try:
                 await self._write(batch)
@@ -103,10 +106,12 @@ class RedisStreamSink:
 
     async def stop(self, flush_timeout_s: float = 2.0) -> None:
         """Write what is still queued (for at most ``flush_timeout_s``: Redis may be gone)."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=flush_timeout_s)
+            if not self._task.done():
+                log.warning("redis event sink %s did not stop in time; abandoning it", self._key)
         rest = self._sub.poll(limit=1 << 30)
         self._sub.close()
         if not rest or not self._ok:
