@@ -24,9 +24,12 @@ from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_s
 from marsproxy.bench.local import LocalServer, start_local
 from marsproxy.bench.trace import load_trace, sample_sessions
 from marsproxy.config import MarsConfig, load_config
+from marsproxy.core.events import Event, SessionAdmitted, SessionQueued, WindowChange
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_worker_app
+from marsproxy.gateway.app import GATEWAY_KEY
 from marsproxy.gateway.app import create_app as create_gateway_app
+from marsproxy.telemetry.bus import Subscription
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,33 @@ async def _sample_workers(
             await asyncio.wait_for(stop.wait(), 0.1)
 
 
+def _admission_lines(events: list[Event]) -> list[str]:
+    """What the admission window did: sessions held back, and how the window moved."""
+    queued = sum(isinstance(e, SessionQueued) for e in events)
+    waits = [e.wait_s for e in events if isinstance(e, SessionAdmitted)]
+    changes = [e for e in events if isinstance(e, WindowChange)]
+    held = [w for w in waits if w > 0]
+    lines = [
+        f"admission: {len(waits)} sessions admitted, {queued} queued first"
+        + (f" (wait mean {1000 * statistics.mean(held):.0f} ms, max {1000 * max(held):.0f} ms)"
+           if held else "")
+    ]
+    by_worker: dict[str, list[WindowChange]] = {}
+    for c in changes:
+        by_worker.setdefault(c.worker or "?", []).append(c)
+    for worker, cs in sorted(by_worker.items()):
+        reasons: dict[str, int] = {}
+        for c in cs:
+            reasons[c.reason] = reasons.get(c.reason, 0) + 1
+        low = min(min(c.new, c.old) for c in cs)
+        told = ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items()))
+        lines.append(
+            f"  window {worker}: {cs[0].old:.0f} -> {cs[-1].new:.0f}, lowest {low:.0f}"
+            f" ({len(cs)} changes: {told})"
+        )
+    return lines
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -98,7 +128,11 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _summary(
-    results: list[SessionResult], samples: list[WorkerSample], urls: list[str], wall: float
+    results: list[SessionResult],
+    samples: list[WorkerSample],
+    urls: list[str],
+    wall: float,
+    events: list[Event],
 ) -> str:
     turns = [t for r in results for t in r.turns]
     ok_turns = [t for t in turns if t.ok]
@@ -137,9 +171,11 @@ def _summary(
             f" preemptions {s.counters.get('vllm:num_preemptions_total', 0):.0f},"
             f" prefix-cache hit rate {100 * hits / queries if queries else 0:.0f}%"
         )
+    lines.extend(_admission_lines(events))
     failures = [t.error for t in turns if not t.ok]
     if failures:
         lines.append(f"first failure: {failures[0]}")
+    lines.append("deploy it: deploy/README.md · point agents at it: docs/integrations.md")
     return "\n".join(lines) + "\n"
 
 
@@ -155,7 +191,11 @@ async def run_demo(opts: DemoOptions) -> int:
     cfg: MarsConfig = load_config(
         None, environ={}, overrides={"workers": urls, "health": {"interval_s": 0.5}}
     )
-    proxy = await start_local(create_gateway_app(cfg), port=opts.proxy_port)
+    gateway_app = create_gateway_app(cfg)
+    watch: Subscription = gateway_app[GATEWAY_KEY].telemetry.bus.subscribe(
+        lambda e: isinstance(e, SessionQueued | SessionAdmitted | WindowChange)
+    )
+    proxy = await start_local(gateway_app, port=opts.proxy_port)
     out = opts.out
     out.write(f"workers: {', '.join(urls)}\nproxy:   {proxy.url}\n")
     out.write(f"watch it live: marsproxy status --url {proxy.url} --watch\n")
@@ -196,6 +236,6 @@ async def run_demo(opts: DemoOptions) -> int:
         await proxy.stop()
         for w in workers:
             await w.stop()
-    out.write(_summary(results, samples, urls, wall))
+    out.write(_summary(results, samples, urls, wall, watch.poll(limit=1 << 20)))
     out.flush()
     return 0 if all(r.ok for r in results) else 1

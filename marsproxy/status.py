@@ -234,6 +234,30 @@ def _sessions(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _admission(doc: Mapping[str, Any]) -> list[str]:
+    """Window, limit and admitted per worker, and the queue (nothing when admission is off)."""
+    adm = _map(doc.get("admission"))
+    if not adm:
+        return []
+    cells = []
+    for name, w in sorted(_map(adm.get("workers")).items()):
+        row = _map(w)
+        flags = [f for f in ("kv", "cpu") if row.get(f"{f}_overloaded") is True]
+        over = f" ({'+'.join(flags)} overload)" if flags else ""
+        cells.append(
+            f"{name} {fmt_int(row.get('admitted'))}/{fmt_int(row.get('limit'))}"
+            f" win {fmt_int(row.get('window'))}{over}"
+        )
+    q, st = _map(adm.get("queue")), _map(adm.get("store"))
+    leader = " leader" if st.get("is_leader") is True else ""
+    return [
+        "Admission  " + ("   ".join(cells) if cells else DASH),
+        f"Queue     waiting {fmt_int(q.get('length'))}   pending {fmt_int(q.get('pending'))}"
+        f"   mode {_text(q.get('mode'))}   retry-after {fmt_int(q.get('retry_after_s'))} s"
+        f"   store {_text(st.get('backend'))}/{_text(st.get('mode'))}{leader}",
+    ]
+
+
 def render_state(doc: Mapping[str, Any], width: int) -> str:
     """The state document as text, fitted to a terminal ``width`` columns wide where it can."""
     workers = _list(doc.get("workers"))
@@ -245,6 +269,7 @@ def render_state(doc: Mapping[str, Any], width: int) -> str:
     lines.append("")
     lines.extend(_cpu_tools(doc))
     lines.extend(_sessions(doc))
+    lines.extend(_admission(doc))
     ev = _map(doc.get("events"))
     lines.append(
         f"Events    published {fmt_int(ev.get('published_total'))}"

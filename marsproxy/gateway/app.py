@@ -98,10 +98,16 @@ def create_app(cfg: MarsConfig) -> web.Application:
     async def on_startup(_: web.Application) -> None:
         await gw.start()
 
+    async def on_shutdown(_: web.Application) -> None:
+        # Before the drain: requests still waiting for admission would only run out the clock.
+        if gw.admission is not None:
+            gw.admission.shutting_down()
+
     async def on_cleanup(_: web.Application) -> None:
         await gw.stop()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
 

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
@@ -70,6 +71,19 @@ class GatewayMetrics:
             "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
             ["inferred"],
             buckets=_TOOL_BUCKETS,
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "marsproxy_admission_wait_seconds",
+            "Time a new session waited in the admission queue before a slot was confirmed.",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.rejections = Counter(
+            "marsproxy_rejections",
+            "Requests refused by admission, by reason (queue_full: 429; queue_deadline,"
+            " no_healthy_worker, store_unavailable, session_ended, shutting_down: 503).",
+            ["reason"],
             registry=r,
         )
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event

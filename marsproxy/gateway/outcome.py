@@ -29,12 +29,13 @@ class Clock:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.upstream_s = 0.0
+        self.held_s = 0.0  # waiting for admission: not the proxy's own cost either
         self.frozen_s: float | None = None  # overhead as sent in the header
 
     def overhead_s(self) -> float:
         if self.frozen_s is not None:
             return self.frozen_s
-        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s)
+        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s - self.held_s)
 
     def header(self) -> dict[str, str]:
         """The overhead header; what it says is final (streams: time to the headers)."""
@@ -58,6 +59,8 @@ class Outcome:
         self.worker: WorkerConfig | None = None  # the worker it was last sent to
         self.code: str | None = None  # error code when the proxy answered itself
         self.ttft_s: float | None = None
+        self.admitted = False  # admission let it through (its end is reported to the core)
+        self.prompt_chars = 0
 
 
 def error(

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
+from marsproxy.gateway.admission_types import Refused
 from marsproxy.gateway.bodies import BodyError, parse_body, read_limited
 from marsproxy.gateway.errors import sse_error_event
 from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
@@ -65,6 +66,7 @@ class Relay:
             header_names=cfg.sessions.headers,
             body_fields=cfg.sessions.body_fields,
         )
+        final = is_final(request.headers, cfg.sessions.final_headers)
         history = None
         if explicit is None and cfg.sessions.chain_matching:
             history = history_of(route, body.obj)
@@ -73,13 +75,36 @@ class Relay:
             explicit_id=explicit.value if explicit else None,
             explicit_source=explicit.source if explicit else "header",
             history=history,
-            final=is_final(request.headers, cfg.sessions.final_headers),
+            final=final,
             now=gw.now(),
         )
         out.session, out.turn_ref = turn.session, turn
         out.turn = gw.request_arrived(turn)
+        # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
+        if gw.admission is not None and gw.healthy():
+            refused = await self._admit(turn, tenant, len(raw), final, clock, out)
+            if refused is not None:
+                return refused
         strip = body.stream and body.strip_usage_chunk
         return await self._relay(request, route, body.raw, strip, turn, clock, out)
+
+    async def _admit(
+        self, turn: Turn, tenant: str, chars: int, final: bool, clock: Clock, out: Outcome
+    ) -> web.Response | None:
+        """Admission: go on (None), after waiting if the window is full, or the refusal."""
+        gw = self.gw
+        assert gw.admission is not None
+        t = time.perf_counter()
+        try:
+            verdict = await gw.admission.admit(turn.session, tenant, chars, final)
+        finally:
+            clock.held_s += time.perf_counter() - t
+        if isinstance(verdict, Refused):
+            return error(clock, out, verdict.status, verdict.code, verdict.message,
+                         verdict.retry_after_s)
+        out.admitted, out.prompt_chars = True, chars
+        gw.admitted_to(turn.session, verdict.worker)
+        return None
 
     def _close_turn(self, out: Outcome) -> None:
         """After llm_end: the session table learns the outcome (which may end the session,
@@ -90,6 +115,11 @@ class Relay:
             gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
         if turn is None:
             return
+        if out.admitted and gw.admission is not None:
+            # Before the table may forget the session: the core hears the end of the request
+            # first, then (on a final turn) the end of the session.
+            prompt = None if out.usage is None else out.usage.prompt_tokens
+            gw.admission.response_ended(turn.session, out.prompt_chars, prompt)
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
         if out.ok:
             gw.response_ended(turn)

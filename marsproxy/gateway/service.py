@@ -17,6 +17,7 @@ from typing import Any
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import SessionEnd
 from marsproxy.core.sessions import Session, Turn
+from marsproxy.gateway.admission import AdmissionShell
 from marsproxy.gateway.health import HealthChecker, WorkerHealth
 from marsproxy.gateway.metrics import GatewayMetrics
 from marsproxy.gateway.sessions import EndReason, ObservedSessions
@@ -46,6 +47,12 @@ class Gateway:
         )
         self.checker = HealthChecker(cfg.workers, self.health, cfg.health, self._health_changed)
         self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
+        # Admission control (DESIGN §5.1-5.5); None: every session is served at once, as before.
+        self.admission = (
+            AdmissionShell(cfg, self.telemetry, self.health, self.metrics)
+            if cfg.admission.enabled
+            else None
+        )
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
@@ -62,6 +69,8 @@ class Gateway:
         assert self.upstream.session is not None
         self.checker.start(self.upstream.session)
         await self.telemetry.start()
+        if self.admission is not None:
+            await self.admission.start()
         self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
 
     async def stop(self) -> None:
@@ -69,6 +78,8 @@ class Gateway:
             self._expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry
+        if self.admission is not None:
+            await self.admission.stop()
         await self.checker.stop()
         await self.upstream.close()
         await self.telemetry.stop()
@@ -103,6 +114,8 @@ class Gateway:
 
     def _session_ended(self, sess: Session, reason: EndReason, duration_s: float) -> None:
         self.telemetry.tracker.session_ended(sess.key)
+        if self.admission is not None:
+            self.admission.session_forgotten(sess.key, reason)
         worker = self.placement.worker_of(sess.key)
         self.telemetry.publish(
             SessionEnd(
@@ -123,6 +136,12 @@ class Gateway:
     def pick_for_session(self, session: str, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
         url = self.placement.assign(session, self.healthy(), exclude={w.url for w in tried})
         return None if url is None else self._sent(url)
+
+    def admitted_to(self, session: str, label: str) -> None:
+        """Admission put ``session`` on the worker labelled ``label``: placement follows."""
+        url = next(u for u, w in self.workers.items() if w.label == label)
+        if self.health.is_healthy(url):  # else placement's failover decides, as without admission
+            self.placement.pin(session, url)
 
     def pick_any(self, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
         url = self.placement.least_loaded(self.healthy(), exclude={w.url for w in tried})

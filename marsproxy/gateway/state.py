@@ -11,11 +11,14 @@ import time
 
 import marsproxy
 from marsproxy.config import WorkerConfig
+from marsproxy.gateway.admission import AdmissionShell
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import unscoped_id
 from marsproxy.probes.nvml import GpuPressure
 from marsproxy.telemetry.state import (
     SESSION_STATES,
+    AdmissionState,
+    AdmissionWorkerState,
     CpuState,
     GpuState,
     SessionDetail,
@@ -32,7 +35,7 @@ def build_state(
     gw: Gateway, *, details: bool = False, limit: int = 100, offset: int = 0
 ) -> StateDoc:
     tel = gw.telemetry
-    return {
+    doc: StateDoc = {
         "time": time.time(),
         "version": marsproxy.__version__,
         "workers": [_worker(gw, w) for w in gw.cfg.workers],
@@ -43,6 +46,40 @@ def build_state(
             "published_total": tel.bus.published_total,
             "dropped_total": tel.bus.dropped_total,
             "subscribers": tel.bus.subscribers,
+        },
+    }
+    if gw.admission is not None:
+        doc["admission"] = _admission(gw.admission)
+    return doc
+
+
+def _admission(adm: AdmissionShell) -> AdmissionState:
+    """Windows, limits, admitted sessions, the queue and the store (ids without tenant)."""
+    core, now = adm.core, adm.now()
+    workers: dict[str, AdmissionWorkerState] = {}
+    for w, c in core.controllers.items():
+        workers[w] = {
+            "window": c.window, "effective_limit": c.effective_limit, "limit": adm.limit(w),
+            "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap, "kv_overloaded": c.kv_overloaded,
+            "cpu_overloaded": c.cpu_overloaded, "stale": c.stale,
+            "budget_blocks": core.budget(w), "admitted": core.sessions.admitted_on(w),
+            "admitted_store": adm.store_admitted(w),
+            "sessions": [unscoped_id(k) for k in core.sessions.sessions_on(w)[:50]],
+        }
+    q, store = core.queue, adm.store
+    return {
+        "enabled": True,
+        "workers": workers,
+        "queue": {
+            "length": len(q), "pending": adm.pending, "mode": str(q.mode),
+            "order": [unscoped_id(s) for s, i in q.positions(now) if i < 50],
+            "admission_rate_per_s": finite(q.admission_rate(now)),
+            "retry_after_s": q.retry_after(now),
+        },
+        "store": {
+            "backend": adm.cfg.store.backend, "mode": store.mode, "up": store.up,
+            "is_leader": store.is_leader, "live_replicas": store.live_replicas,
+            "failures_total": store.failures_total,
         },
     }
 

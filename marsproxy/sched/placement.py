@@ -54,6 +54,16 @@ class Placement:
         self._load[target] += 1
         return target
 
+    def pin(self, session: str, worker: str) -> None:
+        """Put ``session`` on ``worker``: admission chose it (its slot and KV budget are there)."""
+        current = self._of.get(session)
+        if current == worker:
+            return
+        if current is not None:
+            self._load[current] -= 1
+        self._of[session] = worker
+        self._load[worker] += 1
+
     def release(self, session: str) -> None:
         """The session was forgotten: its slot on the worker frees up."""
         worker = self._of.pop(session, None)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from marsproxy.telemetry.state import SESSION_STATES, StateDoc, WorkerState
+from marsproxy.telemetry.state import SESSION_STATES, AdmissionState, StateDoc, WorkerState
 
 _WORKER_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("marsproxy_worker_kv_usage_ratio", "kv_usage", "KV cache usage of the worker, 0..1."),
@@ -87,6 +87,8 @@ class StateCollector(Collector):
             ev["dropped_total"],
         )
         yield _gauge("marsproxy_event_subscribers", "Open bus subscriptions.", ev["subscribers"])
+        if "admission" in doc:
+            yield from _admission(doc["admission"])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -132,3 +134,38 @@ def _workers(workers: list[WorkerState]) -> Iterator[Metric]:
         if w["gpu"]["utilization_pct"] is not None:
             gpu_util.add_metric([w["name"]], w["gpu"]["utilization_pct"])
     yield from (stale, errors, gpu_mem, gpu_util)
+
+
+_ADMISSION_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("marsproxy_admission_window", "window", "AIMD admission window of the worker (sessions)."),
+    (
+        "marsproxy_admission_limit",
+        "limit",
+        "Sessions the worker may hold now: the window bounded by the KV and CPU caps, as the"
+        " store enforces it (the leader's published limit with several replicas).",
+    ),
+    (
+        "marsproxy_admission_admitted",
+        "admitted",
+        "Sessions this replica holds admitted on the worker (sum over replicas for the total).",
+    ),
+)
+
+
+def _admission(adm: AdmissionState) -> Iterator[Metric]:
+    for name, key, doc in _ADMISSION_GAUGES:
+        fam = GaugeMetricFamily(name, doc, labels=["worker"])
+        for worker, row in adm["workers"].items():
+            fam.add_metric([worker], float(row[key]))  # type: ignore[literal-required]
+        yield fam
+    q = adm["queue"]
+    yield _gauge(
+        "marsproxy_admission_queue_length",
+        "Sessions waiting for admission on this replica (queued, or pending the store).",
+        q["length"] + q["pending"],
+    )
+    yield _gauge(
+        "marsproxy_store_up",
+        "1 while the admission state store is reachable (the memory store always is).",
+        1.0 if adm["store"]["up"] else 0.0,
+    )

@@ -8,7 +8,7 @@ known (no sample yet, no such metric on the server) are ``None`` (JSON ``null``)
 from __future__ import annotations
 
 import math
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 SessionState = Literal["llm", "tool", "idle"]
 SESSION_STATES: tuple[SessionState, ...] = ("llm", "tool", "idle")
@@ -80,6 +80,53 @@ class EventsState(TypedDict):
     subscribers: int
 
 
+class AdmissionWorkerState(TypedDict):
+    window: int
+    effective_limit: int
+    """This replica's own limit: min(window, kv_cap, cpu_cap)."""
+    limit: int
+    """The limit the store enforces: the leader's published one, else ``effective_limit``."""
+    kv_cap: int
+    cpu_cap: int
+    kv_overloaded: bool
+    cpu_overloaded: bool
+    stale: bool
+    budget_blocks: int | None
+    admitted: int
+    """Sessions this replica's core holds on the worker (pending confirmation included)."""
+    admitted_store: int
+    """Live leases on the worker in the store: all replicas together."""
+    sessions: list[str]
+    """First 50 session ids admitted here."""
+
+
+class AdmissionQueueState(TypedDict):
+    length: int
+    pending: int
+    """Proposed by the core, waiting for the store to confirm (the global queue)."""
+    mode: str
+    order: list[str]
+    """First 50 waiting session ids, next to be admitted first."""
+    admission_rate_per_s: float | None
+    retry_after_s: int
+
+
+class StoreState(TypedDict):
+    backend: str
+    mode: str
+    up: bool
+    is_leader: bool
+    live_replicas: int
+    failures_total: int
+
+
+class AdmissionState(TypedDict):
+    enabled: bool
+    workers: dict[str, AdmissionWorkerState]
+    queue: AdmissionQueueState
+    store: StoreState
+
+
 class StateDoc(TypedDict):
     time: float
     version: str
@@ -88,6 +135,7 @@ class StateDoc(TypedDict):
     tools: ToolsState
     sessions: SessionsState
     events: EventsState
+    admission: NotRequired[AdmissionState]  # absent when admission.enabled is false
 
 
 def finite(x: float | None) -> float | None:

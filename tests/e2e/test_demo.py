@@ -23,5 +23,7 @@ def test_demo_runs_to_completion() -> None:
     assert len(served) == 2 and sum(served) == 9
     rates = [int(n) for n in re.findall(r"prefix-cache hit rate (\d+)%", out)]
     assert max(rates) > 30
+    # Every session went through the admission window, which reports what it did.
+    assert "admission: 3 sessions admitted" in out
     cached = [float(x) for x in re.findall(r"\s(\d+\.\d)%\s", out)]
     assert all(c > 0 for c in cached), out

@@ -115,7 +115,13 @@ async def test_state_shows_load_then_staleness(stack: Stack) -> None:
             f"load-{i}" for i in range(6)
         ]
         assert doc["cpu"]["tool_cpus"] > 0 and doc["cpu"]["source"]
-        assert set(doc) == {"time", "version", "workers", "cpu", "tools", "sessions", "events"}
+        assert set(doc) == {
+            "time", "version", "workers", "cpu", "tools", "sessions", "events", "admission"
+        }
+        # Six sessions fit the default window (30 per worker): all admitted, none waiting.
+        adm = doc["admission"]
+        assert sum(w["admitted"] for w in adm["workers"].values()) == 6
+        assert adm["queue"]["length"] == 0 and adm["store"]["backend"] == "memory"
     finally:
         for t in streams:
             t.cancel()

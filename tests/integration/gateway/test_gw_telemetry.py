@@ -127,6 +127,7 @@ async def test_lifecycle_and_inferred_tool_phase(gw: Running, http: aiohttp.Clie
         await chat(http, gw, "s1", final=True)
         await until(lambda: "session_end" in ev.types("s1"))
     assert ev.types("s1") == [
+        "session_queued", "session_admitted",  # admission (on by default) lets it in at once
         "dispatch", "first_token", "llm_end", "tool_start",
         "tool_end", "dispatch", "first_token", "llm_end", "tool_start",
         "tool_end", "dispatch", "first_token", "llm_end", "session_end",
@@ -298,6 +299,7 @@ async def test_jsonl_sink_writes_the_run(fake: Any, http: aiohttp.ClientSession,
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     mine = [r["type"] for r in rows if (r.get("session") or "").endswith("/id/j1")]
     assert mine == [
+        "session_queued", "session_admitted",
         "dispatch", "first_token", "llm_end", "tool_start",
         "tool_end", "dispatch", "first_token", "llm_end", "session_end",
     ]
@@ -326,7 +328,8 @@ async def test_redis_stream_sink_from_config(fake: Any, http: aiohttp.ClientSess
         entries: Any = await r.xrange(key)
         rows = [json.loads(fields[b"data"]) for _, fields in entries]
         mine = [e["type"] for e in rows if (e.get("session") or "").endswith("/id/r1")]
-        assert mine == ["dispatch", "first_token", "llm_end", "session_end"]
+        assert mine == ["session_queued", "session_admitted", "dispatch", "first_token",
+                        "llm_end", "session_end"]
     finally:
         await r.delete(key)
         await r.aclose()

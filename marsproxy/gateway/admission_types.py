@@ -1,0 +1,47 @@
+"""What the admission shell answers a request, and what it keeps per pending session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marsproxy.core.lifecycle import EndReason
+
+# The gateway session table's reasons for forgetting a session, as the core's end reasons.
+END_REASONS: dict[str, EndReason] = {
+    "final": EndReason.FINAL,
+    "idle": EndReason.IDLE_TIMEOUT,
+    "evicted": EndReason.DELETED,
+    "deleted": EndReason.DELETED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """Go on: the session holds a slot on ``worker``."""
+
+    worker: str
+    """Worker label."""
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Answer the request with this error (``code`` names the reason)."""
+
+    status: int
+    code: str
+    retry_after_s: int
+    message: str
+
+
+Verdict = Granted | Refused
+
+
+@dataclass(slots=True)
+class Pending:
+    """Admitted by the local core, not yet confirmed by the store."""
+
+    worker: str
+    since: float  # monotonic arrival of its first request
+    arrival_ms: int  # wall-clock arrival: its score in the global queue
+    queued: bool = False  # in the store's global queue

@@ -1,0 +1,175 @@
+"""Emulated vLLM workers behind a gateway with a small, fixed admission window.
+
+``window_init = window_min = window_max`` pins the limit, so what a test sees is the admission
+queue and the session lifecycle, not the AIMD controller (the pure tests cover that). Polls
+have bounded deadlines; nothing asserts on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from marsproxy.config import load_config
+from marsproxy.emulator.server import EmulatorOptions, create_app
+from marsproxy.gateway.app import Running, start
+
+
+async def _run(app: web.Application) -> tuple[web.AppRunner, str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@dataclass
+class Stack:
+    proxy: Running
+    http: aiohttp.ClientSession
+    workers: list[tuple[web.AppRunner, str]] = field(default_factory=list)
+    stopped: bool = False  # a test stopped the proxy itself
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.proxy.port}{path}"
+
+    async def state(self) -> dict[str, Any]:
+        async with self.http.get(self.url("/mars/v1/state")) as r:
+            assert r.status == 200
+            return await r.json()  # type: ignore[no-any-return]
+
+    async def chat(
+        self, session: str, *, final: bool = False, content: str = "hello there"
+    ) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """One turn of ``session``: (status, headers, JSON body)."""
+        headers = {"x-session-id": session}
+        if final:
+            headers["x-session-final"] = "true"
+        body = {
+            "model": "tiny-emulated",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4,
+        }
+        async with self.http.post(
+            self.url("/v1/chat/completions"), json=body, headers=headers
+        ) as r:
+            return r.status, dict(r.headers), await r.json()
+
+    async def queue_length(self) -> int:
+        q = (await self.state())["admission"]["queue"]
+        return int(q["length"]) + int(q["pending"])
+
+    async def admitted(self) -> int:
+        workers = (await self.state())["admission"]["workers"]
+        return sum(int(w["admitted"]) for w in workers.values())
+
+    async def until(self, cond: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
+        while not await cond():
+            if loop.time() > end:
+                raise AssertionError("condition never held")
+            await asyncio.sleep(0.02)
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+@pytest.fixture
+async def make_stack() -> AsyncIterator[StackFactory]:
+    """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``."""
+    made: list[Stack] = []
+    http = aiohttp.ClientSession()
+
+    async def make(
+        workers: int = 1, window: int = 1, store: dict[str, Any] | None = None,
+        app: Callable[[], web.Application] | None = None, **admission: Any
+    ) -> Stack:
+        build = app or (lambda: create_app(EmulatorOptions(profile="tiny", time_scale=0.05)))
+        emus = [await _run(build()) for _ in range(workers)]
+        cfg = load_config(
+            None,
+            environ={},
+            overrides={
+                "workers": [{"url": u, "name": f"w{i}"} for i, (_, u) in enumerate(emus)],
+                "server": {"port": 0},
+                "health": {"interval_s": 0.1, "timeout_s": 0.5},
+                "probes": {
+                    "vllm": {"period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.5},
+                    "nvml": {"enabled": False},
+                    "cpu": {"period_s": 0.1},
+                },
+                "admission": {
+                    "window_init": window, "window_min": window, "window_max": window,
+                    "control_interval_s": 0.05,
+                } | admission,
+                "store": store or {},
+            },
+        )
+        stack = Stack(await start(cfg), http, emus)
+        made.append(stack)
+        return stack
+
+    yield make
+    for s in made:
+        if not s.stopped:
+            await s.proxy.stop()
+        for runner, _ in s.workers:
+            await runner.cleanup()
+    await http.close()
+
+
+class PrivateRedis:
+    """A redis-server of the test's own (no persistence): kill it and start it again."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = workdir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self._dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.01)
+        raise RuntimeError(f"redis-server did not listen on {self.port}")
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

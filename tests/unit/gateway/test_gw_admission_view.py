@@ -1,0 +1,110 @@
+"""What admission hears and shows: worker signals from probe snapshots, the state's admission
+object in Prometheus and in ``marsproxy status``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from marsproxy.gateway.admission_signals import worker_signals
+from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_scraper import WorkerPressure
+from marsproxy.status import render_state
+from marsproxy.telemetry.prometheus import StateCollector
+from marsproxy.telemetry.state import AdmissionState, StateDoc
+
+
+def _pressure(metrics: WorkerMetrics | None, *, stale: bool = False,
+              errors: int = 0) -> WorkerPressure:
+    return WorkerPressure("w0", metrics, WorkerRates(), stale, None, errors, None)
+
+
+def _tracker() -> ToolPhaseTracker:
+    return ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+
+
+def test_signals_from_a_fresh_vllm_sample() -> None:
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000)
+    s = worker_signals(_pressure(m), healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0)
+    assert not s.stale and s.kv_usage == 0.25
+    assert s.free_blocks == 750 and s.total_blocks == 1000 and s.block_size == 16
+    assert s.tool_cpus == 4.0 and s.psi_some_avg10 is None
+
+
+def test_not_yet_scraped_is_stale_but_a_worker_without_metrics_is_not() -> None:
+    t = _tracker()
+    unseen = worker_signals(_pressure(None), healthy=True, tracker=t, cpu=None, tool_cpus=1.0)
+    assert unseen.stale
+    blind = worker_signals(_pressure(None, errors=3), healthy=True, tracker=t, cpu=None,
+                           tool_cpus=1.0)
+    # Placeable, KV unknown: the controller reads it as full and keeps it at window_min.
+    assert not blind.stale and blind.kv_usage is None and blind.free_blocks is None
+    old = WorkerMetrics(sampled_at=0.0, kv_usage=0.1)
+    gone = worker_signals(_pressure(old, stale=True, errors=5), healthy=True, tracker=t,
+                          cpu=None, tool_cpus=1.0)
+    assert gone.stale  # had samples, stopped answering: fail closed
+
+
+def _admission() -> AdmissionState:
+    row = {
+        "window": 8, "effective_limit": 6, "limit": 5, "kv_cap": 6, "cpu_cap": 30,
+        "kv_overloaded": True, "cpu_overloaded": False, "stale": False, "budget_blocks": 40,
+        "admitted": 5, "admitted_store": 7, "sessions": ["a", "b"],
+    }
+    return {
+        "enabled": True,
+        "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1}},  # type: ignore[typeddict-item]
+        "queue": {"length": 3, "pending": 1, "mode": "shortest_first", "order": ["x", "y", "z"],
+                  "admission_rate_per_s": 0.5, "retry_after_s": 8},
+        "store": {"backend": "redis", "mode": "shared", "up": True, "is_leader": True,
+                  "live_replicas": 2, "failures_total": 0},
+    }
+
+
+def _doc(with_admission: bool) -> StateDoc:
+    doc: StateDoc = {
+        "time": 0.0, "version": "x", "workers": [],
+        "cpu": {"source": "", "psi_some_avg10": None, "psi_some_avg60": None,
+                "throttled_usec": None, "cpu_percent": None, "tool_cpus": 1.0},
+        "tools": {"in_flight": 0, "backlog_ratio": 0.0, "queue_wait_ema_s": 0.0,
+                  "slowdown_ema": 1.0},
+        "sessions": {"total": 0, "by_state": {}},
+        "events": {"published_total": 0, "dropped_total": 0, "subscribers": 0},
+    }
+    if with_admission:
+        doc["admission"] = _admission()
+    return doc
+
+
+def _families(doc: StateDoc) -> dict[str, Any]:
+    reg = CollectorRegistry()
+    StateCollector(lambda: doc).register(reg)
+    return {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+
+
+def test_collector_exports_admission() -> None:
+    fams = _families(_doc(True))
+    limit = {s.labels["worker"]: s.value for s in fams["marsproxy_admission_limit"].samples}
+    assert limit == {"w0": 5.0, "w1": 5.0}
+    admitted = {s.labels["worker"]: s.value
+                for s in fams["marsproxy_admission_admitted"].samples}
+    assert admitted == {"w0": 5.0, "w1": 1.0}
+    assert fams["marsproxy_admission_window"].samples[0].value == 8
+    assert fams["marsproxy_admission_queue_length"].samples[0].value == 4  # queued + pending
+    assert fams["marsproxy_store_up"].samples[0].value == 1
+    assert "marsproxy_admission_window" not in _families(_doc(False))
+
+
+def test_status_shows_admission_and_tolerates_its_absence() -> None:
+    text = render_state(_doc(True), 160)  # type: ignore[arg-type]
+    line = next(ln for ln in text.splitlines() if ln.startswith("Admission"))
+    assert "w0 5/5 win 8 (kv overload)" in line and "w1 1/5 win 8" in line
+    queue = next(ln for ln in text.splitlines() if ln.startswith("Queue"))
+    assert "waiting 3" in queue and "pending 1" in queue and "redis/shared leader" in queue
+    plain = render_state(_doc(False), 160)  # type: ignore[arg-type]
+    assert "Admission" not in plain
+    broken = render_state({"admission": {"workers": {"w0": None}, "queue": 7}}, 80)
+    assert "w0 -/- win -" in broken
