@@ -1,0 +1,54 @@
+{{- define "marsproxy.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "marsproxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end -}}
+
+{{- define "marsproxy.labels" -}}
+{{ include "marsproxy.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "marsproxy.redisUrl" -}}
+{{- if .Values.redis.url -}}
+{{- .Values.redis.url -}}
+{{- else -}}
+{{- printf "redis://%s-redis:6379/0" (include "marsproxy.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "marsproxy.useRedis" -}}
+{{- if and (eq .Values.mode "gateway") (or .Values.redis.url .Values.redis.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The marsproxy config file: what the mode needs, with .Values.config merged over it. */}}
+{{- define "marsproxy.config" -}}
+{{- if not (has .Values.mode (list "sidecar" "gateway")) -}}
+{{- fail (printf "mode must be sidecar or gateway, not %q" .Values.mode) -}}
+{{- end -}}
+{{- $workers := list -}}
+{{- if eq .Values.mode "sidecar" -}}
+{{- $workers = list (dict "url" "http://127.0.0.1:8000" "name" "local") -}}
+{{- else -}}
+{{- if not .Values.workers -}}
+{{- fail "gateway mode needs .Values.workers (the vLLM URLs, [{url: ..., name: ...}])" -}}
+{{- end -}}
+{{- $workers = .Values.workers -}}
+{{- end -}}
+{{- $store := dict "backend" "memory" -}}
+{{- if include "marsproxy.useRedis" . -}}
+{{- $store = dict "backend" "redis" "redis_url" (include "marsproxy.redisUrl" .) "pool" (include "marsproxy.fullname" .) -}}
+{{- end -}}
+{{- $cfg := dict "server" (dict "host" "0.0.0.0" "port" 8080) "workers" $workers "store" $store "probes" (dict "nvml" (dict "enabled" false)) -}}
+{{- toYaml (mustMergeOverwrite $cfg (deepCopy .Values.config)) -}}
+{{- end -}}
