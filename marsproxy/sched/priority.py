@@ -1,0 +1,87 @@
+"""Priority level of a continuation (DESIGN §5.3): a 4-level MLFQ, lower runs sooner.
+
+The level starts from the prefill bucket of the continuation's *uncached* tokens (prefill is
+what a continuation costs the engine before its first token), is demoted by the session's
+attained service (least attained service, as Autellix PLAS, so one long session cannot
+starve many short ones), and is promoted by waiting (bounded aging, so nothing starves).
+
+Pure code: no I/O, no clock; the caller passes how long the continuation has waited.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+
+from marsproxy.sched.config import SchedulerConfig
+
+LOWEST = 3  # the last MLFQ level; the highest number, the least urgent
+
+
+def prefill_bucket(uncached_tokens: int, cfg: SchedulerConfig) -> int:
+    """0..3: ≤ t0 → 0, ≤ t1 → 1, ≤ t2 → 2, else 3 (boundaries belong to the lower level)."""
+    return bisect_left(cfg.level_thresholds, max(0, uncached_tokens))
+
+
+def demotion(attained_service: float, cfg: SchedulerConfig) -> int:
+    """Levels lost for attained service: one per threshold strictly passed."""
+    return bisect_left(cfg.service_thresholds, attained_service)
+
+
+def promotion(waited_s: float, cfg: SchedulerConfig) -> int:
+    """Levels gained by waiting: one per whole aging period."""
+    if waited_s <= 0:
+        return 0
+    return math.floor(waited_s / cfg.aging_period_s)
+
+
+def level(
+    uncached_tokens: int, attained_service: float, waited_s: float, cfg: SchedulerConfig
+) -> int:
+    """The MLFQ level (0..3) of a continuation.
+
+    ``uncached_tokens`` is what the engine must prefill: for a warm continuation (its prefix
+    retained or known cached) the caller passes only the new tokens. Demotion is capped at the
+    lowest level before aging applies, so a long wait always helps even a demoted session.
+    """
+    demoted = min(LOWEST, prefill_bucket(uncached_tokens, cfg) + demotion(attained_service, cfg))
+    return max(0, demoted - promotion(waited_s, cfg))
+
+
+def uncached_tokens(prompt_tokens: int, cached_prefix_tokens: int) -> int:
+    """Tokens left to prefill when ``cached_prefix_tokens`` of the prompt are warm."""
+    return max(0, prompt_tokens - max(0, cached_prefix_tokens))
+
+
+def service_of(
+    cfg: SchedulerConfig, prompt_tokens: int, completion_tokens: int, engine_s: float
+) -> float:
+    """One continuation's service in the configured measure (tokens or engine seconds)."""
+    if cfg.service_measure == "engine_seconds":
+        return max(0.0, engine_s)
+    return float(max(0, prompt_tokens) + max(0, completion_tokens))
+
+
+class SessionService:
+    """Attained service per session, the input of least-attained-service demotion."""
+
+    def __init__(self) -> None:
+        self._attained: dict[str, float] = {}
+
+    def add(self, session: str, amount: float) -> float:
+        """Adds one continuation's service; returns the session's new total."""
+        if amount < 0:
+            raise ValueError(f"service must not be negative, got {amount}")
+        total = self._attained.get(session, 0.0) + amount
+        self._attained[session] = total
+        return total
+
+    def attained(self, session: str) -> float:
+        return self._attained.get(session, 0.0)
+
+    def forget(self, session: str) -> None:
+        """Drops a finished session so the table does not grow without bound."""
+        self._attained.pop(session, None)
+
+    def __len__(self) -> int:
+        return len(self._attained)
