@@ -314,7 +314,8 @@ async def _load(
                     "model": model, "max_tokens": 8,
                     "messages": [{"role": "user", "content": f"request {i}: say hello"}],
                 }
-                headers = {"x-session-id": f"bench-{c}-{i % 16}"}
+                # One-shot sessions: each request is final, so admission never holds a slot.
+                headers = {"x-session-id": f"bench-{c}-{i % 16}", "x-session-final": "true"}
                 t0 = time.perf_counter()
                 try:
                     async with http.post(

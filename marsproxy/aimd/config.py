@@ -106,11 +106,11 @@ class AdmissionConfig(_Section):
     idle_timeout_factor: float = Field(
         4.0, gt=0, description="An admitted session idle this many times its usual tool time ends."
     )
-    idle_timeout_min_s: float = Field(60.0, gt=0, description="Floor of the idle timeout (s).")
-    idle_timeout_max_s: float = Field(
-        1800.0, gt=0,
-        description="Cap of the idle timeout (s); also used while a session has no tool history.",
+    idle_timeout_min_s: float = Field(
+        60.0, gt=0,
+        description="Floor of the idle timeout (s); also used while no tool history exists.",
     )
+    idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
 
     @model_validator(mode="after")
     def _relations(self) -> AdmissionConfig:

@@ -43,9 +43,14 @@ class LifecycleError(ValueError):
 
 
 def idle_timeout_s(usual_tool_s: float | None, factor: float, min_s: float, max_s: float) -> float:
-    """clamp(factor × usual tool time, min, max); without history, the cap (never cut short)."""
+    """clamp(factor × usual tool time, min, max); without any tool history, the floor.
+
+    No history means no session has come back from a tool phase yet (e.g. clients that send
+    one request per session without the final flag): holding their slots for the cap would
+    starve everyone else, while a session that does return after the floor just queues again.
+    """
     if usual_tool_s is None:
-        return max_s
+        return min_s
     return max(min_s, min(max_s, factor * usual_tool_s))
 
 

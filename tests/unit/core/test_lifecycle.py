@@ -21,7 +21,7 @@ def table() -> SessionLifecycle:
 
 
 @pytest.mark.parametrize(
-    ("usual", "timeout"), [(None, 1800.0), (1.0, 60.0), (30.0, 120.0), (1000.0, 1800.0)]
+    ("usual", "timeout"), [(None, 60.0), (1.0, 60.0), (30.0, 120.0), (1000.0, 1800.0)]
 )
 def test_idle_timeout_clamped(usual: float | None, timeout: float) -> None:
     assert idle_timeout_s(usual, 4.0, 60.0, 1800.0) == timeout
@@ -39,7 +39,7 @@ def test_full_life() -> None:
     rec = t.request(40.0, "s")
     assert rec.phase is Phase.LLM and rec.turns == 2 and rec.idle_deadline() is None
     t.response_end(45.0, "s", usual_tool_s=None)
-    assert rec.idle_deadline() == 45.0 + 1800.0
+    assert rec.idle_deadline() == 45.0 + 60.0  # no tool history: the floor
     ended = t.end(50.0, "s", EndReason.DELETED)
     assert ended is not None
     assert ended is rec and rec.state is SessionState.ENDED
