@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +22,10 @@ import aiohttp
 import pytest
 import redis
 
-CLI = [sys.executable, "-m", "marsproxy.cli"]
+from marsproxy.bench.procs import CLI as PROC_CLI
+from marsproxy.bench.procs import free_port, wait_up
+
+CLI = list(PROC_CLI)
 REDIS_URL = "redis://127.0.0.1:6379/0"
 WINDOW = 2  # per worker
 WORKERS = ("w0", "w1")
@@ -34,31 +33,10 @@ LIMIT = WINDOW * len(WORKERS)
 LEASE_TTL_S = 2.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
-def _wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        if _get(url) == 200:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up in {timeout_s} s")
 
 
 @dataclass
@@ -90,13 +68,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     try:
         urls = []
         for _ in WORKERS:
-            port = _free_port()
+            port = free_port()
             procs.append(subprocess.Popen(
                 [*CLI, "emulate", "--profile", "tiny", "--port", str(port), "--time-scale", "0.05"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))
             urls.append(f"http://127.0.0.1:{port}")
-            _wait_up(f"{urls[-1]}/health", procs[-1])
+            wait_up(f"{urls[-1]}/health", procs[-1])
         cfg = tmp_path / "marsproxy.yaml"
         named = zip(urls, WORKERS, strict=True)
         cfg.write_text(
@@ -111,13 +89,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         )
         replicas = []
         for _ in range(2):
-            port = _free_port()
+            port = free_port()
             procs.append(subprocess.Popen(
                 [*CLI, "serve", "--config", str(cfg), "--port", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))
             replicas.append(f"http://127.0.0.1:{port}")
-            _wait_up(f"{replicas[-1]}/readyz", procs[-1])
+            wait_up(f"{replicas[-1]}/readyz", procs[-1])
         yield Cluster(replicas, procs, pool, r)
     finally:
         for p in procs:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,39 +13,17 @@ from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "marsproxy.cli"]
+from marsproxy.bench.procs import CLI as PROC_CLI
+from marsproxy.bench.procs import free_port, wait_up
+
+CLI = list(PROC_CLI)
 WORKERS = ("alpha", "beta")
 
 
-def _free_port() -> int:
-    # Bind-then-close can race with another process taking the port; on a test machine that
-    # is rare enough, and the startup wait below fails clearly if it happens.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
-def _get(url: str) -> int:
-    """HTTP status of GET ``url``; 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
-def _wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        if _get(url) == 200:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up in {timeout_s} s")
 
 
 @pytest.fixture
@@ -57,25 +32,25 @@ def proxy_url(tmp_path: Path) -> Iterator[str]:
     try:
         worker_urls = []
         for _ in WORKERS:
-            port = _free_port()
+            port = free_port()
             p = subprocess.Popen(
                 [*CLI, "emulate", "--profile", "tiny", "--port", str(port), "--time-scale", "0.05"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             procs.append(p)
             worker_urls.append(f"http://127.0.0.1:{port}")
-            _wait_up(f"{worker_urls[-1]}/health", p)
+            wait_up(f"{worker_urls[-1]}/health", p)
         cfg = tmp_path / "marsproxy.yaml"
         named = zip(worker_urls, WORKERS, strict=True)
         cfg.write_text("workers:\n" + "".join(f"  - {{url: '{u}', name: {n}}}\n" for u, n in named))
-        port = _free_port()
+        port = free_port()
         p = subprocess.Popen(
             [*CLI, "serve", "--config", str(cfg), "--port", str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
-        _wait_up(f"{url}/readyz", p)
+        wait_up(f"{url}/readyz", p)
         yield url
     finally:
         for p in procs:
@@ -132,7 +107,7 @@ def test_status_names_both_workers(proxy_url: str) -> None:
 
 
 def test_status_of_a_stopped_proxy_fails_cleanly() -> None:
-    r = _status("--url", f"http://127.0.0.1:{_free_port()}")
+    r = _status("--url", f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 1
     assert r.stdout == ""
     assert r.stderr.startswith("marsproxy status: cannot reach marsproxy at ")
