@@ -19,7 +19,6 @@ and counting them there would block the pending ones behind them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -96,10 +95,12 @@ class AdmissionShell:
             await asyncio.wait(tasks, timeout=2.0)
         self._loops, self._tasks = [], set()
         # A clean stop hands its slots back at once; a crash leaves them to the lease TTL.
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(2.0):
                 for key, worker in list(self._held.items()):
                     await self.store.release(worker, key)
+        except Exception as exc:  # the leases then expire within one TTL, as after a crash
+            log.warning("admission: releasing held slots at shutdown failed: %r", exc)
         await self.store.close()
 
     async def _control_loop(self) -> None:

@@ -13,6 +13,7 @@ import time
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
@@ -23,7 +24,13 @@ from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply
-from marsproxy.gateway.upstream import Opened, UpstreamFailure, request_headers, response_headers
+from marsproxy.gateway.upstream import (
+    Opened,
+    Picker,
+    UpstreamFailure,
+    request_headers,
+    response_headers,
+)
 
 log = logging.getLogger("marsproxy.gateway.relay")
 
@@ -135,20 +142,12 @@ class Relay:
         out: Outcome,
     ) -> web.StreamResponse:
         gw = self.gw
-        headers = request_headers(request.headers, identity=True)
-        try:
-            opened = await gw.upstream.open(
-                request.method,
-                request.path_qs,
-                headers,
-                raw,
-                self.events.picker(out, lambda tried: gw.pick_for_session(turn.session, tried)),
-            )
-        except UpstreamFailure as exc:
-            clock.upstream_s += exc.upstream_s
-            retry = self._retry_after if exc.status == 503 else None
-            return error(clock, out, exc.status, exc.code, exc.message, retry)
-        clock.upstream_s += opened.upstream_s
+        opened = await self._open(
+            request, request_headers(request.headers, identity=True), raw,
+            lambda tried: gw.pick_for_session(turn.session, tried), clock, out,
+        )
+        if not isinstance(opened, Opened):
+            return opened
         upstream = opened.response
         completed = False
         try:
@@ -160,11 +159,28 @@ class Relay:
             completed = True
             return resp
         finally:
-            if completed:
-                upstream.release()
-            else:
-                # Client gone or stream cut: closing the connection aborts the worker's request.
-                upstream.close()
+            _done(upstream, completed)
+
+    async def _open(
+        self,
+        request: web.Request,
+        headers: CIMultiDict[str],
+        raw: bytes,
+        pick: Picker,
+        clock: Clock,
+        out: Outcome,
+    ) -> Opened | web.Response:
+        """The worker's response headers, or the error response the client gets instead."""
+        try:
+            opened = await self.gw.upstream.open(
+                request.method, request.path_qs, headers, raw, self.events.picker(out, pick)
+            )
+        except UpstreamFailure as exc:
+            clock.upstream_s += exc.upstream_s
+            retry = self._retry_after if exc.status == 503 else None
+            return error(clock, out, exc.status, exc.code, exc.message, retry)
+        clock.upstream_s += opened.upstream_s
+        return opened
 
     async def _buffered(
         self, route: Route, opened: Opened, turn: Turn, clock: Clock, out: Outcome
@@ -312,19 +328,12 @@ class Relay:
             raw = await read_limited(request, gw.cfg.server.max_body_bytes)
         except BodyError as exc:
             return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
-        try:
-            opened = await gw.upstream.open(
-                request.method,
-                request.path_qs,
-                request_headers(request.headers, identity=False),
-                raw,
-                self.events.picker(out, gw.pick_any),
-            )
-        except UpstreamFailure as exc:
-            clock.upstream_s += exc.upstream_s
-            retry = self._retry_after if exc.status == 503 else None
-            return error(clock, out, exc.status, exc.code, exc.message, retry)
-        clock.upstream_s += opened.upstream_s
+        opened = await self._open(
+            request, request_headers(request.headers, identity=False), raw, gw.pick_any,
+            clock, out,
+        )
+        if not isinstance(opened, Opened):
+            return opened
         upstream = opened.response
         completed = False
         try:
@@ -346,10 +355,7 @@ class Relay:
             completed = True
             return resp
         finally:
-            if completed:
-                upstream.release()
-            else:
-                upstream.close()
+            _done(upstream, completed)
 
     def _account(self, out: Outcome, clock: Clock) -> None:
         m = self.gw.metrics
@@ -357,3 +363,12 @@ class Relay:
         m.requests.labels(out.route, str(out.status)).inc()
         m.latency.labels(out.route).observe(time.perf_counter() - clock.t0)
         m.overhead.labels(out.route).observe(clock.overhead_s())
+
+
+def _done(upstream: aiohttp.ClientResponse, completed: bool) -> None:
+    """Back to the pool when read to the end; otherwise (client gone, stream cut) close the
+    connection, which aborts the worker's request."""
+    if completed:
+        upstream.release()
+    else:
+        upstream.close()

@@ -55,6 +55,10 @@ def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
 
 
+# Chooses a worker among those not tried yet; None when there is none.
+Picker = Callable[[Iterable[WorkerConfig]], WorkerConfig | None]
+
+
 class UpstreamFailure(Exception):
     """No usable response from any worker; carries the status the client should get."""
 
@@ -103,7 +107,7 @@ class Upstream:
         path_qs: str,
         headers: CIMultiDict[str],
         body: bytes,
-        pick: Callable[[Iterable[WorkerConfig]], WorkerConfig | None],
+        pick: Picker,
     ) -> Opened:
         """Send the request to ``pick()``'s worker; on connect failure once more to another.
 

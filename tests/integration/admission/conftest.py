@@ -8,13 +8,9 @@ have bounded deadlines; nothing asserts on wall-clock time.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -129,47 +125,3 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         for runner, _ in s.workers:
             await runner.cleanup()
     await http.close()
-
-
-class PrivateRedis:
-    """A redis-server of the test's own (no persistence): kill it and start it again."""
-
-    def __init__(self, workdir: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = workdir
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self._dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.01)
-        raise RuntimeError(f"redis-server did not listen on {self.port}")
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
