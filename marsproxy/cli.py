@@ -11,6 +11,7 @@ from typing import Any
 
 from marsproxy.config import ConfigError, MarsConfig, dump_config, load_config
 from marsproxy.emulator.profiles import profile_names
+from marsproxy.policies import policy_names
 from marsproxy.status import configure_parser as _configure_status
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
@@ -31,6 +32,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         over.setdefault("server", {})["port"] = args.port
     if args.worker:
         over["workers"] = list(args.worker)
+    if args.policy is not None:
+        over["policy"] = args.policy
     return over
 
 
@@ -111,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--worker", action="append", default=None, metavar="URL",
         help="upstream worker base URL; repeat for several (replaces `workers:`)",
+    )
+    s.add_argument(
+        "--policy", default=None, choices=policy_names(),
+        help="policy preset laid beneath the config (default: the config's `policy`, mars)",
     )
     s.set_defaults(func=_cmd_serve)
 

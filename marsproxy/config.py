@@ -22,7 +22,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_section import Section as _Section
+from marsproxy.policies import PolicyError, policy_preset
 from marsproxy.probes.config import ProbesConfig
+from marsproxy.sched.config import SchedulerConfig
 
 ENV_PREFIX = "MARSPROXY_"
 
@@ -181,7 +183,14 @@ class MarsConfig(_Section):
     tools: ToolsConfig = ToolsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     store: StoreConfig = StoreConfig()
+    policy: str = Field(
+        "mars",
+        description="Named preset applied beneath the file (marsproxy/data/policies/<name>.yaml,"
+        " also at configs/policies/): mars, fcfs, autellix, continuum, mars-no-admission,"
+        " mars-no-priority, mars-no-retention. Keys set in the file, env or flags win.",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -245,7 +254,7 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> MarsConfig:
-    """Build the effective config: defaults < YAML file < environment < ``overrides`` (CLI)."""
+    """Build the effective config: defaults < policy preset < YAML file < env < ``overrides``."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_PREFIX + "CONFIG"):
         path = environ[ENV_PREFIX + "CONFIG"]
@@ -272,6 +281,12 @@ def load_config(
     if overrides:
         data = _deep_merge(data, overrides)
         sources.append("command line")
+    # The preset is the bottom layer: whatever the file, env or flags set wins over it.
+    name = data.get("policy", MarsConfig.model_fields["policy"].default)
+    try:
+        data = _deep_merge(policy_preset(name), data)
+    except PolicyError as exc:
+        raise ConfigError(f"policy: {exc} ({'; '.join(sources) or 'defaults'})") from exc
     try:
         return MarsConfig.model_validate(data)
     except ValidationError as exc:

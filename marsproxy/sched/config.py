@@ -1,4 +1,4 @@
-"""Configuration of the scheduler (to be mounted into ``MarsConfig`` as ``scheduler:``).
+"""Configuration of the scheduler (``scheduler:`` in ``MarsConfig``).
 
 Every number of DESIGN §5.3 (continuation priority) and §5.4 (KV retention) is a field here
 with the design's default, so code, YAML, docs and Prometheus share one name for it.
@@ -15,12 +15,19 @@ from marsproxy.config_section import Section as _Section
 ServiceMeasure = Literal["tokens", "engine_seconds"]
 HintEncoderName = Literal["headers", "dynamo", "none"]
 RetentionPolicy = Literal["mars", "fixed", "off"]
+PriorityPolicy = Literal["mars", "las", "session_fcfs", "off"]
 
 
 class SchedulerConfig(_Section):
     """``scheduler:`` — MLFQ levels of continuations, KV retention and upstream hints."""
 
     # -- Priority levels (DESIGN §5.3) ------------------------------------------------------
+    priority_policy: PriorityPolicy = Field(
+        "mars",
+        description="How continuations are ordered: mars (uncached-prefill bucket, demoted by"
+        " attained service, aged); las (attained service only, as Autellix); session_fcfs"
+        " (older sessions first, as Continuum); off (no levels, no priority hints).",
+    )
     level_thresholds: tuple[int, int, int] = Field(
         (2048, 8192, 32768),
         description="Uncached prompt tokens up to which a continuation is level 0, 1, 2;"
