@@ -88,6 +88,11 @@ class SchedulerConfig(_Section):
         description="A resumed session counts as warm when its cached prompt tokens cover at"
         " least this share of the context it left with.",
     )
+    tick_s: float = Field(
+        0.2, gt=0,
+        description="Period of the scheduler tick: reservation expiry, drops under pressure,"
+        " worker facts from the latest scrape.",
+    )
     # -- priority: auto (the start-up probe) ------------------------------------------------
     probe_timeout_s: float = Field(
         30.0, gt=0, description="Longest the start-up priority probe of one worker may take."

@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from marsproxy.aimd.kvfit import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
@@ -397,28 +397,3 @@ class SchedulerCore:
 
     def queue_length(self, worker: str) -> int:
         return len(self._queues[worker])
-
-    def snapshot(self, now: float, worker: str, limit: int = 50) -> dict[str, Any]:
-        """One worker's mode, gate, queue and ledger (``/mars/v1/state``; raw session keys)."""
-        q = self.queue(now, worker)
-        return {
-            "mode": self.modes[worker],
-            "in_flight": self.in_flight(worker),
-            "cap": self.cap(worker),
-            "running_blocks": self.running_blocks(worker),
-            "usable_blocks": self.usable_blocks(worker),
-            "dispatched_total": self.dispatched_total[worker],
-            "queue": [
-                {"session": t.session, "level": t.level, "priority": t.priority,
-                 "waited_s": max(0.0, now - t.arrived), "blocks": t.blocks,
-                 "bypassed": t.bypassed}
-                for t in q[:limit]
-            ],
-            "queue_length": len(q),
-            "retained_blocks": self.retained_blocks(worker),
-            "reservations": [
-                {"session": r.session, "blocks": r.blocks, "level": r.level,
-                 "expires_in_s": max(0.0, r.expires_at - now)}
-                for r in self.ledger.reservations(worker)[:limit]
-            ],
-        }

@@ -234,14 +234,13 @@ def test_session_end_forgets_and_releases() -> None:
     assert core.retained_blocks("w") == 0 and core.service.attained("s") == 0.0
 
 
-def test_snapshot_shows_mode_queue_and_ledger() -> None:
+def test_queue_and_ledger_views() -> None:
     core = make()
     core.set_facts("w", WorkerFacts(max_num_seqs=1, prefill_tokens_per_s=1.0, block_size=16))
     a = core.arrive(0.0, "a", "w", 100)
     core.release(0.0)
     core.arrive(0.5, "b", "w", 100)
     end_ok(core, 1.0, a.call, 100, tool=5.0)
-    snap = core.snapshot(1.0, "w")
-    assert snap["mode"] == "gated" and snap["cap"] == 1 and snap["in_flight"] == 0
-    assert [q["session"] for q in snap["queue"]] == ["b"]
-    assert [r["session"] for r in snap["reservations"]] == ["a"]
+    assert core.modes["w"] == "gated" and core.cap("w") == 1 and core.in_flight("w") == 0
+    assert [t.session for t in core.queue(1.0, "w")] == ["b"]
+    assert [r.session for r in core.ledger.reservations("w")] == ["a"]
