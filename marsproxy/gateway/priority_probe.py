@@ -22,7 +22,7 @@ from marsproxy.sched.probe import ProbeReading, plan, read
 
 log = logging.getLogger("marsproxy.gateway.priority_probe")
 
-_SEND_GAP_S = 0.01  # keeps the arrival order A, B, C at the worker
+_SEND_GAP_S = 0.002  # keeps the arrival order A, B, C at the worker (C must arrive during A)
 
 
 @dataclass(frozen=True, slots=True)
