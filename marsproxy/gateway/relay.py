@@ -144,9 +144,12 @@ class Relay:
         if turn is None:
             return
         if out.prepared is not None:
+            # A one-shot request (no session to come back) gets no retention decision.
+            sess = gw.sessions.get(turn.session)
+            goes_on = not turn.final and sess is not None and not sess.ephemeral
             engine_s = time.perf_counter() - clock.t0 - clock.held_s
             gw.scheduler.ended(out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
-                               session_continues=not turn.final)
+                               session_continues=goes_on)
         if out.admitted and gw.admission is not None:
             # Before the table may forget the session: the core hears the end of the request
             # first, then (on a final turn) the end of the session.
