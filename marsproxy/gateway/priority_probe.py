@@ -1,8 +1,8 @@
 """The start-up probe of ``priority: auto`` workers (what it sends: :mod:`marsproxy.sched.probe`).
 
 Three ``/v1/completions`` requests with token-id prompts straight to the worker (not through
-the relay, so no session sees them), timed on the event loop's clock. Costs about two
-``long_tokens`` prefills once per worker start. Never raises: a failure reads as gated.
+the relay, so no session sees them), timed on the event loop's clock. Costs about 1.5
+``long_tokens`` of prefill once per worker start. Never raises: a failure reads as gated.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def _run(http: aiohttp.ClientSession, base: str, min_lead: float) -> Probe
 
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    a = asyncio.create_task(_complete(http, base, body(p.long_tokens, 0), loop))
+    a = asyncio.create_task(_complete(http, base, body(p.blocker_tokens, 0), loop))
     await asyncio.sleep(_SEND_GAP_S)
     b = asyncio.create_task(_complete(http, base, body(p.long_tokens, 1), loop))
     await asyncio.sleep(_SEND_GAP_S)

@@ -8,7 +8,8 @@ from marsproxy.sched.probe import plan, read
 def test_plan_fits_context_and_kv_or_gives_up() -> None:
     assert plan(None, None) is not None and plan(None, None).long_tokens == 16_384  # type: ignore[union-attr]
     assert plan(4096, None).long_tokens == 4080  # type: ignore[union-attr]
-    assert plan(4096, 5120).long_tokens == (5120 - 32) // 3  # type: ignore[union-attr]
+    p = plan(4096, 5120)
+    assert p is not None and p.long_tokens == (5120 - 32) * 2 // 3 and p.blocker_tokens == 1696
     assert plan(200, None) is None  # too small to need several prefill chunks
 
 
