@@ -84,7 +84,7 @@ async def overtake_order(
     done: list[str] = []
     for i in range(3):  # earlier turns: these sessions are continuing, not new
         await complete(http, base, f"short{i}", f"short session {i} " * 8, 1)
-    blocker = asyncio.create_task(complete(http, base, "blocker", "b" * 40, 400, done))
+    blocker = asyncio.create_task(complete(http, base, "blocker", "b" * 40, 1000, done))
     await asyncio.sleep(0.1)
     long = asyncio.create_task(complete(http, base, "long", "L" * 4 * 6000, 1, done))
     await asyncio.sleep(0.1)
