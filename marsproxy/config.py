@@ -345,7 +345,8 @@ EXAMPLE_HEAD = """\
 """
 EXAMPLE_WORKERS = """\
 # Upstream workers (vLLM OpenAI servers or `marsproxy emulate`). `serve` needs at least one.
-# A bare URL, or {url: ..., name: ...}.
+# A bare URL, or {url: ..., name: ..., priority: true|false|auto, max_num_seqs: N}
+# (priority: whether it runs --scheduling-policy priority; see docs/scheduler.md).
 workers:
   - http://127.0.0.1:8000
   - http://127.0.0.1:8001

@@ -67,8 +67,8 @@ class SchedulerShell:
                 self.mode_reason[w.label] = "configured (priority: true)"
             elif w.priority == "auto" and self.core.enabled:
                 self.mode_reason[w.label] = "auto: probe pending (gated until it decides)"
-            elif w.priority == "auto":
-                self.mode_reason[w.label] = "auto: not probed (priority_policy off)"
+            elif not self.core.enabled:
+                self.mode_reason[w.label] = "priority_policy off: no levels, no gating"
             else:
                 self.mode_reason[w.label] = "configured (priority: false)"
         # Nothing to do per request: the fcfs preset is a plain session-affine proxy.
@@ -253,6 +253,6 @@ class SchedulerShell:
     def retained_blocks(self, label: str) -> int:
         return self.core.retained_blocks(label)
 
-    def held(self) -> int:
-        """Requests waiting in gated queues now."""
-        return len(self._waiters)
+    def mode(self, label: str) -> str:
+        """What the state shows: the worker's mode, or off when the policy has no levels."""
+        return self.core.modes[label] if self.core.enabled else "off"

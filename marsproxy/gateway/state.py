@@ -121,7 +121,7 @@ def _worker_sched(gw: Gateway, label: str) -> WorkerSchedState:
     core, now = shell.core, shell.now()
     queue = core.queue(now, label)
     return {
-        "mode": core.modes[label], "mode_reason": shell.mode_reason[label],
+        "mode": shell.mode(label), "mode_reason": shell.mode_reason[label],
         "in_flight": core.in_flight(label), "cap": core.cap(label),
         "running_blocks": core.running_blocks(label), "usable_blocks": core.usable_blocks(label),
         "dispatched_total": core.dispatched_total[label], "queue_length": len(queue),

@@ -189,7 +189,8 @@ def _scheduler(doc: StateDoc) -> Iterator[Metric]:
         "Retained dormant sessions on the worker.", labels=["worker"])
     mode = GaugeMetricFamily(
         "marsproxy_worker_priority_mode",
-        "1 for the worker's priority mode (priority: body priority; gated: proxy queue).",
+        "1 for the worker's priority mode (priority: body priority; gated: proxy queue; off:"
+        " no levels).",
         labels=["worker", "mode"])
     for w in doc["workers"]:
         if "scheduler" not in w:

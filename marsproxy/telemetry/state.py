@@ -38,7 +38,8 @@ class ReservationState(TypedDict):
 
 class WorkerSchedState(TypedDict):
     mode: str
-    """priority: levels go in the body's priority; gated: the proxy's dispatch queue orders."""
+    """priority: levels go in the body's priority; gated: the proxy's dispatch queue orders;
+    off: priority_policy off (no levels, nothing held)."""
     mode_reason: str
     in_flight: int
     cap: int

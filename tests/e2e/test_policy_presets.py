@@ -60,6 +60,7 @@ async def test_preset_runs_the_demo_path(policy: str) -> None:
         # A plain session-affine proxy: no level, nothing gated, no hint, no retention.
         assert {(d.level, d.hint, d.mode) for d in dispatches} == {(None, "none", "")}
         assert decisions == []
+        assert {gw.scheduler.mode(w.label) for w in cfg.workers} == {"off"}
         return
     if scfg.priority_policy in ("mars", "las"):
         assert all(d.level is not None and 0 <= d.level <= 3 for d in dispatches)
