@@ -50,6 +50,17 @@ class ServerConfig(_Section):
 class WorkerConfig(_Section):
     url: str = Field(description="Base URL of a vLLM (or emulated) worker, e.g. http://h:8000.")
     name: str = Field("", description="Name used in metrics and logs; defaults to host:port.")
+    priority: bool | Literal["auto"] = Field(
+        False,
+        description="Whether the worker runs --scheduling-policy priority: true (levels go in"
+        " the body's priority), false (the proxy orders continuations in its gated dispatch"
+        " queue), auto (a short ordering probe at start decides; gated until it has).",
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1,
+        description="The worker's --max-num-seqs: the in-flight cap of gated dispatch; unset:"
+        " scheduler.default_max_num_seqs.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -334,7 +345,8 @@ EXAMPLE_HEAD = """\
 """
 EXAMPLE_WORKERS = """\
 # Upstream workers (vLLM OpenAI servers or `marsproxy emulate`). `serve` needs at least one.
-# A bare URL, or {url: ..., name: ...}.
+# A bare URL, or {url: ..., name: ..., priority: true|false|auto, max_num_seqs: N}
+# (priority: whether it runs --scheduling-policy priority; see docs/scheduler.md).
 workers:
   - http://127.0.0.1:8000
   - http://127.0.0.1:8001

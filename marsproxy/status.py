@@ -258,6 +258,38 @@ def _admission(doc: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _scheduler(doc: Mapping[str, Any]) -> list[str]:
+    """Policies and warm resumes; per worker its priority mode, gate and KV ledger."""
+    sched = _map(doc.get("scheduler"))
+    if not sched:
+        return []
+    r = _map(sched.get("resumes"))
+    hit = r.get("hit_rate")
+    lines = [
+        f"Scheduler priority {_text(sched.get('priority_policy'))}"
+        f"   retention {_text(sched.get('retention_policy'))}"
+        f"   hints {_text(sched.get('hint_encoder'))}"
+        f"   warm resumes {fmt_int(r.get('warm'))}/{fmt_int(_sum(r.get('warm'), r.get('cold')))}"
+        + (f" ({100 * hit:.0f}%)" if isinstance(hit, (int, float)) else "")
+    ]
+    for w in _list(doc.get("workers")):
+        ws = _map(_map(w).get("scheduler"))
+        if ws:
+            lines.append(
+                f"  {_text(_map(w).get('name'))}: {_text(ws.get('mode'))}"
+                f"   in flight {fmt_int(ws.get('in_flight'))}/{fmt_int(ws.get('cap'))}"
+                f"   held {fmt_int(ws.get('queue_length'))}"
+                f"   retained {fmt_int(ws.get('retained_blocks'))} blocks"
+                f" ({len(_list(ws.get('reservations')))} sessions)"
+            )
+    return lines
+
+
+def _sum(*xs: Any) -> int | None:
+    vals = [x for x in xs if isinstance(x, int)]
+    return sum(vals) if len(vals) == len(xs) else None
+
+
 def render_state(doc: Mapping[str, Any], width: int) -> str:
     """The state document as text, fitted to a terminal ``width`` columns wide where it can."""
     workers = _list(doc.get("workers"))
@@ -270,6 +302,7 @@ def render_state(doc: Mapping[str, Any], width: int) -> str:
     lines.extend(_cpu_tools(doc))
     lines.extend(_sessions(doc))
     lines.extend(_admission(doc))
+    lines.extend(_scheduler(doc))
     ev = _map(doc.get("events"))
     lines.append(
         f"Events    published {fmt_int(ev.get('published_total'))}"

@@ -40,6 +40,10 @@ class Dispatch(Event):
     turn: int = 0
     level: int | None = None
     hint: str = ""
+    priority: int | None = None
+    mode: str = ""
+    uncached_tokens: int | None = None
+    queued_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,10 @@ class RetentionDecision(Event):
     predicted_tool_s: float = 0.0
     blocks: int = 0
     ttl_s: float = 0.0
+    reason: str = ""
+    context_tokens: int = 0
+    prefill_tokens_per_s: float | None = None
+    policy: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind
@@ -64,6 +65,8 @@ class AdmissionShell:
         self._confirm_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        # Blocks the scheduler's KV ledger reserves per worker label (the gateway wires it).
+        self.retained_blocks: Callable[[str], int] = lambda _worker: 0
 
     @staticmethod
     def now() -> float:
@@ -127,7 +130,8 @@ class AdmissionShell:
         pressures = {w: tel.worker_pressure(w) for w in self.urls}
         healthy = {w: self.health.is_healthy(u) for w, u in self.urls.items()}
         signals = all_signals(
-            pressures, healthy, tel.tracker, tel.cpu.latest, tel.cpu_probe.tool_cpus
+            pressures, healthy, tel.tracker, tel.cpu.latest, tel.cpu_probe.tool_cpus,
+            retained={w: self.retained_blocks(w) for w in self.urls},
         )
         return self.core.tick(self.now(), signals)
 

@@ -30,10 +30,13 @@ def worker_signals(
     tracker: ToolPhaseTracker,
     cpu: CpuPressure | None,
     tool_cpus: float,
+    retained_blocks: int = 0,
 ) -> WorkerSignals:
-    """One worker's ``WorkerSignals`` from its latest scrape and the shared CPU signals."""
+    """One worker's ``WorkerSignals`` from its latest scrape and the shared CPU signals;
+    ``retained_blocks``: the scheduler's KV ledger on this worker (off the admission budget)."""
     base = WorkerSignals(
         healthy=healthy,
+        retained_blocks=retained_blocks,
         tools_in_flight=tracker.in_flight,
         backlog_ratio=tracker.backlog_ratio,
         tool_wait_ema_s=tracker.queue_wait_ema,
@@ -64,8 +67,11 @@ def all_signals(
     tracker: ToolPhaseTracker,
     cpu: CpuPressure | None,
     tool_cpus: float,
+    retained: Mapping[str, int] | None = None,
 ) -> dict[str, WorkerSignals]:
+    retained = retained or {}
     return {
-        w: worker_signals(p, healthy=healthy[w], tracker=tracker, cpu=cpu, tool_cpus=tool_cpus)
+        w: worker_signals(p, healthy=healthy[w], tracker=tracker, cpu=cpu, tool_cpus=tool_cpus,
+                          retained_blocks=retained.get(w, 0))
         for w, p in pressures.items()
     }

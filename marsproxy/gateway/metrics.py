@@ -86,6 +86,47 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
+        self.continuations = Counter(
+            "marsproxy_continuations",
+            "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
+            ["level"],
+            registry=r,
+        )
+        self.dispatch_wait = Histogram(
+            "marsproxy_dispatch_wait_seconds",
+            "Time continuations waited in a gated worker's dispatch queue.",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.resumes = Counter(
+            "marsproxy_resumes",
+            "Continuations back from a tool phase, by outcome (warm: cached prompt tokens cover"
+            " scheduler.warm_resume_min_frac of the context it left with) and whether its prefix"
+            " was retained.",
+            ["outcome", "retained"],
+            registry=r,
+        )
+        self.resume_tokens = Counter(
+            "marsproxy_resume_tokens",
+            "Prompt tokens of resumed continuations (prompt) and of those the worker found in its"
+            " prefix cache (cached, from usage.prompt_tokens_details.cached_tokens).",
+            ["kind"],
+            registry=r,
+        )
+        self.retention_decisions = Counter(
+            "marsproxy_retention_decisions",
+            "KV retention decisions at the end of continuations, by outcome.",
+            ["retain"],
+            registry=r,
+        )
+        self.ledger_released = Counter(
+            "marsproxy_kv_ledger_released",
+            "Reservations that left the KV ledger other than by their session's return, by"
+            " reason (expired, pressure, session_end).",
+            ["worker", "reason"],
+            registry=r,
+        )
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
         # counts) come from a collector over the state document: see telemetry.prometheus.
 

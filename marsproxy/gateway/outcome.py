@@ -17,6 +17,7 @@ from marsproxy.core.canon import Reply
 from marsproxy.core.events import Dispatch, FirstToken, LlmEnd, Rejected
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.scheduler import Prepared
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sse import Usage
 
@@ -61,6 +62,7 @@ class Outcome:
         self.ttft_s: float | None = None
         self.admitted = False  # admission let it through (its end is reported to the core)
         self.prompt_chars = 0
+        self.prepared: Prepared | None = None  # how the scheduler sent it (level, hint)
 
 
 def error(
@@ -97,6 +99,8 @@ class RequestEvents:
             out.worker = worker
             gw.in_flight_by_worker[worker.url] += 1
             if out.scheduled:
+                p = out.prepared
+                t = None if p is None else p.ticket
                 gw.telemetry.publish(
                     Dispatch(
                         ts=gw.telemetry.wall(),
@@ -104,6 +108,12 @@ class RequestEvents:
                         worker=worker.label,
                         route=out.route,
                         turn=out.turn,
+                        level=None if t is None else t.level,
+                        hint="none" if p is None else p.hint,
+                        priority=None if t is None else t.priority,
+                        mode="" if t is None else gw.scheduler.core.modes[worker.label],
+                        uncached_tokens=None if t is None else t.uncached_tokens,
+                        queued_s=0.0 if t is None else t.waited_s(),
                     )
                 )
             return worker

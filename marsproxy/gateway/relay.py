@@ -10,11 +10,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from marsproxy.config import WorkerConfig
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.admission_types import Refused
@@ -22,6 +25,7 @@ from marsproxy.gateway.bodies import BodyError, parse_body, read_limited
 from marsproxy.gateway.errors import sse_error_event
 from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
+from marsproxy.gateway.scheduler import Prepared
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply
 from marsproxy.gateway.upstream import (
@@ -54,7 +58,7 @@ class Relay:
         finally:
             self._account(out, clock)
             self.events.ended(out, clock)
-            self._close_turn(out)
+            self._close_turn(out, clock)
 
     async def _scheduled(
         self, request: web.Request, route: Route, clock: Clock, out: Outcome
@@ -93,7 +97,24 @@ class Relay:
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
-        return await self._relay(request, route, body.raw, strip, turn, clock, out)
+        prepared = await self._schedule(turn, body.obj, body.raw, clock, out)
+        return await self._relay(request, route, prepared, strip, turn, clock, out)
+
+    async def _schedule(
+        self, turn: Turn, obj: dict[str, Any], raw: bytes, clock: Clock, out: Outcome
+    ) -> Prepared:
+        """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
+        then the body and hint headers that go upstream (DESIGN §5.3-5.4)."""
+        gw = self.gw
+        url = gw.placement.assign(turn.session, gw.healthy())
+        if url is None:  # no healthy worker: the upstream step answers 503 at once
+            return Prepared(None, raw, {}, "none")
+        t = time.perf_counter()
+        try:
+            out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw)
+        finally:
+            clock.held_s += time.perf_counter() - t
+        return out.prepared
 
     async def _admit(
         self, turn: Turn, tenant: str, chars: int, final: bool, clock: Clock, out: Outcome
@@ -113,7 +134,7 @@ class Relay:
         gw.admitted_to(turn.session, verdict.worker)
         return None
 
-    def _close_turn(self, out: Outcome) -> None:
+    def _close_turn(self, out: Outcome, clock: Clock) -> None:
         """After llm_end: the session table learns the outcome (which may end the session,
         publishing session_end), and a session that goes on enters its tool phase."""
         gw, turn = self.gw, out.turn_ref
@@ -122,6 +143,13 @@ class Relay:
             gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
         if turn is None:
             return
+        if out.prepared is not None:
+            # A one-shot request (no session to come back) gets no retention decision.
+            sess = gw.sessions.get(turn.session)
+            goes_on = not turn.final and sess is not None and not sess.ephemeral
+            engine_s = time.perf_counter() - clock.t0 - clock.held_s
+            gw.scheduler.ended(out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
+                               session_continues=goes_on)
         if out.admitted and gw.admission is not None:
             # Before the table may forget the session: the core hears the end of the request
             # first, then (on a final turn) the end of the session.
@@ -135,17 +163,24 @@ class Relay:
         self,
         request: web.Request,
         route: Route,
-        raw: bytes,
+        prepared: Prepared,
         strip: bool,
         turn: Turn,
         clock: Clock,
         out: Outcome,
     ) -> web.StreamResponse:
         gw = self.gw
-        opened = await self._open(
-            request, request_headers(request.headers, identity=True), raw,
-            lambda tried: gw.pick_for_session(turn.session, tried), clock, out,
-        )
+        headers = request_headers(request.headers, identity=True)
+        for k, v in prepared.headers.items():  # scheduler hints replace any client value
+            headers[k] = v
+
+        def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+            worker = gw.pick_for_session(turn.session, tried)
+            if worker is not None:
+                gw.scheduler.moved(prepared, worker.url)
+            return worker
+
+        opened = await self._open(request, headers, prepared.raw, pick, clock, out)
         if not isinstance(opened, Opened):
             return opened
         upstream = opened.response

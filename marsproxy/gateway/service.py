@@ -20,6 +20,7 @@ from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.admission import AdmissionShell
 from marsproxy.gateway.health import HealthChecker, WorkerHealth
 from marsproxy.gateway.metrics import GatewayMetrics
+from marsproxy.gateway.scheduler import SchedulerShell
 from marsproxy.gateway.sessions import EndReason, ObservedSessions
 from marsproxy.gateway.telemetry import Telemetry
 from marsproxy.gateway.upstream import Upstream
@@ -53,6 +54,11 @@ class Gateway:
             if cfg.admission.enabled
             else None
         )
+        # The agent-centric scheduler (DESIGN §5.3-5.4): levels, gated dispatch, retention.
+        self.scheduler = SchedulerShell(cfg, self.telemetry, self.metrics)
+        if self.admission is not None:
+            # The KV ledger's reservations come off the admission budget (retention is real).
+            self.admission.retained_blocks = self.scheduler.retained_blocks
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
@@ -71,6 +77,7 @@ class Gateway:
         await self.telemetry.start()
         if self.admission is not None:
             await self.admission.start()
+        await self.scheduler.start()
         self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
 
     async def stop(self) -> None:
@@ -78,6 +85,7 @@ class Gateway:
             self._expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry
+        await self.scheduler.stop()
         if self.admission is not None:
             await self.admission.stop()
         await self.checker.stop()
@@ -114,6 +122,7 @@ class Gateway:
 
     def _session_ended(self, sess: Session, reason: EndReason, duration_s: float) -> None:
         self.telemetry.tracker.session_ended(sess.key)
+        self.scheduler.session_ended(sess.key)
         if self.admission is not None:
             self.admission.session_forgotten(sess.key, reason)
         worker = self.placement.worker_of(sess.key)

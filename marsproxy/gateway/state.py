@@ -21,11 +21,13 @@ from marsproxy.telemetry.state import (
     AdmissionWorkerState,
     CpuState,
     GpuState,
+    SchedState,
     SessionDetail,
     SessionsState,
     SessionState,
     StateDoc,
     ToolsState,
+    WorkerSchedState,
     WorkerState,
     finite,
 )
@@ -47,6 +49,7 @@ def build_state(
             "dropped_total": tel.bus.dropped_total,
             "subscribers": tel.bus.subscribers,
         },
+        "scheduler": _scheduler(gw),
     }
     if gw.admission is not None:
         doc["admission"] = _admission(gw.admission)
@@ -108,6 +111,48 @@ def _worker(gw: Gateway, w: WorkerConfig) -> WorkerState:
         "sessions": gw.placement.load().get(w.url, 0),
         "requests_in_flight": gw.in_flight_by_worker[w.url],
         "gpu": _gpu(None if gpus is None else gpus.get(w.label)),
+        "scheduler": _worker_sched(gw, w.label),
+    }
+
+
+def _worker_sched(gw: Gateway, label: str) -> WorkerSchedState:
+    """Priority mode, dispatch gate and queue, KV ledger of one worker (ids without tenant)."""
+    shell = gw.scheduler
+    core, now = shell.core, shell.now()
+    queue = core.queue(now, label)
+    return {
+        "mode": shell.mode(label), "mode_reason": shell.mode_reason[label],
+        "in_flight": core.in_flight(label), "cap": core.cap(label),
+        "running_blocks": core.running_blocks(label), "usable_blocks": core.usable_blocks(label),
+        "dispatched_total": core.dispatched_total[label], "queue_length": len(queue),
+        "queue": [
+            {"session": unscoped_id(t.session), "level": t.level, "priority": t.priority,
+             "waited_s": max(0.0, now - t.arrived), "blocks": t.blocks, "bypassed": t.bypassed}
+            for t in queue[:50]
+        ],
+        "retained_blocks": core.retained_blocks(label),
+        "reservations": [
+            {"session": unscoped_id(r.session), "blocks": r.blocks, "level": r.level,
+             "expires_in_s": max(0.0, r.expires_at - now)}
+            for r in core.ledger.reservations(label)[:50]
+        ],
+    }
+
+
+def _scheduler(gw: Gateway) -> SchedState:
+    core, scfg = gw.scheduler.core, gw.cfg.scheduler
+    r = core.resumes
+    return {
+        "priority_policy": scfg.priority_policy,
+        "retention_policy": scfg.retention_policy,
+        "hint_encoder": scfg.hint_encoder,
+        "levels_total": {str(k): v for k, v in core.levels_total.items()},
+        "backfilled_total": core.backfilled_total,
+        "resumes": {
+            "warm": sum(r.warm.values()), "cold": sum(r.cold.values()),
+            "warm_retained": r.warm[True], "hit_rate": finite(r.hit_rate),
+            "cached_tokens": r.cached_tokens, "context_tokens": r.context_tokens,
+        },
     }
 
 

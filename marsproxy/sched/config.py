@@ -63,6 +63,46 @@ class SchedulerConfig(_Section):
     fixed_retention_s: float = Field(
         2.0, gt=0, description="TTL (s) and tool-time bound of the fixed retention policy."
     )
+    retention_drop_kv_usage: float = Field(
+        0.90, gt=0, le=1,
+        description="KV usage of a worker at which reservations of dormant sessions are dropped"
+        " (highest level first) until the ledger fits again.",
+    )
+    # -- Gated dispatch (workers without --scheduling-policy priority) ----------------------
+    default_max_num_seqs: int = Field(
+        256, ge=1,
+        description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set"
+        " (vLLM's default: 256 on GPU, 128 on CPU).",
+    )
+    backfill_max: int = Field(
+        4, ge=0,
+        description="How many smaller continuations may pass the head of a gated queue that"
+        " does not fit the worker's KV budget, before the queue waits for it.",
+    )
+    kv_reserve_frac: float = Field(
+        0.10, ge=0, lt=1,
+        description="Share of a worker's KV blocks the dispatch gate keeps free (as admission).",
+    )
+    warm_resume_min_frac: float = Field(
+        0.5, gt=0, le=1,
+        description="A resumed session counts as warm when its cached prompt tokens cover at"
+        " least this share of the context it left with.",
+    )
+    tick_s: float = Field(
+        0.2, gt=0,
+        description="Period of the scheduler tick: reservation expiry, drops under pressure,"
+        " worker facts from the latest scrape.",
+    )
+    # -- priority: auto (the start-up probe) ------------------------------------------------
+    probe_timeout_s: float = Field(
+        30.0, gt=0, description="Longest the start-up priority probe of one worker may take."
+    )
+    probe_min_lead: float = Field(
+        0.25, gt=0, lt=1,
+        description="The probe reads a worker as honouring priority when its short,"
+        " high-priority request finishes at least this share of the probe's time before the"
+        " long, low-priority one sent ahead of it.",
+    )
     # -- Hints ------------------------------------------------------------------------------
     hint_encoder: HintEncoderName = Field(
         "headers", description="What goes upstream with each continuation: headers, dynamo, none."

@@ -19,7 +19,8 @@ from typing import Any
 from marsproxy.sched.priority import LOWEST
 
 # (session_id, level, retain_s, headers, body) -> None; mutates headers and body in place.
-Encoder = Callable[[str, int, float | None, dict[str, str], dict[str, Any]], None]
+# level None: no priority hint (priority_policy off or session_fcfs, which has no MLFQ level).
+Encoder = Callable[[str, int | None, float | None, dict[str, str], dict[str, Any]], None]
 
 SESSION_HEADER = "x-mars-session-id"
 PRIORITY_HEADER = "x-mars-priority"
@@ -32,12 +33,13 @@ def _seconds(value: float) -> str:
 
 
 def encode_headers(
-    session_id: str, level: int, retain_s: float | None, headers: dict[str, str],
+    session_id: str, level: int | None, retain_s: float | None, headers: dict[str, str],
     body: dict[str, Any],
 ) -> None:
     """``x-mars-*`` headers; the level in MARS polarity (0 runs first). Body untouched."""
     headers[SESSION_HEADER] = session_id
-    headers[PRIORITY_HEADER] = str(level)
+    if level is not None:
+        headers[PRIORITY_HEADER] = str(level)
     if retain_s is not None:
         headers[RETAIN_HEADER] = _seconds(max(0.0, retain_s))
 
@@ -48,7 +50,7 @@ def dynamo_priority(level: int) -> int:
 
 
 def encode_dynamo(
-    session_id: str, level: int, retain_s: float | None, headers: dict[str, str],
+    session_id: str, level: int | None, retain_s: float | None, headers: dict[str, str],
     body: dict[str, Any],
 ) -> None:
     """``nvext.agent_hints`` with ``priority`` (Dynamo polarity) and the retention seconds.
@@ -63,13 +65,14 @@ def encode_dynamo(
     hints = nvext.setdefault("agent_hints", {})
     if not isinstance(hints, dict):
         return
-    hints["priority"] = dynamo_priority(level)
+    if level is not None:
+        hints["priority"] = dynamo_priority(level)
     if retain_s is not None:
         hints["kv_retain_seconds"] = max(0.0, retain_s)
 
 
 def encode_none(
-    session_id: str, level: int, retain_s: float | None, headers: dict[str, str],
+    session_id: str, level: int | None, retain_s: float | None, headers: dict[str, str],
     body: dict[str, Any],
 ) -> None:
     """Sends nothing: the worker sees the client's request as is."""
@@ -82,7 +85,7 @@ def encoders() -> Mapping[str, Encoder]:
 
 
 def encode(
-    name: str, session_id: str, level: int, retain_s: float | None, headers: dict[str, str],
+    name: str, session_id: str, level: int | None, retain_s: float | None, headers: dict[str, str],
     body: dict[str, Any],
 ) -> None:
     """Applies the encoder called ``name``; an unknown name is a configuration error."""

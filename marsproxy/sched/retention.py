@@ -27,8 +27,17 @@ class RetentionOutcome:
     blocks: int  # blocks to reserve; 0 when not retained or block size unknown
     reason: str
 
-    def to_event(self, ts: float, session: str | None, worker: str | None) -> RetentionDecision:
-        """The ``retention_decision`` event with the decision's inputs."""
+    def to_event(
+        self,
+        ts: float,
+        session: str | None,
+        worker: str | None,
+        *,
+        context_tokens: int = 0,
+        prefill_tokens_per_s: float | None = None,
+        policy: str = "",
+    ) -> RetentionDecision:
+        """The ``retention_decision`` event with the decision's inputs and its reason."""
         return RetentionDecision(
             ts=ts,
             session=session,
@@ -38,6 +47,10 @@ class RetentionOutcome:
             predicted_tool_s=self.predicted_tool_s or 0.0,
             blocks=self.blocks,
             ttl_s=self.ttl_s,
+            reason=self.reason,
+            context_tokens=context_tokens,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            policy=policy,
         )
 
 

@@ -87,6 +87,7 @@ class StateCollector(Collector):
             ev["dropped_total"],
         )
         yield _gauge("marsproxy_event_subscribers", "Open bus subscriptions.", ev["subscribers"])
+        yield from _scheduler(doc)
         if "admission" in doc:
             yield from _admission(doc["admission"])
 
@@ -169,3 +170,42 @@ def _admission(adm: AdmissionState) -> Iterator[Metric]:
         "1 while the admission state store is reachable (the memory store always is).",
         1.0 if adm["store"]["up"] else 0.0,
     )
+
+
+def _scheduler(doc: StateDoc) -> Iterator[Metric]:
+    """Dispatch queues, in-flight, KV ledger and priority mode per worker; warm-resume rate."""
+    queue = GaugeMetricFamily(
+        "marsproxy_dispatch_queue_length",
+        "Continuations held in the worker's gated dispatch queue.", labels=["worker"])
+    in_flight = GaugeMetricFamily(
+        "marsproxy_dispatch_in_flight",
+        "Continuations the scheduler counts running on the worker.", labels=["worker"])
+    ledger = GaugeMetricFamily(
+        "marsproxy_kv_ledger_blocks",
+        "KV blocks reserved for retained dormant sessions on the worker (off the admission"
+        " budget).", labels=["worker"])
+    held = GaugeMetricFamily(
+        "marsproxy_kv_ledger_reservations",
+        "Retained dormant sessions on the worker.", labels=["worker"])
+    mode = GaugeMetricFamily(
+        "marsproxy_worker_priority_mode",
+        "1 for the worker's priority mode (priority: body priority; gated: proxy queue; off:"
+        " no levels).",
+        labels=["worker", "mode"])
+    for w in doc["workers"]:
+        if "scheduler" not in w:
+            continue
+        s = w["scheduler"]
+        queue.add_metric([w["name"]], s["queue_length"])
+        in_flight.add_metric([w["name"]], s["in_flight"])
+        ledger.add_metric([w["name"]], s["retained_blocks"])
+        held.add_metric([w["name"]], len(s["reservations"]))
+        mode.add_metric([w["name"], s["mode"]], 1.0)
+    yield from (queue, in_flight, ledger, held, mode)
+    rate = GaugeMetricFamily(
+        "marsproxy_warm_resume_hit_rate",
+        "Share of resumed continuations whose prompt the worker found cached (warm), 0..1.")
+    hit = doc["scheduler"]["resumes"]["hit_rate"] if "scheduler" in doc else None
+    if hit is not None:
+        rate.add_metric([], hit)
+    yield rate

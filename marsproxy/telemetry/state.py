@@ -20,6 +20,59 @@ class GpuState(TypedDict):
     utilization_pct: float | None
 
 
+class QueuedState(TypedDict):
+    session: str
+    level: int | None
+    priority: int | None
+    waited_s: float
+    blocks: int
+    bypassed: int
+
+
+class ReservationState(TypedDict):
+    session: str
+    blocks: int
+    level: int
+    expires_in_s: float
+
+
+class WorkerSchedState(TypedDict):
+    mode: str
+    """priority: levels go in the body's priority; gated: the proxy's dispatch queue orders;
+    off: priority_policy off (no levels, nothing held)."""
+    mode_reason: str
+    in_flight: int
+    cap: int
+    running_blocks: int
+    usable_blocks: int | None
+    dispatched_total: int
+    queue_length: int
+    queue: list[QueuedState]
+    """First 50 held continuations, next to go first."""
+    retained_blocks: int
+    reservations: list[ReservationState]
+    """First 50 KV-ledger reservations, oldest first."""
+
+
+class ResumesState(TypedDict):
+    warm: int
+    cold: int
+    warm_retained: int
+    """Warm resumes whose prefix the ledger had retained."""
+    hit_rate: float | None
+    cached_tokens: int
+    context_tokens: int
+
+
+class SchedState(TypedDict):
+    priority_policy: str
+    retention_policy: str
+    hint_encoder: str
+    levels_total: dict[str, int]
+    backfilled_total: int
+    resumes: ResumesState
+
+
 class WorkerState(TypedDict):
     name: str
     url: str
@@ -38,6 +91,7 @@ class WorkerState(TypedDict):
     sessions: int
     requests_in_flight: int
     gpu: GpuState
+    scheduler: NotRequired[WorkerSchedState]  # always set by the gateway
 
 
 class CpuState(TypedDict):
@@ -135,6 +189,7 @@ class StateDoc(TypedDict):
     tools: ToolsState
     sessions: SessionsState
     events: EventsState
+    scheduler: NotRequired[SchedState]  # always set by the gateway
     admission: NotRequired[AdmissionState]  # absent when admission.enabled is false
 
 

@@ -7,8 +7,8 @@ interpreter's own standard-library sources. Output text is garbage by design; us
 
 Runs inside the real-vLLM venv (needs torch, transformers, tokenizers):
 
-    .real-vllm/venv/bin/python scripts/real-vllm/build_model.py \
-        --size tiny --out .real-vllm/models/tiny
+    ~/.cache/marsproxy/real-vllm/venv/bin/python scripts/real-vllm/build_model.py \
+        --size tiny --out ~/.cache/marsproxy/real-vllm/models/tiny
 """
 
 from __future__ import annotations

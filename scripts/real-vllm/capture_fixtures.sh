@@ -10,7 +10,7 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
-REAL_VLLM_HOME="${REAL_VLLM_HOME:-$REPO_ROOT/.real-vllm}"
+source "$SCRIPT_DIR/env.sh"
 OUT="${1:-$REPO_ROOT/tests/fixtures}"
 PORT="${PORT:-8011}"
 MODEL_DIR="${MODEL_DIR:-$REAL_VLLM_HOME/models/tiny}"

@@ -3,8 +3,8 @@
 # and build a tiny local random-weight model for it. Idempotent: finished steps are skipped.
 #
 # Usage: scripts/real-vllm/setup.sh [tiny|medium|all]   (default: tiny)
-# Env:   REAL_VLLM_HOME  (default <repo>/.real-vllm; venv at $REAL_VLLM_HOME/venv,
-#                         models at $REAL_VLLM_HOME/models/<size>)
+# Env:   MARSPROXY_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv at .../venv,
+#                         models at .../models/<size>)
 #        PYTHON          (interpreter for the venv; default python3.11, else python3)
 #        KEEP_TRITON=1   (do not uninstall triton; it is ~1 GB and unused on CPU)
 #
@@ -14,7 +14,7 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
-REAL_VLLM_HOME="${REAL_VLLM_HOME:-$REPO_ROOT/.real-vllm}"
+source "$SCRIPT_DIR/env.sh"
 VENV="$REAL_VLLM_HOME/venv"
 VLLM_VERSION="0.32.0"
 SIZES="${1:-tiny}"

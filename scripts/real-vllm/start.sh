@@ -2,7 +2,7 @@
 # Start a real vLLM 0.32.0 CPU server on loopback and wait until GET /health answers 200.
 #
 # Usage: scripts/real-vllm/start.sh MODEL_DIR PORT [extra vllm serve args...]
-# Env:   REAL_VLLM_HOME     (default <repo>/.real-vllm; venv at $REAL_VLLM_HOME/venv)
+# Env:   MARSPROXY_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv in venv/)
 #        SCHEDULING_POLICY  (fcfs|priority; default fcfs = vLLM's own default, flag omitted)
 #        SERVED_MODEL_NAME  (default: vLLM's default, i.e. MODEL_DIR as given)
 #        KV_CACHE_BYTES     (default 64M)   NUM_BLOCKS (default 160)   BLOCK_SIZE (default 32)
@@ -20,7 +20,7 @@ MODEL_DIR="$1"; PORT="$2"; shift 2
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
-REAL_VLLM_HOME="${REAL_VLLM_HOME:-$REPO_ROOT/.real-vllm}"
+source "$SCRIPT_DIR/env.sh"
 VENV="$REAL_VLLM_HOME/venv"
 RUN_DIR="${RUN_DIR:-$REAL_VLLM_HOME/run}"
 PID_FILE="$RUN_DIR/vllm-$PORT.pid"

@@ -2,12 +2,12 @@
 # Stop a vLLM server started by start.sh: SIGTERM its process group, wait, SIGKILL if needed.
 #
 # Usage: scripts/real-vllm/stop.sh [PORT]      (without PORT: every server with a pid file)
-# Env:   REAL_VLLM_HOME, RUN_DIR as in start.sh; STOP_TIMEOUT (seconds, default 30)
+# Env:   MARSPROXY_REAL_VLLM_HOME, RUN_DIR as in start.sh; STOP_TIMEOUT (seconds, default 30)
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
-REAL_VLLM_HOME="${REAL_VLLM_HOME:-$REPO_ROOT/.real-vllm}"
+source "$SCRIPT_DIR/env.sh"
 RUN_DIR="${RUN_DIR:-$REAL_VLLM_HOME/run}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-30}"
 

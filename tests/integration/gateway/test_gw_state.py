@@ -116,7 +116,8 @@ async def test_state_shows_load_then_staleness(stack: Stack) -> None:
         ]
         assert doc["cpu"]["tool_cpus"] > 0 and doc["cpu"]["source"]
         assert set(doc) == {
-            "time", "version", "workers", "cpu", "tools", "sessions", "events", "admission"
+            "time", "version", "workers", "cpu", "tools", "sessions", "events", "scheduler",
+            "admission",
         }
         # Six sessions fit the default window (30 per worker): all admitted, none waiting.
         adm = doc["admission"]

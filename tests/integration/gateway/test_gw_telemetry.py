@@ -128,8 +128,8 @@ async def test_lifecycle_and_inferred_tool_phase(gw: Running, http: aiohttp.Clie
         await until(lambda: "session_end" in ev.types("s1"))
     assert ev.types("s1") == [
         "session_queued", "session_admitted",  # admission (on by default) lets it in at once
-        "dispatch", "first_token", "llm_end", "tool_start",
-        "tool_end", "dispatch", "first_token", "llm_end", "tool_start",
+        "dispatch", "first_token", "llm_end", "retention_decision", "tool_start",
+        "tool_end", "dispatch", "first_token", "llm_end", "retention_decision", "tool_start",
         "tool_end", "dispatch", "first_token", "llm_end", "session_end",
     ]
     by_type = {e["type"]: e for e in ev.of("s1")}
@@ -300,7 +300,7 @@ async def test_jsonl_sink_writes_the_run(fake: Any, http: aiohttp.ClientSession,
     mine = [r["type"] for r in rows if (r.get("session") or "").endswith("/id/j1")]
     assert mine == [
         "session_queued", "session_admitted",
-        "dispatch", "first_token", "llm_end", "tool_start",
+        "dispatch", "first_token", "llm_end", "retention_decision", "tool_start",
         "tool_end", "dispatch", "first_token", "llm_end", "session_end",
     ]
     assert any(r["type"] == "pressure_sample" for r in rows)

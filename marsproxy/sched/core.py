@@ -1,0 +1,399 @@
+"""The scheduler core (DESIGN §5.3, §5.4): what happens to each continuation, and after it.
+
+One object that the gateway shell and a simulator both drive with events, all pure and
+clock-injected (``now`` is a parameter; no I/O):
+
+- ``arrive``: a continuation of an admitted session is ready for its worker. It gets a level
+  (per ``priority_policy``), an order key (``priority``: the vLLM body value, lower first), a
+  provisional retention hint, and either goes at once (``priority`` workers, or no policy) or
+  waits in the worker's gated dispatch queue.
+- ``release``: which gated continuations may go now: ordered by (aged) level, while the
+  worker's in-flight count is under its cap (``max_num_seqs``) and their KV fits the budget;
+  a head that does not fit lets smaller ones pass, a bounded number of times.
+- ``end``: a call finished: attained service, warm-resume accounting, the retention decision
+  for the coming tool phase and its reservation in the KV ledger.
+- ``tick``: reservations whose TTL ended go; under KV pressure dormant sessions' reservations
+  are dropped, least urgent first.
+- ``session_ended``: forget the session.
+
+Retention is made real on stock vLLM by the ledger: ``retained_blocks(worker)`` goes into the
+admission budget and into the dispatch gate, so new work cannot push a retained prefix out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from marsproxy.aimd.kvfit import blocks_for_tokens
+from marsproxy.sched.config import SchedulerConfig
+from marsproxy.sched.ledger import KvLedger, Reservation
+from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, promotion, service_of
+from marsproxy.sched.retention import RetentionOutcome, decide
+
+Mode = Literal["priority", "gated"]
+"""How a worker orders continuations: the engine by the body's ``priority``, or the proxy."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFacts:
+    """What the shell knows about a worker now (from config and the latest scrape)."""
+
+    max_num_seqs: int | None = None
+    total_blocks: int | None = None
+    block_size: int | None = None
+    prefill_tokens_per_s: float | None = None
+    kv_usage: float | None = None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One continuation on its way to (or at) a worker."""
+
+    call: int
+    session: str
+    worker: str
+    level: int | None  # MLFQ level at arrival (None: no priority policy)
+    priority: int | None  # order key; the vLLM body value in priority mode (lower first)
+    retain_s: float | None  # the retention hint sent upstream (provisional, at dispatch)
+    warm: bool  # its prefix was retained when it arrived
+    prompt_tokens: int
+    uncached_tokens: int
+    blocks: int  # KV blocks it is expected to hold while running
+    arrived: float
+    gated: bool  # it waits in (or went through) the proxy's dispatch queue
+    released_at: float | None = None
+    bypassed: int = 0  # how often smaller ones passed it (backfill)
+
+    @property
+    def dispatched(self) -> bool:
+        return self.released_at is not None
+
+    def waited_s(self) -> float:
+        return 0.0 if self.released_at is None else max(0.0, self.released_at - self.arrived)
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    ticket: Ticket | None  # None: the call was unknown (already ended)
+    attained: float
+    retention: RetentionOutcome | None  # None: no decision (failed, final, or not retainable)
+    context_tokens: int
+    prefill_tokens_per_s: float | None
+    resume: Literal["warm", "cold"] | None  # None: not a resume (first call of the session)
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    expired: list[Reservation]
+    dropped: list[Reservation]
+
+
+@dataclass(slots=True)
+class _Session:
+    ordinal: int  # arrival order of the session (session_fcfs)
+    context_tokens: int = 0  # prompt + completion of its last call
+    calls: int = 0
+
+
+@dataclass(slots=True)
+class ResumeStats:
+    """Warm-resume accounting: continuations that came back after a tool phase."""
+
+    warm: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    cold: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    cached_tokens: int = 0
+    context_tokens: int = 0
+
+    @property
+    def resumes(self) -> int:
+        return sum(self.warm.values()) + sum(self.cold.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Warm resumes / resumes; None before the first resume."""
+        n = self.resumes
+        return None if n == 0 else sum(self.warm.values()) / n
+
+
+class SchedulerCore:
+    def __init__(self, cfg: SchedulerConfig, workers: Sequence[str]) -> None:
+        self.cfg = cfg
+        self.workers = list(workers)
+        self.modes: dict[str, Mode] = dict.fromkeys(workers, "gated")
+        self.facts: dict[str, WorkerFacts] = {w: WorkerFacts() for w in workers}
+        self.ledger = KvLedger()
+        self.service = SessionService()
+        self.resumes = ResumeStats()
+        self._sessions: dict[str, _Session] = {}
+        self._ordinal = itertools.count()
+        self._calls = itertools.count(1)
+        self._queues: dict[str, list[Ticket]] = {w: [] for w in workers}
+        self._running: dict[str, dict[int, Ticket]] = {w: {} for w in workers}
+        self._by_call: dict[int, Ticket] = {}
+        self.dispatched_total: dict[str, int] = dict.fromkeys(workers, 0)
+        self.backfilled_total = 0
+        self.levels_total: dict[int, int] = dict.fromkeys(range(LOWEST + 1), 0)
+
+    # -- configuration from the shell -----------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        """False for ``priority_policy: off``: no levels, no gating, no priority hints."""
+        return self.cfg.priority_policy != "off"
+
+    def set_mode(self, worker: str, mode: Mode) -> None:
+        self.modes[worker] = mode
+
+    def set_facts(self, worker: str, facts: WorkerFacts) -> None:
+        self.facts[worker] = facts
+
+    # -- a continuation arrives -----------------------------------------------------------
+    def arrive(
+        self,
+        now: float,
+        session: str,
+        worker: str,
+        prompt_tokens: int,
+        *,
+        max_new_tokens: int = 0,
+        predicted_tool_s: float | None = None,
+    ) -> Ticket:
+        """A continuation of ``session`` for ``worker``; ``prompt_tokens`` is an estimate.
+
+        The session is back from its tool phase, so its reservation (if any) is released: the
+        prefix is in use again. If the reservation was still live the prefix is known warm and
+        only the new tokens count towards the level.
+        """
+        sess = self._sessions.get(session)
+        if sess is None:
+            sess = self._sessions[session] = _Session(next(self._ordinal))
+        held = self.ledger.release_on_return(session)
+        warm = held is not None and held.expires_at > now and held.worker == worker
+        cached = min(sess.context_tokens, prompt_tokens) if warm else 0
+        uncached = max(0, prompt_tokens - cached)
+        lvl, prio = self._level(sess, session, uncached)
+        blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
+                                   self.facts[worker].block_size or 16)
+        t = Ticket(
+            call=next(self._calls), session=session, worker=worker, level=lvl, priority=prio,
+            retain_s=self._retain_hint(worker, prompt_tokens, predicted_tool_s),
+            warm=warm, prompt_tokens=prompt_tokens, uncached_tokens=uncached, blocks=blocks,
+            arrived=now, gated=self.enabled and self.modes[worker] == "gated",
+        )
+        self._by_call[t.call] = t
+        if lvl is not None:
+            self.levels_total[lvl] += 1
+        if t.gated:
+            self._queues[worker].append(t)
+        else:
+            self._dispatch(now, t)
+        return t
+
+    def _level(self, sess: _Session, session: str, uncached: int) -> tuple[int | None, int | None]:
+        policy = self.cfg.priority_policy
+        attained = self.service.attained(session)
+        if policy == "mars":
+            lvl = level(uncached, attained, 0.0, self.cfg)
+            return lvl, lvl
+        if policy == "las":
+            lvl = min(LOWEST, demotion(attained, self.cfg))
+            return lvl, lvl
+        if policy == "session_fcfs":
+            return None, sess.ordinal
+        return None, None
+
+    def _retain_hint(
+        self, worker: str, prompt_tokens: int, predicted_tool_s: float | None
+    ) -> float | None:
+        """What the proxy intends to retain after this call, for cache-aware workers."""
+        if self.cfg.retention_policy == "off":
+            return None
+        f = self.facts[worker]
+        out = decide(prompt_tokens, f.prefill_tokens_per_s, predicted_tool_s, self.cfg)
+        return out.ttl_s if out.retain else 0.0
+
+    # -- gated dispatch -------------------------------------------------------------------
+    def cap(self, worker: str) -> int:
+        """In-flight continuations a gated worker may run (its ``max_num_seqs``)."""
+        return self.facts[worker].max_num_seqs or self.cfg.default_max_num_seqs
+
+    def usable_blocks(self, worker: str) -> int | None:
+        """KV blocks running continuations may use: total less the reserve and the ledger."""
+        total = self.facts[worker].total_blocks
+        if total is None:
+            return None
+        reserve = math.ceil(self.cfg.kv_reserve_frac * total)
+        return total - reserve - self.ledger.reserved_blocks(worker)
+
+    def running_blocks(self, worker: str) -> int:
+        return sum(t.blocks for t in self._running[worker].values())
+
+    def in_flight(self, worker: str) -> int:
+        return len(self._running[worker])
+
+    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, float, int]:
+        aged = t.level
+        if aged is not None:
+            aged = max(0, aged - promotion(now - t.arrived, self.cfg))
+        return (aged if aged is not None else 0, t.priority or 0, t.arrived, t.call)
+
+    def queue(self, now: float, worker: str) -> list[Ticket]:
+        """The worker's gated queue in release order (aged levels, then arrival)."""
+        return sorted(self._queues[worker], key=lambda t: self._order_key(now, t))
+
+    def release(self, now: float, workers: Iterable[str] | None = None) -> list[Ticket]:
+        """Gated continuations that go now (marked dispatched; the shell sends them)."""
+        out: list[Ticket] = []
+        for w in self.workers if workers is None else workers:
+            out.extend(self._release_worker(now, w))
+        return out
+
+    def _fits(self, worker: str, t: Ticket) -> bool:
+        usable = self.usable_blocks(worker)
+        return usable is None or self.running_blocks(worker) + t.blocks <= usable
+
+    def _release_worker(self, now: float, w: str) -> list[Ticket]:
+        out: list[Ticket] = []
+        while self._queues[w] and self.in_flight(w) < self.cap(w):
+            order = self.queue(now, w)
+            head = order[0]
+            if not self._fits(w, head):
+                # Dormant sessions' reservations go before running work is held back.
+                usable = self.usable_blocks(w)
+                assert usable is not None
+                need = self.running_blocks(w) + head.blocks - usable
+                self.ledger.drop_under_pressure(w, need)
+            if self._fits(w, head) or self.in_flight(w) == 0:
+                # Alone on the worker, even an oversized continuation must go (no deadlock).
+                self._take(now, head)
+                out.append(head)
+                continue
+            passed = self._backfill(now, w, head, order[1:])
+            out.extend(passed)
+            break
+        return out
+
+    def _backfill(self, now: float, w: str, head: Ticket, rest: list[Ticket]) -> list[Ticket]:
+        out: list[Ticket] = []
+        for t in rest:
+            if head.bypassed >= self.cfg.backfill_max or self.in_flight(w) >= self.cap(w):
+                break
+            if self._fits(w, t):
+                self._take(now, t)
+                head.bypassed += 1
+                self.backfilled_total += 1
+                out.append(t)
+        return out
+
+    def _take(self, now: float, t: Ticket) -> None:
+        self._queues[t.worker].remove(t)
+        self._dispatch(now, t)
+
+    def _dispatch(self, now: float, t: Ticket) -> None:
+        t.released_at = now
+        self._running[t.worker][t.call] = t
+        self.dispatched_total[t.worker] += 1
+
+    def cancel(self, call: int) -> Ticket | None:
+        """A continuation left before it went (its client disconnected, or it failed to send):
+        it leaves the queue, or stops counting in flight. Returns it if it was known."""
+        t = self._by_call.pop(call, None)
+        if t is None:
+            return None
+        if t.dispatched:
+            self._running[t.worker].pop(call, None)
+        elif t in self._queues[t.worker]:
+            self._queues[t.worker].remove(t)
+        return t
+
+    def moved(self, call: int, worker: str) -> None:
+        """The shell sent ``call`` to another worker (failover after a refused connect)."""
+        t = self._by_call.get(call)
+        if t is None or t.worker == worker or not t.dispatched:
+            return
+        self._running[t.worker].pop(call, None)
+        t.worker = worker
+        self._running[worker][call] = t
+
+    # -- a call ends ----------------------------------------------------------------------
+    def end(
+        self,
+        now: float,
+        call: int,
+        *,
+        ok: bool,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        engine_s: float,
+        predicted_tool_s: float | None,
+        session_continues: bool,
+    ) -> EndResult:
+        """The call finished (``ok``: a full response with usage); decide retention."""
+        t = self.cancel(call)
+        session = t.session if t is not None else None
+        if t is None or session is None:
+            return EndResult(None, 0.0, None, 0, None, None)
+        attained = self.service.add(
+            session, service_of(self.cfg, prompt_tokens, completion_tokens, engine_s)
+        )
+        sess = self._sessions.get(session)
+        resume: Literal["warm", "cold"] | None = None
+        if sess is not None and ok and prompt_tokens > 0:
+            if sess.context_tokens > 0:
+                left = min(sess.context_tokens, prompt_tokens)
+                hot = cached_tokens >= self.cfg.warm_resume_min_frac * left
+                resume = "warm" if hot else "cold"
+                (self.resumes.warm if hot else self.resumes.cold)[t.warm] += 1
+                self.resumes.cached_tokens += min(cached_tokens, left)
+                self.resumes.context_tokens += left
+            sess.context_tokens = prompt_tokens + completion_tokens
+            sess.calls += 1
+        facts = self.facts[t.worker]
+        context = prompt_tokens + completion_tokens
+        outcome = None
+        if ok and session_continues and sess is not None:
+            outcome = decide(context, facts.prefill_tokens_per_s, predicted_tool_s, self.cfg,
+                             block_size=facts.block_size or 16)
+            if outcome.retain and outcome.ttl_s > 0:
+                lvl = t.level if t.level is not None else LOWEST
+                self.ledger.reserve(session, t.worker, outcome.blocks, now, outcome.ttl_s, lvl)
+        return EndResult(t, attained, outcome, context, facts.prefill_tokens_per_s, resume)
+
+    # -- time passes ----------------------------------------------------------------------
+    def tick(self, now: float) -> TickResult:
+        """TTL expiries, then drops under KV pressure (the worker's usage or the ledger)."""
+        expired = self.ledger.expire(now)
+        dropped: list[Reservation] = []
+        for w in self.workers:
+            f = self.facts[w]
+            if f.total_blocks is None:
+                continue
+            need = 0
+            usable = self.usable_blocks(w)
+            if usable is not None and self.running_blocks(w) > usable:
+                need = self.running_blocks(w) - usable
+            if f.kv_usage is not None and f.kv_usage >= self.cfg.retention_drop_kv_usage:
+                over = f.kv_usage - self.cfg.retention_drop_kv_usage
+                need = max(need, math.ceil(over * f.total_blocks), 1)
+            dropped.extend(self.ledger.drop_under_pressure(w, need))
+        return TickResult(expired, dropped)
+
+    def session_ended(self, session: str) -> Reservation | None:
+        """Forget the session; its reservation (returned) goes with it."""
+        self._sessions.pop(session, None)
+        self.service.forget(session)
+        return self.ledger.release_on_return(session)
+
+    # -- reading --------------------------------------------------------------------------
+    def retained_blocks(self, worker: str) -> int:
+        return self.ledger.reserved_blocks(worker)
+
+    def ticket(self, call: int) -> Ticket | None:
+        return self._by_call.get(call)
+
+    def queue_length(self, worker: str) -> int:
+        return len(self._queues[worker])

@@ -1,0 +1,23 @@
+"""The scheduler's KV ledger reaches the admission core: retained blocks in ``WorkerSignals``
+lower the budget a new session may use."""
+
+from __future__ import annotations
+
+from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.gateway.admission_signals import all_signals
+from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_scraper import WorkerPressure
+
+
+def test_retained_blocks_come_off_the_admission_budget() -> None:
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
+    pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
+    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+    core = AdmissionCore(AdmissionConfig(), ["w0"])
+    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0))
+    free = core.budget("w0")
+    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0,
+                               retained={"w0": 300}))
+    assert free is not None and core.budget("w0") == free - 300
