@@ -22,6 +22,7 @@ from marsproxy.gateway.admin_models import MAX_PAGE, ToolEventBody
 from marsproxy.gateway.bodies import BodyError, read_limited
 from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.event_rate import EventRate
+from marsproxy.gateway.limits import ROUTE_ARGS
 from marsproxy.gateway.openapi import build_openapi
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import keys_for, unscoped_id
@@ -58,13 +59,14 @@ class Admin:
     def add_routes(self, app: web.Application) -> None:
         r = app.router
         # No implicit HEAD: the OpenAPI document lists exactly these.
-        r.add_post("/mars/v1/sessions/{id:.+}/events", self.tool_event)
-        r.add_delete("/mars/v1/sessions/{id:.+}", self.delete_session)
-        r.add_get("/mars/v1/events", self.events, allow_head=False)
-        r.add_get("/mars/v1/state", self.state, allow_head=False)
-        r.add_get("/mars/v1/openapi.json", self.openapi, allow_head=False)
+        kw = ROUTE_ARGS
+        r.add_post("/mars/v1/sessions/{id:.+}/events", self.tool_event, **kw)
+        r.add_delete("/mars/v1/sessions/{id:.+}", self.delete_session, **kw)
+        r.add_get("/mars/v1/events", self.events, allow_head=False, **kw)
+        r.add_get("/mars/v1/state", self.state, allow_head=False, **kw)
+        r.add_get("/mars/v1/openapi.json", self.openapi, allow_head=False, **kw)
         # Anything else under /mars/ is the proxy's own namespace: never passed to a worker.
-        r.add_route("*", "/mars/{tail:.*}", self.unknown)
+        r.add_route("*", "/mars/{tail:.*}", self.unknown, **kw)
         app.on_shutdown.append(self._shutdown)
 
     async def _shutdown(self, _: web.Application) -> None:

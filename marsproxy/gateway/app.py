@@ -28,7 +28,14 @@ from marsproxy.gateway.admin import Admin
 from marsproxy.gateway.auth import AdminAuth
 from marsproxy.gateway.bodies import SCHEDULED_ROUTES, BodyError
 from marsproxy.gateway.errors import error_response
-from marsproxy.gateway.limits import BodyDeadline, GuardedSite, head_too_large, parser_args
+from marsproxy.gateway.limits import (
+    ROUTE_ARGS,
+    BodyDeadline,
+    GuardedSite,
+    dot_segments,
+    head_too_large,
+    parser_args,
+)
 from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.state import build_state
@@ -73,7 +80,11 @@ def _guards(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
 
     @web.middleware
     async def guards(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = head_too_large(request, limits.max_header_bytes) or auth.check(request)
+        refused = (
+            head_too_large(request, limits.max_header_bytes)
+            or dot_segments(request)
+            or auth.check(request)
+        )
         if refused is not None:
             if request.body_exists:
                 refused.force_close()  # its body is never read
@@ -158,13 +169,13 @@ def create_app(cfg: MarsConfig) -> web.Application:
 
         return handler
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz, **ROUTE_ARGS)
+    app.router.add_get("/readyz", readyz, **ROUTE_ARGS)
+    app.router.add_get("/metrics", metrics, **ROUTE_ARGS)
     Admin(gw).add_routes(app)
     for path, route in SCHEDULED_ROUTES.items():
-        app.router.add_post(path, scheduled(route))
-    app.router.add_route("*", "/{tail:.*}", relay.passthrough)
+        app.router.add_post(path, scheduled(route), **ROUTE_ARGS)
+    app.router.add_route("*", "/{tail:.*}", relay.passthrough, **ROUTE_ARGS)
 
     async def on_startup(_: web.Application) -> None:
         await gw.start()

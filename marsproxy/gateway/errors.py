@@ -19,6 +19,7 @@ _TYPES = {
     408: "timeout_error",
     413: "invalid_request_error",
     414: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     502: "upstream_error",

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
@@ -52,6 +53,38 @@ def head_too_large(request: web.Request, max_bytes: int) -> web.Response | None:
         f"request head of {size} bytes exceeds limits.max_header_bytes ({max_bytes})",
         code="header_too_large",
     )
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """Every route's ``Expect`` handler: aiohttp's (100 Continue), but an unknown expectation
+    gets an OpenAI-shaped 417 instead of a plain-text one."""
+    expect = request.headers.get("Expect", "")
+    if request.version != (1, 1):
+        return None
+    if expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+        return None
+    resp = error_response(417, "only Expect: 100-continue is supported", code="expectation_failed")
+    resp.force_close()  # the body, if any, is not read
+    return resp
+
+
+ROUTE_ARGS: dict[str, Any] = {"expect_handler": expect_continue}
+"""Keyword arguments for every ``router.add_*`` call of the gateway."""
+
+
+def dot_segments(request: web.Request) -> web.Response | None:
+    """400 for a path with ``.``/``..`` segments (``%2e`` too): the router and a worker could
+    disagree on where it leads. Session ids keep their slashes percent-encoded (``a%2Fb``),
+    so an id like ``../x`` is still one segment and allowed."""
+    path = request.raw_path.split("?", 1)[0]
+    for segment in path.split("/"):
+        if segment and unquote(segment) in (".", ".."):
+            return error_response(
+                400, "request path contains a '.' or '..' segment", code="invalid_path"
+            )
+    return None
 
 
 # -- connections ----------------------------------------------------------------------------

@@ -2,8 +2,13 @@
 on loopback by an event loop in a background thread, so that synchronous clients (httpx,
 raw sockets, hypothesis, schemathesis) can hit it while it keeps serving.
 
-``live(overrides)`` starts one with extra config; ``TOKEN`` is the admin token every stack
-has. Nothing is mocked: real sockets, real aiohttp, the real emulator.
+``make_live(overrides)`` starts one with extra config; ``TOKEN`` is the admin token every
+stack has. Nothing is mocked: real sockets, real aiohttp, the real emulator.
+
+Admission is off here: every fuzz request that succeeds starts a session, and admitted sessions
+hold their slot for at least ``admission.idle_timeout_min_s``, so hundreds of one-shot examples
+would fill the window and queue the rest (a real limit of sharing one window among tenants;
+docs/security.md). Admission has its own suites.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class _Stack:
             "auth": {"admin_token": TOKEN},
             "health": {"interval_s": 0.2, "timeout_s": 0.5},
             "probes": {"nvml": {"enabled": False}, "vllm": {"period_s": 0.1}},
+            "admission": {"enabled": False},
         }
         cfg = load_config(None, environ={}, overrides=_deep(base, self.overrides))
         return await start(cfg), cfg
