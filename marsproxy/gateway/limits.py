@@ -79,6 +79,8 @@ def dot_segments(request: web.Request) -> web.Response | None:
     disagree on where it leads. Session ids keep their slashes percent-encoded (``a%2Fb``),
     so an id like ``../x`` is still one segment and allowed."""
     path = request.raw_path.split("?", 1)[0]
+    if "." not in path and "%" not in path:  # the common case, without splitting
+        return None
     for segment in path.split("/"):
         if segment and unquote(segment) in (".", ".."):
             return error_response(
