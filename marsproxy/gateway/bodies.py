@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from marsproxy.core.identity import Route
 
@@ -35,13 +36,20 @@ async def read_limited(request: web.Request, max_bytes: int) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyError(
-                413, "body_too_large", f"request body exceeds server.max_body_bytes ({max_bytes})"
-            )
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyError(
+                    413, "body_too_large",
+                    f"request body exceeds server.max_body_bytes ({max_bytes})",
+                )
+            chunks.append(chunk)
+    except (HttpProcessingError, web.RequestPayloadError) as exc:
+        # Bad chunking, or a Content-Encoding that does not decode.
+        raise BodyError(
+            400, "invalid_body", f"request body cannot be read ({type(exc).__name__})"
+        ) from exc
     return b"".join(chunks)
 
 

@@ -5,6 +5,7 @@ proxy's own answer), never a 500 of its own, never crash, and leave other sessio
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import threading
@@ -159,6 +160,11 @@ CORPUS: list[tuple[str, bytes, set[int]]] = [
         b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", {400}),
     ("smuggling CL+TE", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", {400}),
+    ("gzip that is not gzip", _post(b"/v1/chat/completions", b"Content-Encoding: gzip\r\n"), {400}),
+    ("gzip body", _post(b"/v1/chat/completions", b"Content-Encoding: gzip\r\n",
+                        gzip.compress(_BODY)), {200}),
+    ("gzip body passed through", _post(b"/v1/completions", b"Content-Encoding: gzip\r\n",
+        gzip.compress(json.dumps(ROUTES["/v1/completions"]).encode())), {200}),
     ("bad chunk size", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", {400}),
     ("header injection, bare CR", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
