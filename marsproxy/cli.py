@@ -17,11 +17,14 @@ from marsproxy.status import configure_parser as _configure_status
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, secrets: Sequence[str] = ()) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from marsproxy.redact import install
+
+    install(secrets)  # credentials never reach the log (docs/security.md)
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -43,7 +46,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("no workers configured: give --worker URL or a `workers:` list")
     from marsproxy.gateway.app import serve
 
-    _setup_logging(cfg.server.log_level)
+    _setup_logging(cfg.server.log_level, [cfg.auth.admin_token.get_secret_value()])
     asyncio.run(serve(cfg))
     return 0
 

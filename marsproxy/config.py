@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_section import Section as _Section
+from marsproxy.gateway.security_config import AuthConfig, LimitsConfig
 from marsproxy.policies import PolicyError, policy_preset
 from marsproxy.probes.config import ProbesConfig
 from marsproxy.sched.config import SchedulerConfig
@@ -44,6 +45,11 @@ class ServerConfig(_Section):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy."
+    )
+    access_log: bool = Field(
+        False,
+        description="Log one line per request (client, method, path without query, status,"
+        " bytes, seconds); never headers or bodies.",
     )
 
 
@@ -196,6 +202,8 @@ class MarsConfig(_Section):
     admission: AdmissionConfig = AdmissionConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
     policy: str = Field(
         "mars",
         description="Named preset applied beneath the file (marsproxy/data/policies/<name>.yaml,"
@@ -326,6 +334,7 @@ def iter_keys(
 
 def _yaml_scalar(v: Any) -> str:
     v = list(v) if isinstance(v, tuple) else v
+    v = v.get_secret_value() if isinstance(v, SecretStr) else v  # defaults only: never secret
     text = yaml.safe_dump(v, default_flow_style=True, width=10_000)
     return str(text).strip().removesuffix("...").strip()
 

@@ -319,13 +319,21 @@ def state_url(base: str, sessions: bool) -> str:
     return base.rstrip("/") + STATE_PATH + ("?sessions=1" if sessions else "")
 
 
-def fetch_state(base: str, *, sessions: bool = False, timeout_s: float = 5.0) -> dict[str, Any]:
+TOKEN_ENV = "MARSPROXY_AUTH__ADMIN_TOKEN"  # the same variable the proxy reads auth.admin_token from
+
+
+def fetch_state(
+    base: str, *, sessions: bool = False, timeout_s: float = 5.0, token: str | None = None
+) -> dict[str, Any]:
     """GET the state document; any failure becomes a one-line :class:`StatusError`."""
     if not base.startswith(("http://", "https://")):
         raise StatusError(f"bad URL {base!r}: give it as http://HOST:PORT")
     url = state_url(base, sessions)
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{url}: HTTP {exc.code} {exc.reason}") from None
@@ -356,13 +364,14 @@ def run_status(
     sessions: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    token: str | None = None,
 ) -> int:
     """Print the state once (exit 1 when unreachable), or refresh it until Ctrl-C."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     if not watch:
         try:
-            doc = fetch_state(url, sessions=sessions)
+            doc = fetch_state(url, sessions=sessions, token=token)
         except StatusError as exc:
             err.write(f"marsproxy status: {exc}\n")
             return 1
@@ -372,7 +381,7 @@ def run_status(
         while True:
             began = time.monotonic()
             try:
-                frame = render_state(fetch_state(url, sessions=sessions), _width())
+                frame = render_state(fetch_state(url, sessions=sessions, token=token), _width())
             except StatusError as exc:
                 # Keep retrying: a proxy that restarts should reappear by itself.
                 frame = f"marsproxy status: {exc}\n(retrying every {interval_s:g} s)\n"
@@ -412,6 +421,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    # The admin token from the environment only: a flag would show in the process list.
     return run_status(
-        args.url, watch=args.watch, interval_s=args.interval, sessions=args.sessions
+        args.url, watch=args.watch, interval_s=args.interval, sessions=args.sessions,
+        token=os.environ.get(TOKEN_ENV) or None,
     )

@@ -22,6 +22,11 @@ HistoryKind = Literal["chat", "text", "tokens"]
 _DIGEST = 16
 
 
+def _encode(text: str) -> bytes:
+    # JSON may carry lone surrogates ("\ud800"); they hash as themselves instead of failing.
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
@@ -49,7 +54,7 @@ def _text_of(content: Any) -> str:
 
 
 def _unit(role: str, text: str, calls: Sequence[tuple[str, str]] = (), call_id: str = "") -> bytes:
-    return _dumps([role, text, [list(c) for c in calls], call_id]).encode()
+    return _encode(_dumps([role, text, [list(c) for c in calls], call_id]))
 
 
 def _args_text(args: Any) -> str:
@@ -178,7 +183,7 @@ class History:
 
     @staticmethod
     def of_text(text: str) -> History:
-        return History("text", data=text.encode())
+        return History("text", data=_encode(text))
 
     @staticmethod
     def of_tokens(tokens: Sequence[int]) -> History:
@@ -224,7 +229,7 @@ class History:
                 _feed(h, u)
             return self.length + len(reply.units), h.digest()
         if self.kind == "text":
-            tail = reply.text.encode()
+            tail = _encode(reply.text)
             h = hashlib.blake2b(self.data, digest_size=_DIGEST)
             h.update(tail)
             return self.length + len(tail), h.digest()

@@ -26,11 +26,18 @@ Route = Literal["chat", "completions", "responses", "messages"]
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
+def _token_id(t: Any) -> bool:
+    # A token id fits in 32 bits; anything else (bools, huge ints) is no history we understand.
+    return type(t) is int and 0 <= t < 2**31
+
+
 def tenant_of(authorization: str | None) -> str:
     """Short hash of the Authorization header, so tenants never share session ids."""
     if not authorization:
         return "anon"
-    return hashlib.blake2b(authorization.encode(), digest_size=6).hexdigest()
+    # surrogateescape: a header with bytes that are not UTF-8 still hashes (to itself).
+    raw = authorization.encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(raw, digest_size=6).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def history_of(route: Route, body: Mapping[str, Any]) -> History | None:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return History.of_text(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(_token_id(t) for t in prompt):
         return History.of_tokens(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return History.of_text(prompt[0])

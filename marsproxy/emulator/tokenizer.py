@@ -44,7 +44,7 @@ def chunk_id(chunk: bytes) -> int:
 
 def encode_text(text: str) -> list[int]:
     """Token ids of plain text: one id per 4 bytes of UTF-8 (the last chunk may be shorter)."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "surrogatepass")  # JSON may carry lone surrogates ("\ud800")
     return [chunk_id(data[i : i + BYTES_PER_TOKEN]) for i in range(0, len(data), BYTES_PER_TOKEN)]
 
 

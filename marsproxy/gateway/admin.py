@@ -2,22 +2,28 @@
 stream and the state document.
 
 Session endpoints are tenant-scoped like the gateway: the session key is scoped by the hash of
-the request's API key, so another key gets 404 for the same id. ``/events`` and ``/state`` are
-operator endpoints (like ``/metrics``): keep them off the public network.
+the request's API key, so another key gets 404 for the same id; each session may post
+``limits.session_events_per_s`` tool events (429 beyond). ``/events``, ``/state`` and
+``/openapi.json`` are operator endpoints: they need ``auth.admin_token`` once one is set
+(``auth.py``). The routes here and ``openapi.py`` describe the same API; a test holds them equal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from marsproxy.core.events import Event
 from marsproxy.core.identity import tenant_of
+from marsproxy.gateway.admin_models import MAX_PAGE, ToolEventBody
+from marsproxy.gateway.bodies import BodyError, read_limited
 from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.event_rate import EventRate
+from marsproxy.gateway.limits import ROUTE_ARGS
+from marsproxy.gateway.openapi import build_openapi
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import keys_for, unscoped_id
 from marsproxy.gateway.state import build_state
@@ -31,18 +37,6 @@ from marsproxy.telemetry.sse import (
     event_filter,
     parse_types,
 )
-
-MAX_PAGE = 1000
-
-
-class ToolEventBody(BaseModel):
-    """``POST /mars/v1/sessions/{id}/events``. Strict: no strings for numbers, no extras."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    type: Literal["tool_start", "tool_end"]
-    tool: str = Field(min_length=1, max_length=64)
-    ts: float | None = None
-    queue_wait_s: float | None = Field(None, ge=0)
 
 
 def _bad(message: str, code: str = "invalid_request") -> web.Response:
@@ -58,15 +52,21 @@ class Admin:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._closing = asyncio.Event()
+        lim = gw.cfg.limits
+        self._rate = EventRate(lim.session_events_per_s, lim.session_events_burst)
+        self._openapi = build_openapi(auth=bool(gw.cfg.auth.admin_token.get_secret_value()))
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
-        r.add_post("/mars/v1/sessions/{id:.+}/events", self.tool_event)
-        r.add_delete("/mars/v1/sessions/{id:.+}", self.delete_session)
-        r.add_get("/mars/v1/events", self.events)
-        r.add_get("/mars/v1/state", self.state)
+        # No implicit HEAD: the OpenAPI document lists exactly these.
+        kw = ROUTE_ARGS
+        r.add_post("/mars/v1/sessions/{id:.+}/events", self.tool_event, **kw)
+        r.add_delete("/mars/v1/sessions/{id:.+}", self.delete_session, **kw)
+        r.add_get("/mars/v1/events", self.events, allow_head=False, **kw)
+        r.add_get("/mars/v1/state", self.state, allow_head=False, **kw)
+        r.add_get("/mars/v1/openapi.json", self.openapi, allow_head=False, **kw)
         # Anything else under /mars/ is the proxy's own namespace: never passed to a worker.
-        r.add_route("*", "/mars/{tail:.*}", self.unknown)
+        r.add_route("*", "/mars/{tail:.*}", self.unknown, **kw)
         app.on_shutdown.append(self._shutdown)
 
     async def _shutdown(self, _: web.Application) -> None:
@@ -92,9 +92,28 @@ class Admin:
             404, f"no session {sid!r} for this API key", code="session_not_found"
         )
 
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
+
     async def tool_event(self, request: web.Request) -> web.Response:
+        sid, key = self._find(request)
+        if key is None:
+            return self._not_found(sid)
+        wait_s = self._rate.take(key, self.gw.now())
+        if wait_s > 0:
+            lim = self.gw.cfg.limits
+            return error_response(
+                429,
+                f"session {sid!r} posts tool events faster than limits.session_events_per_s"
+                f" ({lim.session_events_per_s:g}/s, burst {lim.session_events_burst})",
+                code="session_event_rate",
+                headers={"Retry-After": str(EventRate.retry_after_s(wait_s))},
+            )
         try:
-            body = ToolEventBody.model_validate_json(await request.read())
+            raw = await read_limited(request, self.gw.cfg.server.max_body_bytes)
+            body = ToolEventBody.model_validate_json(raw)
+        except BodyError as exc:
+            return error_response(exc.status, exc.message, code=exc.code)
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "body"
@@ -108,8 +127,7 @@ class Admin:
             return _bad(
                 f"ts: {ts} is older than {tools.event_max_age_s:g} s", code="invalid_event"
             )
-        sid, key = self._find(request)
-        if key is None:
+        if self.gw.sessions.get(key) is None:  # ended while its body was on the way
             return self._not_found(sid)
         events = tel.tracker.explicit_event(key, body.type, body.tool, ts, body.queue_wait_s)
         tel.publish_tools(events)

@@ -3,6 +3,10 @@
 The app asks its server for ``handler_cancellation``: a client that disconnects cancels its
 handler at once, which closes the upstream connection and so aborts the worker's request even
 while the worker is silent (prefill, queueing).
+
+Middlewares, outermost first: errors (every error the proxy answers is OpenAI-shaped, aiohttp's
+own 404/405/413 included, and an unexpected exception is a logged 500, never a crash), the
+request-head cap, the admin token, the body deadline, and the overhead header.
 """
 
 from __future__ import annotations
@@ -16,12 +20,22 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.identity import Route
 from marsproxy.gateway.admin import Admin
-from marsproxy.gateway.bodies import SCHEDULED_ROUTES
+from marsproxy.gateway.auth import AdminAuth
+from marsproxy.gateway.bodies import SCHEDULED_ROUTES, BodyError
 from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.limits import (
+    ROUTE_ARGS,
+    BodyDeadline,
+    GuardedSite,
+    dot_segments,
+    head_too_large,
+    parser_args,
+)
 from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.state import build_state
@@ -30,6 +44,74 @@ from marsproxy.telemetry.prometheus import StateCollector
 log = logging.getLogger("marsproxy.gateway")
 
 GATEWAY_KEY = web.AppKey("marsproxy_gateway", Gateway)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (no route, wrong method, body over client_max_size) and anything a
+    handler did not expect, as OpenAI-shaped answers."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = "body_too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return error_response(
+            exc.status, f"{request.method} {request.path}: {exc.reason}", code=code,
+            headers=headers,
+        )
+    except BodyError as exc:
+        return error_response(exc.status, f"{request.path}: {exc.message}", code=exc.code)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(
+            500, f"internal error of the proxy on {request.path}", code="internal_error"
+        )
+
+
+def _guards(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+    auth = AdminAuth(cfg.auth)
+    limits = cfg.limits
+
+    @web.middleware
+    async def guards(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = (
+            head_too_large(request, limits.max_header_bytes)
+            or dot_segments(request)
+            or auth.check(request)
+        )
+        if refused is not None:
+            if request.body_exists:
+                refused.force_close()  # its body is never read
+            return refused
+        if not request.body_exists:
+            return await handler(request)
+        deadline = BodyDeadline(request, limits.body_timeout_s)
+        try:
+            resp = await handler(request)
+        finally:
+            deadline.cancel()
+        if deadline.expired:
+            resp.force_close()  # the rest of the body may still be on its way
+        return resp
+
+    return guards
+
+
+class AccessLog(AbstractAccessLogger):
+    """One line per request; the path without its query (which may carry a key), no headers."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            "%s %s %s %d %dB %.3fs",
+            request.remote, request.method, request.path, response.status,
+            response.body_length, time,
+        )
 
 
 @web.middleware
@@ -57,8 +139,8 @@ def create_app(cfg: MarsConfig) -> web.Application:
     # handler of a client that disconnects, which aborts the worker's request at once.
     app = web.Application(
         client_max_size=cfg.server.max_body_bytes + 1,
-        handler_args={"handler_cancellation": True},
-        middlewares=[_overhead_header],
+        handler_args={"handler_cancellation": True, **parser_args(cfg.limits)},
+        middlewares=[_errors, _guards(cfg), _overhead_header],
     )
     app[GATEWAY_KEY] = gw
     # Pressure gauges are read from the state document at scrape time, not kept up to date.
@@ -75,7 +157,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
             503, "no healthy worker", code="no_healthy_worker", headers={"Retry-After": "1"}
         )
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(_: web.Request) -> web.Response:  # behind the token if auth.protect_metrics
         resp = web.Response(body=gw.metrics.render())
         resp.content_type = "text/plain"
         resp.charset = "utf-8"
@@ -87,13 +169,13 @@ def create_app(cfg: MarsConfig) -> web.Application:
 
         return handler
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz, **ROUTE_ARGS)
+    app.router.add_get("/readyz", readyz, **ROUTE_ARGS)
+    app.router.add_get("/metrics", metrics, **ROUTE_ARGS)
     Admin(gw).add_routes(app)
     for path, route in SCHEDULED_ROUTES.items():
-        app.router.add_post(path, scheduled(route))
-    app.router.add_route("*", "/{tail:.*}", relay.passthrough)
+        app.router.add_post(path, scheduled(route), **ROUTE_ARGS)
+    app.router.add_route("*", "/{tail:.*}", relay.passthrough, **ROUTE_ARGS)
 
     async def on_startup(_: web.Application) -> None:
         await gw.start()
@@ -119,6 +201,7 @@ class Running:
     runner: web.AppRunner
     port: int
     gateway: Gateway
+    site: GuardedSite
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -130,17 +213,18 @@ async def start(cfg: MarsConfig, app: web.Application | None = None) -> Running:
     runner = web.AppRunner(
         app,
         shutdown_timeout=cfg.server.drain_timeout_s,
-        access_log=None,
+        access_log=logging.getLogger("marsproxy.access") if cfg.server.access_log else None,
+        access_log_class=AccessLog,
     )
     await runner.setup()
-    site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+    site = GuardedSite(runner, cfg.server.host, cfg.server.port, cfg.limits)
     await site.start()
     port = cfg.server.port
     for addr in runner.addresses:
         if isinstance(addr, tuple):
             port = int(addr[1])
             break
-    return Running(runner, port, app[GATEWAY_KEY])
+    return Running(runner, port, app[GATEWAY_KEY], site)
 
 
 async def serve(cfg: MarsConfig) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from marsproxy.core.identity import Route
 
@@ -30,15 +31,25 @@ async def read_limited(request: web.Request, max_bytes: int) -> bytes:
         raise BodyError(
             413,
             "body_too_large",
-            f"request body of {request.content_length} bytes exceeds {max_bytes} bytes",
+            f"request body of {request.content_length} bytes exceeds server.max_body_bytes"
+            f" ({max_bytes})",
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyError(
+                    413, "body_too_large",
+                    f"request body exceeds server.max_body_bytes ({max_bytes})",
+                )
+            chunks.append(chunk)
+    except (HttpProcessingError, web.RequestPayloadError) as exc:
+        # Bad chunking, or a Content-Encoding that does not decode.
+        raise BodyError(
+            400, "invalid_body", f"request body cannot be read ({type(exc).__name__})"
+        ) from exc
     return b"".join(chunks)
 
 
@@ -55,6 +66,8 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
         obj = json.loads(raw)
     except ValueError as exc:
         raise BodyError(400, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # nesting deeper than the interpreter's stack
+        raise BodyError(400, "invalid_json", "request body is nested too deeply") from exc
     if not isinstance(obj, dict):
         raise BodyError(400, "invalid_body", "request body must be a JSON object")
     stream = obj.get("stream") is True

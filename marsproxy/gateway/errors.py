@@ -13,9 +13,15 @@ log = logging.getLogger("marsproxy.gateway")
 # status → OpenAI error type
 _TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",

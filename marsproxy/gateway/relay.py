@@ -27,6 +27,7 @@ from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.scheduler import Prepared
 from marsproxy.gateway.service import Gateway
+from marsproxy.gateway.sessions import SessionRefused
 from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply
 from marsproxy.gateway.upstream import (
     Opened,
@@ -81,14 +82,17 @@ class Relay:
         history = None
         if explicit is None and cfg.sessions.chain_matching:
             history = history_of(route, body.obj)
-        turn = gw.sessions.start(
-            tenant=tenant,
-            explicit_id=explicit.value if explicit else None,
-            explicit_source=explicit.source if explicit else "header",
-            history=history,
-            final=final,
-            now=gw.now(),
-        )
+        try:
+            turn = gw.sessions.start(
+                tenant=tenant,
+                explicit_id=explicit.value if explicit else None,
+                explicit_source=explicit.source if explicit else "header",
+                history=history,
+                final=final,
+                now=gw.now(),
+            )
+        except SessionRefused as exc:  # bad session id, or the tenant's session cap
+            return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
         out.turn = gw.request_arrived(turn)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.

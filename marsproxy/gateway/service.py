@@ -38,6 +38,8 @@ class Gateway:
             idle_ttl_s=cfg.sessions.idle_ttl_s,
             max_sessions=cfg.sessions.max_sessions,
             chain_matching=cfg.sessions.chain_matching,
+            max_per_tenant=cfg.limits.max_sessions_per_tenant,
+            max_id_chars=cfg.limits.max_session_id_chars,
             on_forget=self.placement.release,
             on_end=self._session_ended,
         )

@@ -9,6 +9,7 @@ and duration. Session keys are ``<tenant>/id/<explicit id>``, ``<tenant>/chain/<
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -18,6 +19,23 @@ from marsproxy.core.sessions import Session, SessionTable, Turn
 EndReason = Literal["final", "idle", "evicted", "deleted"]
 EndCallback = Callable[[Session, EndReason, float], None]
 """Called with (session, reason, seconds since it began) after it was forgotten."""
+
+
+class SessionRefused(Exception):
+    """A request the table will not take: a bad session id, or its tenant holds too many."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def session_id_problem(sid: str, max_chars: int) -> str | None:
+    """Why ``sid`` cannot be a session id (too long, control characters), or None."""
+    if len(sid) > max_chars:
+        return f"session id of {len(sid)} characters exceeds limits.max_session_id_chars"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in sid):
+        return "session id contains control characters"
+    return None
 
 
 def unscoped_id(key: str) -> str:
@@ -36,8 +54,24 @@ def keys_for(tenant: str, session_id: str) -> tuple[str, ...]:
 
 
 class ObservedSessions(SessionTable):
-    def __init__(self, *, idle_ttl_s: float, on_end: EndCallback, **kw: Any) -> None:
-        super().__init__(idle_ttl_s=idle_ttl_s, **kw)
+    """Also enforces ``limits.max_sessions_per_tenant`` and ``limits.max_session_id_chars``
+    (None: no cap): :meth:`start` raises :class:`SessionRefused` instead of such a session."""
+
+    def __init__(
+        self,
+        *,
+        idle_ttl_s: float,
+        on_end: EndCallback,
+        max_per_tenant: int | None = None,
+        max_id_chars: int | None = None,
+        chain_matching: bool = True,
+        **kw: Any,
+    ) -> None:
+        super().__init__(idle_ttl_s=idle_ttl_s, chain_matching=chain_matching, **kw)
+        self._chain_matching = chain_matching
+        self._max_per_tenant = max_per_tenant
+        self._max_id_chars = max_id_chars
+        self._per_tenant: Counter[str] = Counter()
         self._idle_ttl = idle_ttl_s
         self._on_end = on_end
         self._born: dict[str, float] = {}
@@ -55,6 +89,23 @@ class ObservedSessions(SessionTable):
         now: float,
     ) -> Turn:
         self._now = now
+        if explicit_id is not None and self._max_id_chars is not None:
+            problem = session_id_problem(explicit_id, self._max_id_chars)
+            if problem is not None:
+                raise SessionRefused(400, "invalid_session_id", problem)
+        cap = self._max_per_tenant
+        if cap is not None and self._per_tenant[tenant] >= cap:
+            self.expire(now)  # idle ones may make room
+            if self._per_tenant[tenant] >= cap and self._would_create(
+                tenant, explicit_id, history
+            ):
+                raise SessionRefused(
+                    429,
+                    "tenant_session_cap",
+                    f"this API key holds limits.max_sessions_per_tenant ({cap})"
+                    " sessions; end some (final turn or"
+                    " DELETE /mars/v1/sessions/{id}) or let them idle out",
+                )
         turn = super().start(
             tenant=tenant,
             explicit_id=explicit_id,
@@ -63,8 +114,21 @@ class ObservedSessions(SessionTable):
             final=final,
             now=now,
         )
-        self._born.setdefault(turn.session, now)
+        if turn.session not in self._born:
+            self._born[turn.session] = now
+            self._per_tenant[tenant] += 1
         return turn
+
+    def _would_create(self, tenant: str, explicit_id: str | None, history: History | None) -> bool:
+        """Whether :meth:`start` would add a session (the same decision, without making it)."""
+        if explicit_id is not None:
+            return self.get(f"{tenant}/id/{explicit_id}") is None
+        if self._chain_matching and history is not None and history.length > 0:
+            return self._match(tenant, history) is None
+        return True
+
+    def tenant_sessions(self, tenant: str) -> int:
+        return self._per_tenant[tenant]
 
     def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
         # finish only forgets a session on its last turn (final flag, or a one-shot request).
@@ -97,6 +161,11 @@ class ObservedSessions(SessionTable):
             if reason is None:
                 # expire() forgets the idle ones first, then the least recently seen over the cap.
                 reason = "idle" if self._now - sess.last_seen >= self._idle_ttl else "evicted"
+            left = self._per_tenant[sess.tenant] - 1
+            if left > 0:
+                self._per_tenant[sess.tenant] = left
+            else:
+                del self._per_tenant[sess.tenant]
             # Before the table lets go, so the callback still sees the session's worker.
             self._on_end(sess, reason, max(0.0, self._now - born))
         super().forget(key)

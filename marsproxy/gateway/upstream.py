@@ -29,7 +29,9 @@ HOP_BY_HOP = frozenset(
         "proxy-connection",
     }
 )
-_RECOMPUTED_REQUEST = frozenset({"host", "content-length"})
+# content-encoding: aiohttp's server already decoded a gzip/deflate/br request body, so the
+# bytes forwarded are plain and must not claim an encoding.
+_RECOMPUTED_REQUEST = frozenset({"host", "content-length", "content-encoding"})
 _RECOMPUTED_RESPONSE = frozenset({"content-length", "date", "server"})
 
 

@@ -1,0 +1,19 @@
+"""Request bodies and limits of the admin API, shared by its handlers and its OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_PAGE = 1000  # most sessions one /mars/v1/state?sessions=1 page lists
+
+
+class ToolEventBody(BaseModel):
+    """``POST /mars/v1/sessions/{id}/events``. Strict: no strings for numbers, no extras."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    type: Literal["tool_start", "tool_end"]
+    tool: str = Field(min_length=1, max_length=64)
+    ts: float | None = None
+    queue_wait_s: float | None = Field(None, ge=0)

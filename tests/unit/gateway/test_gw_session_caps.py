@@ -1,0 +1,59 @@
+"""Session caps of the gateway's table: ids that cannot be ids, and sessions per tenant."""
+
+from __future__ import annotations
+
+import pytest
+
+from marsproxy.core.canon import History, Reply
+from marsproxy.gateway.sessions import ObservedSessions, SessionRefused
+
+
+def _table(cap: int = 2, max_sessions: int = 100) -> ObservedSessions:
+    return ObservedSessions(
+        idle_ttl_s=10.0, on_end=lambda *_: None, max_per_tenant=cap, max_id_chars=8,
+        max_sessions=max_sessions,
+    )
+
+
+def _start(t: ObservedSessions, tenant: str, sid: str | None, now: float = 0.0,
+           final: bool = False, history: History | None = None) -> str:
+    return t.start(tenant=tenant, explicit_id=sid, history=history, final=final, now=now).session
+
+
+@pytest.mark.parametrize("sid", ["123456789", "a\nb", "\x00", "x\x9f"])
+def test_bad_ids_are_refused(sid: str) -> None:
+    with pytest.raises(SessionRefused) as exc:
+        _start(_table(), "t", sid)
+    assert exc.value.status == 400 and exc.value.code == "invalid_session_id"
+
+
+def test_tenant_cap_counts_every_way_a_session_ends() -> None:
+    t = _table(cap=2, max_sessions=3)
+    a = t.start(tenant="t", explicit_id="a", history=None, final=True, now=0.0)
+    _start(t, "t", "b")
+    with pytest.raises(SessionRefused) as exc:
+        _start(t, "t", "c")
+    assert exc.value.status == 429 and exc.value.code == "tenant_session_cap"
+    _start(t, "t", "b")  # an existing session is not a new one
+    _start(t, "u", "c")  # another tenant is not held
+    t.finish(a, ok=True, reply=None, now=1.0)  # final turn: forgotten
+    assert t.tenant_sessions("t") == 1
+    assert t.end("t/id/b", 2.0)  # deleted
+    assert t.tenant_sessions("t") == 0
+    _start(t, "t", "d", now=3.0)
+    _start(t, "t", "e", now=3.0)
+    _start(t, "v", "f", now=3.0)  # over max_sessions=3: the least recently seen is evicted
+    assert t.tenant_sessions("u") == 0 and t.tenant_sessions("t") == 2
+    _start(t, "w", "g", now=20.0)  # all idle past the TTL
+    assert t.tenant_sessions("t") == 0 and t.tenant_sessions("w") == 1
+
+
+def test_a_chain_continuation_at_the_cap_is_not_a_new_session() -> None:
+    t = _table(cap=1)
+    h1 = History.of_text("hello")
+    turn = t.start(tenant="t", explicit_id=None, history=h1, final=False, now=0.0)
+    t.finish(turn, ok=True, reply=Reply(text=" world"), now=0.1)
+    again = _start(t, "t", None, now=0.2, history=History.of_text("hello world, more"))
+    assert again == turn.session
+    with pytest.raises(SessionRefused):
+        _start(t, "t", None, now=0.3, history=History.of_text("something else"))
