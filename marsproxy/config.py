@@ -45,6 +45,11 @@ class ServerConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy."
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="Event loop of `marsproxy serve`: uvloop (faster; `pip install"
+        " marsproxy[fast]`), asyncio, or auto (uvloop when installed).",
+    )
 
 
 class WorkerConfig(_Section):

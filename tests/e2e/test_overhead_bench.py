@@ -53,6 +53,8 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
         else:
             assert isinstance(s["added_p50_ms"], float), s
             assert s["proxy_cpu_s_per_1000"] > 0, s  # read from /proc for the proxy process
+            assert s["req_per_cpu_s"] == pytest.approx(1000 / s["proxy_cpu_s_per_1000"], abs=1)
+            assert s["proxy_cpu_wait_ms_per_request"] >= 0, s
         if point.startswith("sse"):
             assert s["chunks_per_s"] == pytest.approx(s["rps"] * 100, rel=0.01), s
         else:
@@ -61,7 +63,7 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
     goals = {g["goal"]: g for g in result["goals"]}
     measured = [g for g in goals.values() if g["met"] is not None]
     # Latency, SSE and mars-over-fcfs goals are measured; those against nginx/LiteLLM are not.
-    assert len(measured) == 7, goals
+    assert len(measured) == 9, goals
     assert all(g["met"] is None for k, g in goals.items() if "LiteLLM" in k or "nginx" in k)
     assert result["machine"]["cpus"] >= 1
     assert "| goal |" in out.with_suffix(".md").read_text()
