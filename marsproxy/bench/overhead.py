@@ -487,10 +487,25 @@ def goals(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         add(f"{name}: added p50 ≤ 3× nginx's at {GOAL_POINT}", added,
             None if nginx is None or nginx["added_p50_ms"] is None
             else round(max(nginx["added_p50_ms"], 0.0) * 3, 3), le)
+        # The same comparisons in proxy CPU per request: on a shared machine latency is
+        # mostly waiting for a CPU, while CPU time is the proxy's own cost.
+        cpu = None if row is None else row["proxy_cpu_s_per_1000"]
+        add(f"{name}: proxy CPU per request at {GOAL_POINT} ≤ 1/4 of LiteLLM's (ms)", cpu,
+            None if litellm is None or litellm["proxy_cpu_s_per_1000"] is None
+            else round(litellm["proxy_cpu_s_per_1000"] / 4, 3), le)
+        add(f"{name}: proxy CPU per request at {GOAL_POINT} ≤ 3× nginx's (ms)", cpu,
+            None if nginx is None or nginx["proxy_cpu_s_per_1000"] is None
+            else round(nginx["proxy_cpu_s_per_1000"] * 3, 3), le)
     mars, fcfs = _row(summary, GOAL_POINT, "marsproxy-mars"), _row(summary, GOAL_POINT,
                                                                     "marsproxy-fcfs")
     diff = None if mars is None or fcfs is None else round(mars["p50_ms"] - fcfs["p50_ms"], 3)
     add(f"mars policy p50 over fcfs at {GOAL_POINT} ≤ 0.2 ms", diff, 0.2, le)
+    cpu_diff = None
+    if mars is not None and fcfs is not None and None not in (
+        mars["proxy_cpu_s_per_1000"], fcfs["proxy_cpu_s_per_1000"]
+    ):
+        cpu_diff = round(mars["proxy_cpu_s_per_1000"] - fcfs["proxy_cpu_s_per_1000"], 3)
+    add(f"mars policy CPU per request over fcfs at {GOAL_POINT} ≤ 0.2 ms", cpu_diff, 0.2, le)
     return out
 
 

@@ -63,7 +63,7 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
     goals = {g["goal"]: g for g in result["goals"]}
     measured = [g for g in goals.values() if g["met"] is not None]
     # Latency, SSE and mars-over-fcfs goals are measured; those against nginx/LiteLLM are not.
-    assert len(measured) == 9, goals
+    assert len(measured) == 10, goals
     assert all(g["met"] is None for k, g in goals.items() if "LiteLLM" in k or "nginx" in k)
     assert result["machine"]["cpus"] >= 1
     assert "| goal |" in out.with_suffix(".md").read_text()

@@ -62,6 +62,9 @@ def test_goals_compare_against_nginx_and_litellm_of_the_same_run() -> None:
     per_cpu = g["marsproxy-fcfs: SSE chunks relayed per CPU-second of the proxy ≥ 20 000"]
     assert (per_cpu["value"], per_cpu["met"]) == (200_000, True)  # 100 chunks per 0.5 ms
     assert g["mars policy p50 over fcfs at ns-r200-c4 ≤ 0.2 ms"]["value"] == pytest.approx(0.25)
+    cpu = g["marsproxy-fcfs: proxy CPU per request at ns-r200-c4 ≤ 3× nginx's (ms)"]
+    assert (cpu["value"], cpu["limit"], cpu["met"]) == (0.5, 1.5, True)
+    assert g["mars policy CPU per request over fcfs at ns-r200-c4 ≤ 0.2 ms"]["value"] == 0.0
 
 
 def test_tree_cpu_counts_this_process() -> None:
