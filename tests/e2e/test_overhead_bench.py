@@ -61,8 +61,9 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
             assert s["chunks_per_s"] is None
 
     goals = {g["goal"]: g for g in result["goals"]}
-    measured = [g for g in goals.values() if g["met"] is not None]
+    measured = [g for g in goals.values() if g["value"] is not None and g["limit"] is not None]
     # Latency, SSE and mars-over-fcfs goals are measured; those against nginx/LiteLLM are not.
+    # (A measured goal's verdict may still be None: a negative added latency is noise.)
     assert len(measured) == 10, goals
     assert all(g["met"] is None for k, g in goals.items() if "LiteLLM" in k or "nginx" in k)
     assert result["machine"]["cpus"] >= 1

@@ -70,3 +70,14 @@ def test_goals_compare_against_nginx_and_litellm_of_the_same_run() -> None:
 def test_tree_cpu_counts_this_process() -> None:
     sum(i * i for i in range(200_000))  # burn a little CPU
     assert tree_cpu_s(os.getpid()) > 0
+
+
+def test_a_proxy_faster_than_direct_is_noise_not_a_met_goal() -> None:
+    rows = [
+        _m(0, "direct", "ns-r200-c4", 1.0, 9.0, cpu=None),
+        _m(0, "marsproxy-fcfs", "ns-r200-c4", 1.2, 4.0),  # p99 "better" than direct
+    ]
+    g = {x["goal"]: x for x in goals(summarize(rows))}
+    p99 = g["marsproxy-fcfs: added p99 at ns-r200-c4 ≤ 3 ms"]
+    assert p99["value"] == pytest.approx(-5.0) and p99["met"] is None
+    assert g["marsproxy-fcfs: added p50 at ns-r200-c4 ≤ 0.5 ms"]["met"] is True
