@@ -82,11 +82,11 @@ def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
     re-serialized. Only a client that sent ``stream_options`` without ``include_usage`` gets
     its body serialized again, with the key merged in.
     """
-    opts = obj.get("stream_options")
     if "stream_options" not in obj:
         obj["stream_options"] = {"include_usage": True}
         end = len(raw.rstrip(b" \t\r\n")) - 1  # the closing brace (parsed as an object)
         return raw[:end] + _INCLUDE_USAGE + raw[end:]
+    opts = obj["stream_options"]
     base = opts if isinstance(opts, dict) else {}
     obj["stream_options"] = {**base, "include_usage": True}
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
