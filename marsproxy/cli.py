@@ -45,9 +45,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not cfg.workers:
         raise ConfigError("no workers configured: give --worker URL or a `workers:` list")
     from marsproxy.gateway.app import serve
+    from marsproxy.gateway.loop import run
 
     _setup_logging(cfg.server.log_level, [cfg.auth.admin_token.get_secret_value()])
-    asyncio.run(serve(cfg))
+    run(lambda: serve(cfg), cfg.server.event_loop)
     return 0
 
 

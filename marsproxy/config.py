@@ -51,6 +51,11 @@ class ServerConfig(_Section):
         description="Log one line per request (client, method, path without query, status,"
         " bytes, seconds); never headers or bodies.",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="Event loop of `marsproxy serve`: uvloop (faster; `pip install"
+        " marsproxy[fast]`), asyncio, or auto (uvloop when installed).",
+    )
 
 
 class WorkerConfig(_Section):

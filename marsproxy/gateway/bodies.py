@@ -34,6 +34,9 @@ async def read_limited(request: web.Request, max_bytes: int) -> bytes:
             f"request body of {request.content_length} bytes exceeds server.max_body_bytes"
             f" ({max_bytes})",
         )
+    if request.content_length is not None:
+        # Known and within the limit: one read (aiohttp stops at Content-Length).
+        return await request.read()
     chunks: list[bytes] = []
     size = 0
     try:
@@ -76,8 +79,27 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
         opts = obj.get("stream_options")
         if not (isinstance(opts, dict) and opts.get("include_usage") is True):
             # Ask for usage on the client's behalf; the relay drops the extra chunk again.
-            base = opts if isinstance(opts, dict) else {}
-            obj["stream_options"] = {**base, "include_usage": True}
-            raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+            raw = _with_include_usage(raw, obj)
             strip = True
     return ParsedBody(obj, raw, stream, strip)
+
+
+_INCLUDE_USAGE = b',"stream_options":{"include_usage":true}'
+
+
+def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
+    """``raw`` asking for usage; ``obj`` (its parse) gets the same ``stream_options``.
+
+    The common case, no ``stream_options`` at all, splices the key in before the object's
+    closing brace: the client's bytes go upstream unchanged otherwise, and nothing is
+    re-serialized. Only a client that sent ``stream_options`` without ``include_usage`` gets
+    its body serialized again, with the key merged in.
+    """
+    if "stream_options" not in obj:
+        obj["stream_options"] = {"include_usage": True}
+        end = len(raw.rstrip(b" \t\r\n")) - 1  # the closing brace (parsed as an object)
+        return raw[:end] + _INCLUDE_USAGE + raw[end:]
+    opts = obj["stream_options"]
+    base = opts if isinstance(opts, dict) else {}
+    obj["stream_options"] = {**base, "include_usage": True}
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()

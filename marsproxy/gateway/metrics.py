@@ -6,7 +6,27 @@ code, error kind, worker label. Never a session id.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Labelled:
+    """A labelled metric on the request path, its children looked up once per label values.
+
+    ``prometheus_client``'s ``labels()`` validates and takes a lock on every call: a few µs,
+    several times per request. The label sets here are bounded (see above), so is this cache.
+    """
+
+    def __init__(self, metric: Any) -> None:  # a labelled Counter or Histogram
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -18,25 +38,31 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "marsproxy_requests",
-            "Requests answered, by route and status code.",
-            ["route", "code"],
-            registry=r,
+        self.requests = Labelled(
+            Counter(
+                "marsproxy_requests",
+                "Requests answered, by route and status code.",
+                ["route", "code"],
+                registry=r,
+            )
         )
-        self.latency = Histogram(
-            "marsproxy_request_duration_seconds",
-            "Request time in the proxy, end to end.",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.latency = Labelled(
+            Histogram(
+                "marsproxy_request_duration_seconds",
+                "Request time in the proxy, end to end.",
+                ["route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.overhead = Histogram(
-            "marsproxy_proxy_overhead_seconds",
-            "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
-            ["route"],
-            buckets=_OVERHEAD_BUCKETS,
-            registry=r,
+        self.overhead = Labelled(
+            Histogram(
+                "marsproxy_proxy_overhead_seconds",
+                "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
+                ["route"],
+                buckets=_OVERHEAD_BUCKETS,
+                registry=r,
+            )
         )
         self.in_flight = Gauge(
             "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
@@ -53,18 +79,24 @@ class GatewayMetrics:
             ["worker"],
             registry=r,
         )
-        self.worker_requests = Counter(
-            "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"], registry=r
+        self.worker_requests = Labelled(
+            Counter(
+                "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"], registry=r
+            )
         )
-        self.tokens = Counter(
-            "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
+        self.tokens = Labelled(
+            Counter(
+                "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
+            )
         )
-        self.ttft = Histogram(
-            "marsproxy_ttft_seconds",
-            "Time from a request's arrival to its first response bytes (streams: first event).",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.ttft = Labelled(
+            Histogram(
+                "marsproxy_ttft_seconds",
+                "Time from a request's arrival to its first response bytes (streams: first event).",
+                ["route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
         self.tool_duration = Histogram(
             "marsproxy_tool_duration_seconds",

@@ -28,7 +28,7 @@ from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.scheduler import Prepared
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import SessionRefused
-from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.sse import SSEFilter, StreamTap, body_usage_and_reply
 from marsproxy.gateway.upstream import (
     Opened,
     Picker,
@@ -198,7 +198,7 @@ class Relay:
             completed = True
             return resp
         finally:
-            _done(upstream, completed)
+            _done(opened, completed)
 
     async def _open(
         self,
@@ -228,7 +228,7 @@ class Relay:
         chunks: list[bytes] = []
         t = time.perf_counter()
         try:
-            while chunk := await gw.upstream.read_chunk(upstream):
+            while chunk := await opened.body.read():
                 chunks.append(chunk)
             clock.upstream_s += time.perf_counter() - t
         except TimeoutError:
@@ -278,7 +278,7 @@ class Relay:
     ) -> web.StreamResponse:
         upstream, gw = opened.response, self.gw
         tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply)
-        splitter = SSESplitter()
+        sse = SSEFilter(tap)
         headers = response_headers(upstream.headers)
         headers.update(clock.header())
         resp = web.StreamResponse(status=upstream.status, headers=headers)
@@ -286,7 +286,7 @@ class Relay:
         await resp.prepare(request)
         while True:
             try:
-                chunk = await gw.upstream.read_chunk(upstream)
+                chunk = await opened.body.read()
             except TimeoutError:
                 gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
                 await self._cut(
@@ -311,13 +311,13 @@ class Relay:
                 return resp
             if not chunk:
                 break
-            kept = [e for e in splitter.feed(chunk) if tap.keep(e)]
-            if kept:
+            data = sse.feed(chunk)
+            if data:
                 self.events.first_token(out, clock)
-            if kept and not await self._write(resp, b"".join(kept), upstream, out):
-                return resp
-        rest = splitter.flush()
-        if rest and tap.keep(rest) and not await self._write(resp, rest, upstream, out):
+                if not await self._write(resp, data, upstream, out):
+                    return resp
+        rest = sse.flush()
+        if rest and not await self._write(resp, rest, upstream, out):
             return resp
         await resp.write_eof()
         out.usage = tap.usage
@@ -382,7 +382,7 @@ class Relay:
             out.status = upstream.status
             await resp.prepare(request)
             try:
-                while chunk := await gw.upstream.read_chunk(upstream):
+                while chunk := await opened.body.read():
                     await resp.write(chunk)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 gw.metrics.upstream_errors.labels(opened.worker.label, "passthrough").inc()
@@ -394,7 +394,7 @@ class Relay:
             completed = True
             return resp
         finally:
-            _done(upstream, completed)
+            _done(opened, completed)
 
     def _account(self, out: Outcome, clock: Clock) -> None:
         m = self.gw.metrics
@@ -404,9 +404,11 @@ class Relay:
         m.overhead.labels(out.route).observe(clock.overhead_s())
 
 
-def _done(upstream: aiohttp.ClientResponse, completed: bool) -> None:
+def _done(opened: Opened, completed: bool) -> None:
     """Back to the pool when read to the end; otherwise (client gone, stream cut) close the
     connection, which aborts the worker's request."""
+    opened.body.close()
+    upstream = opened.response
     if completed:
         upstream.release()
     else:

@@ -30,24 +30,61 @@ class SSESplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete events (each with its terminating blank line) found so far."""
-        buf = self._buf + data
+        buf = self._buf + data if self._buf else data
         events: list[bytes] = []
         start = 0
-        while True:
-            nl = buf.find(b"\n\n", start)
-            crnl = buf.find(b"\r\n\r\n", start)
-            if nl < 0 and crnl < 0:
-                break
+        # The next boundary of each kind at or after ``start``; each is searched again only
+        # once passed (searching both anew per event was quadratic in a many-event chunk).
+        nl = buf.find(b"\n\n")
+        crnl = buf.find(b"\r\n\r\n")
+        while nl >= 0 or crnl >= 0:
             end = crnl + 4 if crnl >= 0 and (nl < 0 or crnl < nl) else nl + 2
             events.append(buf[start:end])
             start = end
+            if 0 <= nl < start:
+                nl = buf.find(b"\n\n", start)
+            if 0 <= crnl < start:
+                crnl = buf.find(b"\r\n\r\n", start)
         self._buf = buf[start:]
         return events
+
+    def idle(self) -> bool:
+        """No partial event is buffered: the next chunk starts at an event boundary."""
+        return not self._buf
 
     def flush(self) -> bytes:
         """Bytes left after the stream ended without a final blank line."""
         rest, self._buf = self._buf, b""
         return rest
+
+
+class SSEFilter:
+    """What to forward of each upstream chunk: the tap's verdict on every event, at chunk speed.
+
+    A chunk made only of whole events that the tap would pass without looking (the common
+    case: no usage, no error, no reply to capture) is forwarded as the very same bytes object,
+    neither split nor copied; anything else goes event by event through the splitter.
+    """
+
+    def __init__(self, tap: StreamTap) -> None:
+        self.tap = tap
+        self._splitter = SSESplitter()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to forward now (possibly empty: an event is incomplete, or dropped)."""
+        whole = self._splitter.idle()
+        if whole and chunk.endswith(b"\n\n") and self.tap.passes(chunk):
+            return chunk
+        events = self._splitter.feed(chunk)
+        kept = [e for e in events if self.tap.keep(e)]
+        if whole and len(kept) == len(events) and self._splitter.idle():
+            return chunk  # looked at, nothing dropped: the chunk as it came, not a copy
+        return kept[0] if len(kept) == 1 else b"".join(kept)
+
+    def flush(self) -> bytes:
+        """What is left after the last chunk (an event without its blank line), if kept."""
+        rest = self._splitter.flush()
+        return rest if rest and self.tap.keep(rest) else b""
 
 
 def event_data(event: bytes) -> bytes:
@@ -116,6 +153,16 @@ class StreamTap:
         else:
             self._messages(event)
         return True
+
+    def passes(self, data: bytes) -> bool:
+        """True when ``keep`` would forward every event in ``data`` without looking into it.
+
+        A substring test on the whole chunk: none of the markers spans a blank line, so a
+        marker absent from the chunk is absent from each of its events.
+        """
+        if self.route == "responses":
+            return b"response.completed" not in data and b"response.failed" not in data
+        return self._capture is None and b'"usage"' not in data and b'"error"' not in data
 
     def reply(self) -> Reply | None:
         """The reply in the form the client will echo next turn (capture only)."""

@@ -1,12 +1,14 @@
-"""Error shape, body parsing and the worker-health counters."""
+"""Error shape, body parsing, header filtering and the worker-health counters."""
 
 import json
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from marsproxy.gateway.bodies import BodyError, parse_body
 from marsproxy.gateway.errors import error_response, sse_error_event
 from marsproxy.gateway.health import WorkerHealth
+from marsproxy.gateway.upstream import request_headers, response_headers
 
 
 def test_error_shape() -> None:
@@ -63,3 +65,54 @@ def test_health_counters_eject_and_readmit() -> None:
     assert h.record("a", False) and h.healthy() == ["b"]
     assert not h.record("a", True)
     assert h.record("a", True) and h.healthy() == ["a", "b"]
+
+
+def test_include_usage_is_spliced_in_without_reserializing() -> None:
+    raw = (
+        '{"model":"m", "stream": true,\n "messages":[{"role":"user","content":"héllo \\u00e9"}]}\n '
+    )
+    p = parse_body("chat", raw.encode())
+    assert p.strip_usage_chunk
+    # The client's bytes up to the closing brace go upstream as they were (spacing, escapes).
+    body = raw.rstrip()
+    assert p.raw == (body[:-1] + ',"stream_options":{"include_usage":true}}' + raw[len(body):]
+                     ).encode()
+    assert json.loads(p.raw)["stream_options"] == {"include_usage": True}
+    assert p.obj["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("opts", "merged"),
+    [
+        ({"include_usage": False}, {"include_usage": True}),
+        ({"continuous_usage_stats": True}, {"continuous_usage_stats": True, "include_usage": True}),
+        (None, {"include_usage": True}),
+    ],
+)
+def test_other_stream_options_are_merged(opts: object, merged: dict[str, bool]) -> None:
+    raw = json.dumps({"stream": True, "stream_options": opts, "prompt": "x"}).encode()
+    p = parse_body("completions", raw)
+    assert p.strip_usage_chunk
+    assert json.loads(p.raw) == {"stream": True, "stream_options": merged, "prompt": "x"}
+
+
+def test_hop_by_hop_and_connection_listed_headers_are_not_forwarded() -> None:
+    incoming = CIMultiDictProxy(CIMultiDict([
+        ("Host", "proxy:8080"), ("Content-Length", "12"), ("Connection", "keep-alive, X-Trace"),
+        ("Keep-Alive", "timeout=5"), ("x-trace", "1"), ("Transfer-Encoding", "chunked"),
+        ("Authorization", "Bearer k"), ("X-Session-Id", "s1"), ("Accept", "a"), ("Accept", "b"),
+        ("TE", "trailers"), ("Accept-Encoding", "gzip"),
+    ]))
+    out = request_headers(incoming, identity=True)
+    assert list(out.items()) == [
+        ("Authorization", "Bearer k"), ("X-Session-Id", "s1"), ("Accept", "a"), ("Accept", "b"),
+        ("Accept-Encoding", "identity"),
+    ]
+    assert request_headers(incoming, identity=False)["accept-encoding"] == "gzip"
+    upstream = CIMultiDictProxy(CIMultiDict([
+        ("Content-Type", "text/event-stream"), ("Date", "x"), ("Server", "uvicorn"),
+        ("Content-Length", "3"), ("Transfer-Encoding", "chunked"), ("x-request-id", "r"),
+    ]))
+    assert list(response_headers(upstream).items()) == [
+        ("Content-Type", "text/event-stream"), ("x-request-id", "r"),
+    ]

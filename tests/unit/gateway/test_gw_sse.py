@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from marsproxy.core.canon import chat_reply_unit
 from marsproxy.core.identity import Route
-from marsproxy.gateway.sse import SSESplitter, StreamTap, body_usage_and_reply, event_data
+from marsproxy.gateway.sse import (
+    SSEFilter,
+    SSESplitter,
+    StreamTap,
+    body_usage_and_reply,
+    event_data,
+)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 
@@ -97,17 +103,16 @@ IDS = [n for n, _, _ in STREAMS]
 def _relay(
     data: bytes, cuts: list[int], *, strip: bool, capture: bool = False, route: Route = "chat"
 ) -> tuple[list[bytes], StreamTap]:
-    """Feed ``data`` split at ``cuts`` through splitter + tap, as the relay does."""
-    splitter, tap = SSESplitter(), StreamTap(route, strip_usage_chunk=strip, capture=capture)
+    """Feed ``data`` split at ``cuts`` through the filter (splitter + tap), as the relay does."""
+    tap = StreamTap(route, strip_usage_chunk=strip, capture=capture)
+    sse = SSEFilter(tap)
     out: list[bytes] = []
     prev = 0
     for cut in [*sorted(set(cuts)), len(data)]:
-        out.extend(e for e in splitter.feed(data[prev:cut]) if tap.keep(e))
+        out.append(sse.feed(data[prev:cut]))
         prev = cut
-    rest = splitter.flush()
-    if rest and tap.keep(rest):
-        out.append(rest)
-    return out, tap
+    out.append(sse.flush())
+    return [o for o in out if o], tap
 
 
 def _usage_of(data: bytes) -> dict[str, int]:
@@ -155,6 +160,24 @@ def test_events_are_released_only_at_boundaries() -> None:
     assert s.feed(b"\ndata: [DO") == [b'data: {"a":1}\n\n']
     assert s.feed(b"NE]\r\n\r\n") == [b"data: [DONE]\r\n\r\n"]
     assert s.flush() == b""
+
+
+def test_whole_plain_events_pass_as_the_same_bytes() -> None:
+    tap = StreamTap("chat", strip_usage_chunk=True, capture=False)
+    sse = SSEFilter(tap)
+    events = SSESplitter().feed(SAMPLE_CHAT)
+    content = events[1] + events[2]
+    assert b'"usage"' not in content
+    assert sse.feed(content) is content  # no split, no copy
+    # A partial event switches to the splitter until a boundary is reached again.
+    assert sse.feed(events[1][:10]) == b""
+    assert sse.feed(events[1][10:]) == events[1]
+    usage = next(e for e in events if b'"choices":[]' in e)
+    assert sse.feed(usage) == b""  # the injected usage chunk is still dropped
+    assert tap.usage is not None
+    err = b'data: {"error":{"message":"boom"}}\n\n'
+    assert sse.feed(err) == err and tap.saw_error
+    assert sse.flush() == b""
 
 
 def test_event_data_joins_multiline_and_skips_event_lines() -> None:
@@ -270,3 +293,33 @@ def test_non_streaming_body_usage_and_reply() -> None:
     assert usage is not None and usage.prompt_tokens == 5
     assert reply is not None and reply.units == (chat_reply_unit("ok", []),)
     assert body_usage_and_reply("chat", b"not json", capture=False) == (None, None)
+
+
+def _reference_split(data: bytes) -> tuple[list[bytes], bytes]:
+    """The splitter's rule spelled out: the earliest blank line (LF LF or CR LF CR LF) ends
+    an event, searched from each event's start."""
+    events, start = [], 0
+    while True:
+        ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.find(sep, start)) >= 0]
+        if not ends:
+            return events, data[start:]
+        end = min(ends, key=lambda e: (e - (4 if data[e - 4:e] == b"\r\n\r\n" else 2), e))
+        events.append(data[start:end])
+        start = end
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([b"a", b"\n", b"\r", b":", b"\r\n", b"\n\n"]), max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=6),
+)
+def test_splitter_matches_the_rule_on_mixed_line_endings(
+    data: list[bytes], cuts: list[int]
+) -> None:
+    raw = b"".join(data)
+    s, out, prev = SSESplitter(), [], 0
+    for cut in [*sorted({c % (len(raw) + 1) for c in cuts}), len(raw)]:
+        out.extend(s.feed(raw[prev:cut]))
+        prev = cut
+    events, rest = _reference_split(raw)
+    assert (out, s.flush()) == (events, rest)
