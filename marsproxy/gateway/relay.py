@@ -126,7 +126,8 @@ class Relay:
             # Before the table may forget the session: the core hears the end of the request
             # first, then (on a final turn) the end of the session.
             prompt = None if out.usage is None else out.usage.prompt_tokens
-            gw.admission.response_ended(turn.session, out.prompt_chars, prompt)
+            done = 0 if out.usage is None else out.usage.completion_tokens
+            gw.admission.response_ended(turn.session, out.prompt_chars, prompt, done)
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
         if out.ok:
             gw.response_ended(turn)

@@ -1,4 +1,4 @@
--- KEYS: adm, own, queue (global waiting ZSET, lowest score first)
+-- KEYS: adm, own, queue (global waiting ZSET, lowest score first), tomb
 -- ARGV: session, free_slots, limit, now_ms, expiry_ms, replica
 -- Admits a waiting session only while it is among the first free_slots of the global queue and
 -- the worker has room, and takes it out of the queue in the same step: order holds across
@@ -9,7 +9,7 @@ reap(adm, own, ARGV[4])
 local rank = redis.call('ZRANK', queue, session)
 if not rank then
   if redis.call('ZSCORE', adm, session) then
-    grant(adm, own, session, ARGV[5], ARGV[6])
+    grant(adm, own, session, ARGV[5], ARGV[6], KEYS[4])
     return 1
   end
   return 0
@@ -17,6 +17,6 @@ end
 if rank >= free_slots or redis.call('ZCARD', adm) >= limit then
   return 0
 end
-grant(adm, own, session, ARGV[5], ARGV[6])
+grant(adm, own, session, ARGV[5], ARGV[6], KEYS[4])
 redis.call('ZREM', queue, session)
 return 1

@@ -80,8 +80,21 @@ class WindowStore(Protocol):
         Idempotent: a session already admitted on ``worker`` is renewed and gets True.
         """
 
-    async def release(self, worker: str, session: str) -> None:
-        """Drop the session's lease; wake the replicas if sessions wait in the global queue."""
+    async def claim(self, worker: str, session: str, now_ms: int) -> bool:
+        """Take over ``session``'s live lease on ``worker`` (another replica admitted it): the
+        lease is renewed and owned by this replica from now on; the old owner's heartbeat
+        finds it gone (``drain_lost``). False when no live lease exists (or the shared
+        backend is down): then it is not admitted anywhere and must queue like a new one."""
+
+    async def release(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
+        """End the session: drop its lease and its record, wake the replicas if sessions wait
+        in the global queue. Fenced: unless ``any_owner`` (an explicit end on a replica that
+        does not hold it), a lease another replica took over is left alone. True when a
+        lease was dropped (exactly one caller gets True)."""
+
+    def drain_lost(self) -> list[tuple[str, str]]:
+        """(worker, session) of leases this replica held and found gone since the last call:
+        taken over by another replica, ended there, or expired. Each is reported once."""
 
     async def renew(self, now_ms: int) -> int:
         """Heartbeat: renew this replica's leases, reap expired ones; returns leases renewed."""
