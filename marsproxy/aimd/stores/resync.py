@@ -62,10 +62,9 @@ async def _one_pass(store: RedisStore) -> int:
     moved = 0
     for w, gone in zip(workers, results[1 : 1 + len(workers)], strict=True):
         for s in gone:
-            if (w, s) not in store.fresh:
-                if store.local.drop_lease(w, s):
-                    moved += 1
-                    store.lost.append((w, s))
+            if (w, s) not in store.fresh and store.local.drop_lease(w, s):
+                moved += 1
+                store.lost.append((w, s))
     store.q_gone -= q_gone
     store.dirty -= dirty.keys()
     store.deleted -= deleted
