@@ -31,7 +31,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
+
+import aiohttp
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind
 from marsproxy.aimd.stores import WindowRecord, WindowStore, make_store, wall_clock_ms
@@ -39,6 +42,7 @@ from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, Rejected, SessionAdmitted, SessionEnd
 from marsproxy.core.lifecycle import EndReason, SessionState
 from marsproxy.gateway.admission_signals import all_signals
+from marsproxy.gateway.admission_tokens import count_tokens
 from marsproxy.gateway.admission_types import END_REASONS, Granted, Pending, Refused, Verdict
 from marsproxy.gateway.health import WorkerHealth
 from marsproxy.gateway.metrics import GatewayMetrics
@@ -54,6 +58,7 @@ class AdmissionShell:
         health: WorkerHealth,
         metrics: GatewayMetrics,
         store: WindowStore | None = None,
+        http: Callable[[], aiohttp.ClientSession | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.acfg = cfg.admission
@@ -61,6 +66,7 @@ class AdmissionShell:
         self.urls = {w.label: w.url for w in cfg.workers}
         self.core = AdmissionCore(cfg.admission, list(self.urls))
         self.store: WindowStore = store if store is not None else make_store(cfg.store)
+        self._http = http  # the upstream client session, for admission.tokenize
         self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
         self._arrival: dict[str, tuple[float, int]] = {}  # waiting in the core: (mono, ms)
         self._pending: dict[str, Pending] = {}
@@ -234,6 +240,16 @@ class AdmissionShell:
         log.debug("adopted session %s on %s from replica %s", key, worker, rec.get("replica"))
         return Granted(worker, 0.0)
 
+    async def _tokenize(self, key: str, chars: int, body: bytes) -> None:
+        http = None if self._http is None else self._http()
+        healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
+        if http is None or not healthy:
+            return
+        tokens = await count_tokens(http, healthy[0], body, self.acfg.tokenize_timeout_s)
+        if tokens is not None:
+            # As if the worker had reported it: the estimate of this prompt becomes exact.
+            self.core.estimator.observe(key, chars, tokens)
+
     async def end_elsewhere(self, key: str) -> bool:
         """``DELETE`` of a session this replica does not hold: end it in the store, wherever
         it lives (its replica forgets it at its next heartbeat). False: no such session."""
@@ -271,13 +287,21 @@ class AdmissionShell:
                 actions.events += more.events
 
     # -- the request path -----------------------------------------------------------------
-    async def admit(self, key: str, tenant: str, chars: int, final: bool) -> Verdict:
-        """Admit a request of session ``key`` now, hold it until admitted, or refuse it."""
+    async def admit(
+        self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None
+    ) -> Verdict:
+        """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
+
+        ``body`` (the raw request) is only read to count a new session's first prompt with
+        ``/tokenize`` when ``admission.tokenize`` is on.
+        """
         core = self.core
         if core.sessions.get(key) is None:
             adopted = await self._adopt(key, tenant, chars, final)
             if adopted is not None:
                 return adopted
+            if body is not None and self.acfg.tokenize:
+                await self._tokenize(key, chars, body)
         if key not in self._held and all(v.stale for v in core.views()):
             # Probably the first requests after start: use the first scrape at once.
             await self._carry(self._signals_now())

@@ -83,3 +83,30 @@ async def test_the_record_carries_the_session_to_the_next_replica(
         assert await r.zcard("mars:{carry}:adm:w0") == 0
     finally:
         await r.aclose()
+
+
+async def test_tokenize_counts_a_new_sessions_first_prompt(make_stack: _Factory) -> None:
+    padding = {"user": "x" * 4000, "metadata": {"note": "y" * 4000}}  # not prompt text
+    for tokenize in (False, True):
+        s = await make_stack(window=1, tokenize=tokenize)
+        assert (await s.chat("holder"))[0] == 200  # the window is full now
+        body = {"model": "tiny-emulated", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hello " * 100}]} | padding
+        waiting = asyncio.create_task(s.http.post(
+            s.url("/v1/chat/completions"), json=body, headers={"x-session-id": "new"}))
+        core = s.proxy.gateway.admission.core
+        for _ in range(200):
+            entry = core.queue.get("anon/id/new")
+            if entry is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert entry is not None
+        async with s.http.post(s.url("/tokenize"), json={
+            "model": "tiny-emulated", "messages": body["messages"]}) as r:
+            exact = (await r.json())["count"]
+        if tokenize:
+            assert entry.est_tokens == exact
+        else:  # characters / 4 of the whole body, padding included
+            assert entry.est_tokens > exact + 1500
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
