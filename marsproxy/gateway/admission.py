@@ -192,7 +192,14 @@ class AdmissionShell:
     def _core_key(self, skey: str) -> str:
         return skey.removesuffix(f"@{self.store.replica_id}")
 
+    @property
+    def _replicated(self) -> bool:
+        # One replica on the in-process store: nobody else could read a record.
+        return self.store.mode != "memory"
+
     def _save_record(self, key: str) -> None:
+        if not self._replicated:
+            return
         rec = self.core.sessions.get(key)
         worker = self._held.get(key)
         if rec is None or worker is None:
@@ -217,6 +224,8 @@ class AdmissionShell:
 
     async def _adopt(self, key: str, tenant: str, chars: int, final: bool) -> Verdict | None:
         """A session another replica admitted: claim its lease, serve it on its worker."""
+        if not self._replicated or not self.shared(key):
+            return None
         skey = self._store_key(key)
         rec = await self.store.load_session(skey)
         if rec is None or self.core.sessions.get(key) is not None:
