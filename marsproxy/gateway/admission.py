@@ -160,8 +160,7 @@ class AdmissionShell:
             }
             await store.publish_windows(records)
         self._windows = await store.read_windows()
-        for w in self.urls:
-            self._store_admitted[w] = await store.admitted(w)
+        self._store_admitted = await store.admitted_counts(list(self.urls))
         await self._carry(actions)
 
     def _forget_lost(self, actions: Actions) -> None:
@@ -459,20 +458,17 @@ class AdmissionShell:
             if not self._pending:
                 return
             store, now_ms = self.store, wall_clock_ms()
-            room: dict[str, int] = {}
-            for w in self.urls:
-                self._store_admitted[w] = n = await store.admitted(w)
-                room[w] = max(0, self.limit(w) - n)
+            self._store_admitted = await store.admitted_counts(list(self.urls))
+            room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
             free = sum(room.values())
             for key, p in sorted(self._pending.items(), key=lambda kv: kv[1].arrival_ms):
                 skey = self._store_key(key)
-                if not p.queued:
-                    p.queued = True
-                    await store.enqueue(skey, float(p.arrival_ms))
                 if room[p.worker] <= 0:
                     self._relocate(key, p, room)
+                # The ask also puts it in the global queue when it is not there yet (its first
+                # ask, or after a Redis restart), in the same round trip.
                 ok = await store.admit_if_ranked(skey, free, p.worker, self.limit(p.worker),
-                                                 now_ms)
+                                                 now_ms, float(p.arrival_ms))
                 if self._pending.get(key) is not p:  # ended while we asked: undo
                     if ok:
                         await store.release(p.worker, skey)

@@ -44,4 +44,3 @@ class Pending:
     worker: str
     since: float  # monotonic arrival of its first request
     arrival_ms: int  # wall-clock arrival: its score in the global queue
-    queued: bool = False  # in the store's global queue

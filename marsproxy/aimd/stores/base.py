@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -102,6 +102,9 @@ class WindowStore(Protocol):
     async def admitted(self, worker: str) -> int:
         """Live leases on ``worker`` (while the shared backend is down: this replica's own)."""
 
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        """``admitted`` of every worker in one round trip."""
+
     async def admitted_sessions(self, worker: str) -> list[str]:
         """Sorted sessions holding a live lease on ``worker`` (down: this replica's own)."""
 
@@ -125,12 +128,15 @@ class WindowStore(Protocol):
     async def queue_len(self) -> int: ...
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         """Admit a queued session iff its rank < ``free_slots`` and ``worker`` has room.
 
         The rank check, the admission and the removal from the queue are one atomic step, so
-        the global order holds across replicas. An already admitted session gets True.
+        the global order holds across replicas. An already admitted session gets True. With
+        ``score``, a session neither waiting nor admitted joins the queue first (as
+        ``enqueue``), in the same step.
         """
 
     async def notify(self) -> None:

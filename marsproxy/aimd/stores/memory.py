@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,6 +201,9 @@ class MemoryStore:
     async def admitted(self, worker: str) -> int:
         return len(self._live(worker))
 
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        return {w: len(self._live(w)) for w in workers}
+
     async def admitted_sessions(self, worker: str) -> list[str]:
         return sorted(self._live(worker))
 
@@ -258,21 +261,29 @@ class MemoryStore:
         return [(s, score) for score, s in self._s.order]
 
     def admit_ranked_sync(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         rank = self.rank_sync(session)
-        if rank is None:  # not waiting: only an already admitted session passes
+        if rank is None:  # not waiting: an already admitted session passes
             held = self._reap(worker, now_ms)
-            return session in held and self.admit_sync(worker, session, limit, now_ms)
+            if session in held:
+                return self.admit_sync(worker, session, limit, now_ms)
+            if score is None:
+                return False
+            self.enqueue_sync(session, score)  # as admit_ranked.lua: join, then rank
+            rank = self.rank_sync(session)
+            assert rank is not None
         if rank >= free_slots or not self.admit_sync(worker, session, limit, now_ms):
             return False
         self.dequeue_sync(session)
         return True
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
-        return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms)
+        return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms, score)
 
     # -- wake-ups -------------------------------------------------------------------------------
     async def notify(self) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_clock_ms
@@ -244,6 +244,19 @@ class RedisStore:
                 self.fail(exc)
         return self.local.own_count(worker)
 
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        if self.link.up:
+            low = f"({self.clock()}"
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for w in workers:
+                        pipe.zcount(self.keys.adm(w), low, "+inf")
+                    counts = await self.io(pipe.execute())
+                return {w: int(n) for w, n in zip(workers, counts, strict=True)}
+            except FAILURES as exc:
+                self.fail(exc)
+        return {w: self.local.own_count(w) for w in workers}
+
     async def admitted_sessions(self, worker: str) -> list[str]:
         if self.link.up:
             key, now = self.keys.adm(worker), self.clock()
@@ -339,12 +352,17 @@ class RedisStore:
         return len(self.local.queue_items())
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         self.workers.add(worker)
+        if score is not None and self.local.rank_sync(session) is None:
+            self.local.enqueue_sync(session, score)  # the mirror, for resync and local mode
+            self.q_gone.discard(session)
         if self.link.up:
             keys = [*self._lease_keys(worker), self.keys.queue, self.keys.tomb(session)]
-            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id]
+            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id,
+                               "" if score is None else score]
             try:
                 ok = bool(await self.link.batch.run(self.scripts.admit_ranked, keys, args))
             except FAILURES as exc:

@@ -283,3 +283,20 @@ async def test_delete_elsewhere_ends_the_session_wherever_it_lives(replicas: Rep
     replicas.clock.advance(1000)
     await a.renew(replicas.clock())  # renewal does not bring it back
     assert await a.admitted("w1") == 0
+
+
+async def test_ranked_admission_can_enqueue_in_the_same_step(replicas: Replicas) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    now = replicas.clock()
+    await a.enqueue("older", 1.0)
+    # "newer" joins the queue behind "older" and is refused (rank 1, one free slot) ...
+    assert not await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await b.queue_rank("newer") == 1
+    assert not await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)  # no second entry
+    assert await a.queue_len() == 2
+    # ... until "older" goes; an admitted session is not queued again by a late ask.
+    assert await a.admit_if_ranked("older", 1, "w1", 10, now, score=1.0)
+    assert await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await a.queue_len() == 0
+    assert await a.admitted_counts(["w1", "w2"]) == {"w1": 2, "w2": 0}
