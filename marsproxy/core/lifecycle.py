@@ -32,6 +32,9 @@ class Phase(StrEnum):
 class EndReason(StrEnum):
     FINAL = "final"
     DELETED = "deleted"
+    """Ended on purpose (``DELETE``): wherever it lives, on any replica."""
+    EVICTED = "evicted"
+    """The gateway's session table let it go (over its cap)."""
     IDLE_TIMEOUT = "idle_timeout"
     QUEUE_DEADLINE = "queue_deadline"
     ABANDONED = "abandoned"

@@ -401,7 +401,7 @@ class AdmissionShell:
 
     def session_forgotten(self, key: str, reason: str) -> None:
         """The gateway's session table let ``key`` go (final, idle, evicted, deleted)."""
-        end = END_REASONS.get(reason, EndReason.DELETED)
+        end = END_REASONS.get(reason, EndReason.EVICTED)  # unknown: fenced, never elsewhere
         known = self.core.sessions.get(key) is not None
         actions = self.core.on_session_end(self.now(), key, end)
         # The table publishes its own session_end for this one.

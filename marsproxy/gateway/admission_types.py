@@ -10,7 +10,7 @@ from marsproxy.core.lifecycle import EndReason
 END_REASONS: dict[str, EndReason] = {
     "final": EndReason.FINAL,
     "idle": EndReason.IDLE_TIMEOUT,
-    "evicted": EndReason.DELETED,
+    "evicted": EndReason.EVICTED,
     "deleted": EndReason.DELETED,
 }
 
