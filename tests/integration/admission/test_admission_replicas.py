@@ -110,3 +110,33 @@ async def test_tokenize_counts_a_new_sessions_first_prompt(make_stack: _Factory)
             assert entry.est_tokens > exact + 1500
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
+
+
+async def test_an_idle_timeout_on_the_replica_a_session_left_does_not_end_it(
+    make_stack: _Factory, private_redis: Any
+) -> None:
+    # Slow heartbeats: a's core times the session out before a learns that it moved.
+    store = {"backend": "redis", "redis_url": private_redis.url, "pool": "idle",
+             "lease_ttl_s": 6.0, "heartbeat_interval_s": 2.5, "leader_ttl_s": 1.0}
+    a = await make_stack(workers=1, window=1, store=store, idle_timeout_min_s=0.3)
+    b = await make_stack(window=1, store=store, share=a, idle_timeout_min_s=30.0)
+    assert (await a.chat("s"))[0] == 200
+    assert (await b.chat("s"))[0] == 200  # b adopts it: its lease, now b's
+    r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+    try:
+        async def a_ended_it() -> bool:
+            return not (await a.state())["admission"]["workers"]["w0"]["sessions"]
+
+        await a.until(a_ended_it, 5)  # a's idle timeout fired ...
+        await asyncio.sleep(0.2)
+        # ... and ended nothing: the lease and the record are b's, alive.
+        assert await r.zrange("mars:{idle}:adm:w0", 0, -1) == ["anon/id/s"]
+        assert await r.get("mars:{idle}:sess:anon/id/s") is not None
+        assert (await b.chat("s", final=True))[0] == 200
+        for _ in range(100):
+            if await r.zcard("mars:{idle}:adm:w0") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await r.zcard("mars:{idle}:adm:w0") == 0
+    finally:
+        await r.aclose()
