@@ -48,9 +48,23 @@ def _quantile(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=1000, method="inclusive")[round(q * 1000) - 1]
 
 
-async def _drive(url: str, pool: str, concurrency: int, duration: float) -> Result:
+def _pure_python(store: RedisStore) -> None:
+    """Undo hiredis on ``store``'s client (parser and packer): the baseline of the A/B."""
+    from redis._parsers import _AsyncRESP2Parser
+    from redis.asyncio.connection import Connection
+
+    pool = store.redis.connection_pool
+    pool.connection_class = Connection
+    pool.connection_kwargs["parser_class"] = _AsyncRESP2Parser
+
+
+async def _drive(
+    url: str, pool: str, concurrency: int, duration: float, hiredis: bool = True
+) -> Result:
     cfg = StoreConfig(backend="redis", redis_url=url, pool=pool)
     store = RedisStore(cfg)
+    if not hiredis:
+        _pure_python(store)
     await store.start()
     pair_lat: list[float] = []
     op_lat: list[float] = []
@@ -111,6 +125,31 @@ def bench_throughput(url: str, replicas: int, concurrency: int, duration: float)
             f"{_quantile(r.pair_lat_ms, 0.99):.3f} ms   "
             f"op p50 {_quantile(r.op_lat_ms, 0.5):.3f} ms p99 {_quantile(r.op_lat_ms, 0.99):.3f} ms"
         )
+
+
+def bench_client_ab(url: str, rounds: int, duration: float) -> None:
+    """hiredis (reply parser + command packer) against pure-Python redis-py, interleaved
+    rounds in one process so that machine noise hits both alike; medians and their ratio."""
+    from marsproxy.aimd.stores.redis_pack import HIREDIS
+
+    if not HIREDIS:
+        print("  hiredis not installed: no A/B")
+        return
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    p99: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for fast in (False, True):
+            pool = f"bench-{uuid.uuid4().hex[:8]}"
+            r = asyncio.run(_drive(url, pool, 32, duration, hiredis=fast))
+            _cleanup(url, pool)
+            rates[fast].append(r.pairs / r.seconds)
+            p99[fast].append(_quantile(r.op_lat_ms, 0.99))
+    for fast, name in ((False, "pure-Python redis-py"), (True, "hiredis parse+pack")):
+        print(f"  {name:<22} conc=32: median {statistics.median(rates[fast]):8.0f} pairs/s"
+              f" (rounds {', '.join(f'{x:.0f}' for x in rates[fast])}),"
+              f" op p99 median {statistics.median(p99[fast]):.2f} ms")
+    ratio = statistics.median(rates[True]) / statistics.median(rates[False])
+    print(f"  ratio hiredis / pure-Python: {ratio:.2f}x")
 
 
 def _cleanup(url: str, pool: str) -> None:
@@ -222,6 +261,8 @@ def main() -> None:
     redis.Redis.from_url(args.redis_url, socket_connect_timeout=1).ping()
     print(f"cpu calibration: sum(range(30M)) = {_calibrate():.2f} s, {mp.cpu_count()} CPUs")
 
+    print("client A/B, 1 replica (pairs/s; interleaved rounds of the same load)")
+    bench_client_ab(args.redis_url, 3, min(args.duration, 2.0))
     print("admit+release against Redis (latency includes client-side queueing at the event loop)")
     for replicas in (1, 2):
         bench_throughput(args.redis_url, replicas, args.concurrency, args.duration)

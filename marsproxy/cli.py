@@ -94,6 +94,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         proxy_port=args.port,
         linger_s=args.linger,
+        calm_sessions=args.calm_sessions,
+        tool_cpus=args.tool_cpus,
+        compare=args.compare,
+        replicas=args.replicas,
     )
     return asyncio.run(run_demo(opts))
 
@@ -174,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         " sessions from the packaged sample trace through it and print a summary.",
         formatter_class=_FMT,
     )
-    d.add_argument("--sessions", type=int, default=10, help="agent sessions to replay")
-    d.add_argument("--max-turns", type=int, default=10, help="LLM calls per session at most")
+    d.add_argument("--sessions", type=int, default=24, help="agent sessions of the burst")
+    d.add_argument(
+        "--calm-sessions", type=int, default=6, help="small sessions of the calm phase after it"
+    )
+    d.add_argument("--max-turns", type=int, default=8, help="LLM calls per session at most")
     d.add_argument(
         "--token-scale", type=float, default=0.1, help="multiplier on the trace's token counts"
     )
@@ -183,10 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-time-scale", type=float, default=0.1, help="multiplier on the trace's tool times"
     )
     d.add_argument(
-        "--time-scale", type=float, default=1.0, help="emulated workers' time scale"
+        "--time-scale", type=float, default=4.0,
+        help="emulated workers' time scale (wall seconds per modelled second)",
     )
     d.add_argument(
-        "--arrival-gap", type=float, default=0.05, help="seconds between session starts"
+        "--arrival-gap", type=float, default=0.02, help="seconds between burst session starts"
     )
     d.add_argument(
         "--num-blocks", type=int, default=None,
@@ -196,6 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--linger", type=float, default=0.0,
         help="keep workers and proxy up this many seconds after the replay (for `status`)",
+    )
+    d.add_argument(
+        "--tool-cpus", type=float, default=6.0,
+        help="CPUs declared for tools (probes.cpu.tool_cpus): the tool backlog's denominator",
+    )
+    d.add_argument(
+        "--no-compare", dest="compare", action="store_false",
+        help="skip the run without admission (no side-by-side preemptions)",
+    )
+    d.add_argument(
+        "--replicas", type=int, default=1, choices=(1, 2, 3),
+        help="proxy replicas; more than 1 shares one window through a redis-server of the"
+        " demo's own (needs redis-server installed)",
     )
     d.add_argument("--trace", default=None, help="trace file (default: packaged sample)")
     d.add_argument("--seed", type=int, default=1, help="seed for picking sessions")

@@ -1,48 +1,75 @@
 """``marsproxy demo``: the main job on embedded defaults, in one process.
 
-Two emulated workers (tiny profile) and the proxy start on free loopback ports; a handful of
-agent sessions from the packaged trace are replayed through the proxy (staggered arrivals,
-streamed turns, tool phases as waits); the workers' ``/metrics`` are sampled while it runs; a
-summary is printed. Exit status 0 when every session finished.
+Two emulated workers (tiny profile) and the proxy start on free loopback ports. Agent sessions
+from the packaged trace are replayed through the proxy in two phases: a *burst* (many sessions
+at once: KV cache and tool backlog pressure rise) and then a *calm* phase (a few small
+sessions: pressure falls). The same load runs first without admission control and then with
+it, on fresh workers, so the summary can set the engines' preemptions side by side. While the
+admission run goes, the window of each worker is sampled and printed as a compact timeline: it
+shrinks in the burst and grows back in the calm phase; sessions wait in the queue instead of
+thrashing the KV cache.
+
+``--replicas 2`` runs two proxy replicas sharing a redis-server of the demo's own (started on a
+free port; the demo says so and stops when ``redis-server`` is not installed): sessions go to
+the replicas in turn, and the timeline shows each replica's sessions under one shared window.
+Exit status 0 when every session finished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_session
 from marsproxy.bench.local import LocalServer, start_local
-from marsproxy.bench.trace import load_trace, sample_sessions
+from marsproxy.bench.procs import RedisServer
+from marsproxy.bench.trace import SessionTrace, load_trace, sample_sessions
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.core.events import Event, SessionAdmitted, SessionQueued, WindowChange
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_worker_app
 from marsproxy.gateway.app import GATEWAY_KEY
 from marsproxy.gateway.app import create_app as create_gateway_app
+from marsproxy.gateway.service import Gateway
 from marsproxy.telemetry.bus import Subscription
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    sessions: int = 10
-    max_turns: int = 10
+    sessions: int = 24
+    """Sessions of the burst phase."""
+    calm_sessions: int = 6
+    max_turns: int = 8
     token_scale: float = 0.1
+    calm_token_scale: float = 0.03
+    """Calm sessions are small: their KV use stays below the low mark."""
     tool_time_scale: float = 0.1
-    time_scale: float = 1.0
+    time_scale: float = 4.0
+    """Wall seconds per modelled second of the emulated workers: slow enough that the
+    burst's sessions overlap."""
     trace: str | None = None
     seed: int = 1
-    arrival_gap_s: float = 0.05
+    arrival_gap_s: float = 0.02
+    calm_gap_s: float = 0.1
     num_blocks: int | None = None
+    tool_cpus: float = 6.0
+    """CPUs the demo declares for tools (probes.cpu.tool_cpus): sessions between turns count
+    as tools in flight, so the burst raises the tool backlog and the calm phase lowers it."""
+    compare: bool = True
+    """Run the same load without admission first, for the side-by-side preemptions."""
+    replicas: int = 1
+    sample_s: float = 0.5
     proxy_port: int = 0
     linger_s: float = 0.0
     out: TextIO = field(default=sys.stdout)
@@ -77,9 +104,60 @@ def _read_metrics(text: str, prev: WorkerSample) -> WorkerSample:
     return out
 
 
-async def _sample_workers(
-    http: aiohttp.ClientSession, urls: list[str], samples: list[WorkerSample], stop: asyncio.Event
+@dataclass
+class Tick:
+    """One timeline column: per worker, per replica; ``calm`` once the calm phase began."""
+
+    calm: bool
+    window: dict[str, int]
+    limit: dict[str, int]
+    admitted: dict[str, list[int]]  # worker → admitted per replica
+    store: dict[str, int]  # worker → live leases in the store (all replicas)
+    kv: dict[str, float | None]
+    waiting: list[int]  # per replica: queued + pending
+    backlog: float
+
+
+@dataclass
+class RunResult:
+    label: str
+    results: list[SessionResult]
+    samples: list[WorkerSample]
+    urls: list[str]
+    wall: float
+    events: list[Event]
+    timeline: list[Tick]
+
+
+def _tick(gws: list[Gateway], calm: bool) -> Tick:
+    first = gws[0]
+    labels = [w.label for w in first.cfg.workers]
+    kv: dict[str, float | None] = {}
+    for w in labels:
+        p = first.telemetry.worker_pressure(w)
+        kv[w] = None if p is None or p.metrics is None else p.metrics.kv_usage
+    shells = [g.admission for g in gws if g.admission is not None]
+    window: dict[str, int] = {}
+    limit: dict[str, int] = {}
+    admitted: dict[str, list[int]] = {}
+    store: dict[str, int] = {}
+    for w in labels:
+        if shells:
+            c = shells[0].core.controllers[w]
+            window[w], limit[w] = c.window, shells[0].limit(w)
+            admitted[w] = [s.core.sessions.admitted_on(w) for s in shells]
+            store[w] = shells[0].store_admitted(w)
+    waiting = [len(s.core.queue) + s.pending for s in shells]
+    return Tick(calm, window, limit, admitted, store, kv, waiting,
+                first.telemetry.tracker.backlog_ratio)
+
+
+async def _sample(
+    http: aiohttp.ClientSession, urls: list[str], samples: list[WorkerSample],
+    gws: list[Gateway], timeline: list[Tick], calm: asyncio.Event, stop: asyncio.Event,
+    period_s: float,
 ) -> None:
+    next_tick = time.perf_counter()
     while True:
         for i, url in enumerate(urls):
             try:
@@ -87,10 +165,135 @@ async def _sample_workers(
                     samples[i] = _read_metrics(await r.text(), samples[i])
             except aiohttp.ClientError:
                 pass  # a sample missed is only a less precise peak
+        if time.perf_counter() >= next_tick:
+            timeline.append(_tick(gws, calm.is_set()))
+            next_tick += period_s
         if stop.is_set():
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.1)
+
+
+def _watched(e: Event) -> bool:
+    return isinstance(e, SessionQueued | SessionAdmitted | WindowChange)
+
+
+def _watched_sessions(e: Event) -> bool:
+    return isinstance(e, SessionQueued | SessionAdmitted)
+
+
+def _renamed(traces: list[SessionTrace], prefix: str) -> list[SessionTrace]:
+    # Phases reuse the small packaged trace: give each replayed session an id of its own.
+    return [dataclasses.replace(t, id=f"{prefix}{i}-{t.id}") for i, t in enumerate(traces)]
+
+
+async def _run_once(
+    opts: DemoOptions, label: str, admission: bool, redis_url: str | None, announce: bool
+) -> RunResult:
+    all_traces = load_trace(opts.trace)
+    burst = _renamed(sample_sessions(all_traces, opts.sessions, opts.seed), "burst")
+    while len(burst) < opts.sessions:  # more sessions than the trace has: go round again
+        more = sample_sessions(all_traces, opts.sessions - len(burst), opts.seed + len(burst))
+        burst += _renamed(more, f"burst{len(burst)}-")
+    calm = _renamed(sample_sessions(all_traces, opts.calm_sessions, opts.seed + 1), "calm")
+    worker_opts = EmulatorOptions(
+        profile="tiny", time_scale=opts.time_scale, num_blocks=opts.num_blocks
+    )
+    workers: list[LocalServer] = [
+        await start_local(create_worker_app(worker_opts)) for _ in range(2)
+    ]
+    urls = [w.url for w in workers]
+    overrides: dict[str, Any] = {
+        "workers": [{"url": u, "name": f"w{i}"} for i, u in enumerate(urls)],
+        "health": {"interval_s": 0.5},
+        "probes": {"cpu": {"tool_cpus": opts.tool_cpus}, "nvml": {"enabled": False}},
+        # Growth needs a used window (app-limited guard): the calm phase is small on purpose.
+        "admission": {"enabled": admission, "app_limited_frac": 0.25},
+    }
+    if redis_url is not None:
+        overrides["store"] = {"backend": "redis", "redis_url": redis_url, "pool": "demo",
+                              "lease_ttl_s": 5.0, "heartbeat_interval_s": 1.0,
+                              "leader_ttl_s": 2.0}
+    cfg: MarsConfig = load_config(None, environ={}, overrides=overrides)
+    apps = [create_gateway_app(cfg) for _ in range(opts.replicas if redis_url else 1)]
+    gws = [app[GATEWAY_KEY] for app in apps]
+    # Every replica's own events (windows: the first replica's, they share the leader's).
+    watches: list[Subscription] = [
+        g.telemetry.bus.subscribe(_watched if i == 0 else _watched_sessions)
+        for i, g in enumerate(gws)
+    ]
+    proxies = [
+        await start_local(app, port=opts.proxy_port if i == 0 else 0)
+        for i, app in enumerate(apps)
+    ]
+    out = opts.out
+    if announce:
+        out.write(f"workers: {', '.join(urls)}\n")
+        out.write(f"proxy:   {', '.join(p.url for p in proxies)}\n")
+        out.write(f"watch it live: marsproxy status --url {proxies[0].url} --watch\n")
+    out.write(f"[{label}] burst of {len(burst)} sessions, then {len(calm)} calm ones "
+              f"(at most {opts.max_turns} turns each)...\n")
+    out.flush()
+    samples = [WorkerSample() for _ in urls]
+    timeline: list[Tick] = []
+    stop, calm_on = asyncio.Event(), asyncio.Event()
+    t0 = time.perf_counter()
+    try:
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.get(f"{proxies[0].url}/v1/models") as r:
+                model = (await r.json())["data"][0]["id"]
+            sampler = asyncio.create_task(
+                _sample(http, urls, samples, gws, timeline, calm_on, stop, opts.sample_s)
+            )
+
+            def replay_opts(i: int, scale: float) -> ReplayOptions:
+                return ReplayOptions(
+                    base_url=proxies[i % len(proxies)].url, model=model, token_scale=scale,
+                    tool_time_scale=opts.tool_time_scale, max_turns=opts.max_turns,
+                    seed=opts.seed,
+                )
+
+            system = filler(replay_opts(0, 1.0).system_prompt_tokens, random.Random(opts.seed))
+
+            async def one(i: int, trace: SessionTrace, delay: float,
+                          scale: float) -> SessionResult:
+                await asyncio.sleep(delay)
+                return await replay_session(http, trace, replay_opts(i, scale), system)
+
+            results = list(await asyncio.gather(*(
+                one(i, t, i * opts.arrival_gap_s, opts.token_scale) for i, t in enumerate(burst)
+            )))
+            calm_on.set()
+            results += await asyncio.gather(*(
+                one(i, t, i * opts.calm_gap_s, opts.calm_token_scale)
+                for i, t in enumerate(calm)
+            ))
+            await asyncio.sleep(opts.sample_s * 2)  # the window keeps growing a moment
+            stop.set()
+            await sampler
+        wall = time.perf_counter() - t0
+        if opts.linger_s > 0:
+            out.write(f"replay done; keeping the proxy up for {opts.linger_s:.0f} s\n")
+            out.flush()
+            await asyncio.sleep(opts.linger_s)
+    finally:
+        for p in proxies:
+            await p.stop()
+        for w in workers:
+            await w.stop()
+    events = [e for w in watches for e in w.poll(limit=1 << 20)]
+    return RunResult(label, results, samples, urls, wall, events, timeline)
+
+
+# -- the summary ---------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _admission_lines(events: list[Event]) -> list[str]:
@@ -98,9 +301,9 @@ def _admission_lines(events: list[Event]) -> list[str]:
     queued = sum(isinstance(e, SessionQueued) for e in events)
     waits = [e.wait_s for e in events if isinstance(e, SessionAdmitted)]
     changes = [e for e in events if isinstance(e, WindowChange)]
-    held = [w for w in waits if w > 0]
+    held = [w for w in waits if w > 0.05]
     lines = [
-        f"admission: {len(waits)} sessions admitted, {queued} queued first"
+        f"admission: {len(waits)} sessions admitted, {queued} queued first; {len(held)} waited"
         + (f" (wait mean {1000 * statistics.mean(held):.0f} ms, max {1000 * max(held):.0f} ms)"
            if held else "")
     ]
@@ -120,38 +323,87 @@ def _admission_lines(events: list[Event]) -> list[str]:
     return lines
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _row(name: str, ticks: list[Tick], cell: Any) -> str:
+    cells = []
+    for i, t in enumerate(ticks):
+        sep = "|" if i and t.calm and not ticks[i - 1].calm else " "
+        cells.append(f"{sep}{cell(t):>3}")
+    return f"  {name:<16}" + "".join(cells)
 
 
-def _summary(
-    results: list[SessionResult],
-    samples: list[WorkerSample],
-    urls: list[str],
-    wall: float,
-    events: list[Event],
-) -> str:
-    turns = [t for r in results for t in r.turns]
+def _timeline_lines(run: RunResult, period_s: float, replicas: int) -> list[str]:
+    ticks = run.timeline
+    if not ticks or not ticks[0].window:
+        return []
+    stride = max(1, -(-len(ticks) // 30))  # at most 30 columns
+    shown = ticks[::stride]
+    lines = [f"timeline [{run.label}]: one column per {period_s * stride:g} s; '|' marks the"
+             " start of the calm phase"]
+    for w in shown[0].window:
+        lines.append(_row(f"{w} window", shown, lambda t, w=w: t.window[w]))
+        lines.append(_row(f"{w} limit", shown, lambda t, w=w: t.limit[w]))
+        lines.append(_row(f"{w} KV %", shown, lambda t, w=w: (
+            "?" if t.kv[w] is None else round(100 * (t.kv[w] or 0.0)))))
+        if replicas > 1:
+            for r in range(replicas):
+                lines.append(_row(f"{w} admitted r{r}", shown,
+                                  lambda t, w=w, r=r: t.admitted[w][r]))
+            lines.append(_row(f"{w} shared total", shown, lambda t, w=w: t.store[w]))
+        else:
+            lines.append(_row(f"{w} admitted", shown, lambda t, w=w: t.admitted[w][0]))
+    lines.append(_row("waiting", shown, lambda t: sum(t.waiting)))
+    lines.append(_row("tool backlog x10", shown, lambda t: round(10 * t.backlog)))
+    if replicas > 1:
+        peaks = ", ".join(
+            f"{w}: {max(t.store[w] for t in ticks)}"
+            f" (limit at most {max(t.limit[w] for t in ticks)})"
+            for w in ticks[0].window
+        )
+        lines.append(f"  one window for {replicas} replicas: live leases of all replicas together"
+                     f" peaked at {peaks}; 'admitted rN' counts sessions still waiting for the"
+                     " store's confirmation too")
+    return lines
+
+
+def _run_lines(run: RunResult) -> list[str]:
+    turns = [t for r in run.results for t in r.turns]
+    ok_turns = [t for t in turns if t.ok]
+    e2e = [r.ended - r.started for r in run.results]
+    pre = sum(s.counters.get("vllm:num_preemptions_total", 0.0) for s in run.samples)
+    queries = sum(s.counters.get("vllm:prefix_cache_queries_total", 0.0) for s in run.samples)
+    hits = sum(s.counters.get("vllm:prefix_cache_hits_total", 0.0) for s in run.samples)
+    return [
+        f"{run.label:<18} sessions {sum(r.ok for r in run.results)}/{len(run.results)}"
+        f"  calls {len(ok_turns)} ok/{len(turns) - len(ok_turns)} failed"
+        f"  e2e mean {statistics.mean(e2e):.2f} s p95 {_pct(e2e, 0.95):.2f} s"
+        f"  KV peak {100 * max(s.kv_peak for s in run.samples):.0f}%"
+        f"  preemptions {pre:.0f}"
+        f"  prefix-cache hits {100 * hits / queries if queries else 0:.0f}%"
+        f"  wall {run.wall:.1f} s"
+    ]
+
+
+def _summary(runs: list[RunResult], opts: DemoOptions) -> str:
+    main = runs[-1]
+    turns = [t for r in main.results for t in r.turns]
     ok_turns = [t for t in turns if t.ok]
     lines = ["", "marsproxy demo — summary", ""]
-    lines.append(f"{'session':<24}{'turns':>6}{'prompt tok':>12}{'cached %':>10}{'e2e s':>9}  ok")
-    for r in results:
+    lines.append(f"{'session':<34}{'turns':>6}{'prompt tok':>12}{'cached %':>10}{'e2e s':>9}  ok")
+    for r in main.results:
         prompt = sum(t.prompt_tokens for t in r.turns)
         cached = sum(t.cached_tokens for t in r.turns)
         pct = 100.0 * cached / prompt if prompt else 0.0
         lines.append(
-            f"{r.session_id:<24}{len(r.turns):>6}{prompt:>12}{pct:>9.1f}%"
+            f"{r.session_id:<34}{len(r.turns):>6}{prompt:>12}{pct:>9.1f}%"
             f"{r.ended - r.started:>9.2f}  {'yes' if r.ok else 'NO'}"
         )
     ttfts = [t.ttft_s for t in ok_turns if t.ttft_s is not None]
     overheads = [t.overhead_ms for t in ok_turns if t.overhead_ms is not None]
     lines.append("")
     lines.append(
-        f"sessions finished: {sum(r.ok for r in results)}/{len(results)}   "
-        f"LLM calls: {len(ok_turns)} ok, {len(turns) - len(ok_turns)} failed   wall: {wall:.1f} s"
+        f"sessions finished: {sum(r.ok for r in main.results)}/{len(main.results)}   "
+        f"LLM calls: {len(ok_turns)} ok, {len(turns) - len(ok_turns)} failed   "
+        f"wall: {main.wall:.1f} s"
     )
     if ttfts:
         p50, p95 = 1000 * statistics.median(ttfts), 1000 * _pct(ttfts, 0.95)
@@ -161,7 +413,7 @@ def _summary(
             f"proxy overhead (x-marsproxy-overhead-ms) p50 {statistics.median(overheads):.2f} ms,"
             f" p99 {_pct(overheads, 0.99):.2f} ms"
         )
-    for url, s in zip(urls, samples, strict=True):
+    for url, s in zip(main.urls, main.samples, strict=True):
         queries = s.counters.get("vllm:prefix_cache_queries_total", 0.0)
         hits = s.counters.get("vllm:prefix_cache_hits_total", 0.0)
         lines.append(
@@ -171,7 +423,14 @@ def _summary(
             f" preemptions {s.counters.get('vllm:num_preemptions_total', 0):.0f},"
             f" prefix-cache hit rate {100 * hits / queries if queries else 0:.0f}%"
         )
-    lines.extend(_admission_lines(events))
+    lines.extend(_admission_lines(main.events))
+    lines.append("")
+    lines.extend(_timeline_lines(main, opts.sample_s, opts.replicas))
+    if len(runs) > 1:
+        lines.append("")
+        lines.append("the same load, side by side (fresh workers each):")
+        for run in runs:
+            lines.extend(_run_lines(run))
     failures = [t.error for t in turns if not t.ok]
     if failures:
         lines.append(f"first failure: {failures[0]}")
@@ -180,62 +439,33 @@ def _summary(
 
 
 async def run_demo(opts: DemoOptions) -> int:
-    traces = sample_sessions(load_trace(opts.trace), opts.sessions, opts.seed)
-    worker_opts = EmulatorOptions(
-        profile="tiny", time_scale=opts.time_scale, num_blocks=opts.num_blocks
-    )
-    workers: list[LocalServer] = [
-        await start_local(create_worker_app(worker_opts)) for _ in range(2)
-    ]
-    urls = [w.url for w in workers]
-    cfg: MarsConfig = load_config(
-        None, environ={}, overrides={"workers": urls, "health": {"interval_s": 0.5}}
-    )
-    gateway_app = create_gateway_app(cfg)
-    watch: Subscription = gateway_app[GATEWAY_KEY].telemetry.bus.subscribe(
-        lambda e: isinstance(e, SessionQueued | SessionAdmitted | WindowChange)
-    )
-    proxy = await start_local(gateway_app, port=opts.proxy_port)
     out = opts.out
-    out.write(f"workers: {', '.join(urls)}\nproxy:   {proxy.url}\n")
-    out.write(f"watch it live: marsproxy status --url {proxy.url} --watch\n")
-    out.write(f"replaying {len(traces)} sessions (at most {opts.max_turns} turns each)...\n")
-    out.flush()
-    samples = [WorkerSample() for _ in urls]
-    stop = asyncio.Event()
-    t0 = time.perf_counter()
-    try:
-        timeout = aiohttp.ClientTimeout(total=600)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            async with http.get(f"{proxy.url}/v1/models") as r:
-                model = (await r.json())["data"][0]["id"]
-            sampler = asyncio.create_task(_sample_workers(http, urls, samples, stop))
-            replay = ReplayOptions(
-                base_url=proxy.url,
-                model=model,
-                token_scale=opts.token_scale,
-                tool_time_scale=opts.tool_time_scale,
-                max_turns=opts.max_turns,
-                seed=opts.seed,
-            )
-            system = filler(replay.system_prompt_tokens, random.Random(opts.seed))
-
-            async def one(i: int, trace_index: int) -> SessionResult:
-                await asyncio.sleep(i * opts.arrival_gap_s)
-                return await replay_session(http, traces[trace_index], replay, system)
-
-            results = list(await asyncio.gather(*(one(i, i) for i in range(len(traces)))))
-            stop.set()
-            await sampler
-        wall = time.perf_counter() - t0
-        if opts.linger_s > 0:
-            out.write(f"replay done; keeping the proxy up for {opts.linger_s:.0f} s\n")
+    redis: RedisServer | None = None
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if opts.replicas > 1:
+        if not RedisServer.available():
+            out.write(f"--replicas {opts.replicas} needs redis-server (the replicas share "
+                      "their admission state in Redis); it is not installed here, so this "
+                      "part of the demo is skipped. Install it (e.g. `apt-get install "
+                      "redis-server`) or run the demo without --replicas.\n")
             out.flush()
-            await asyncio.sleep(opts.linger_s)
+            return 0
+        tmp = tempfile.TemporaryDirectory(prefix="marsproxy-demo-redis-")
+        redis = RedisServer(tmp.name)
+        redis.start()
+        out.write(f"redis-server of the demo's own: {redis.url} "
+                  f"({opts.replicas} replicas share the admission window there)\n")
+    try:
+        runs = []
+        if opts.compare:
+            runs.append(await _run_once(opts, "without admission", False, None, True))
+        url = None if redis is None else redis.url
+        runs.append(await _run_once(opts, "with admission", True, url, not opts.compare))
     finally:
-        await proxy.stop()
-        for w in workers:
-            await w.stop()
-    out.write(_summary(results, samples, urls, wall, watch.poll(limit=1 << 20)))
+        if redis is not None:
+            redis.kill()
+        if tmp is not None:
+            tmp.cleanup()
+    out.write(_summary(runs, opts))
     out.flush()
-    return 0 if all(r.ok for r in results) else 1
+    return 0 if all(r.ok for run in runs for r in run.results) else 1

@@ -21,7 +21,7 @@ from typing import Any
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
-from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, kv_budget
+from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, fits, kv_budget
 from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
 from marsproxy.core.events import (
     Event,
@@ -141,6 +141,57 @@ class AdmissionCore:
         actions.admitted.remove(mine)
         return Decision(DecisionKind.ADMITTED, worker=mine.worker, reason="admitted",
                         actions=actions)
+
+    def on_adopt(
+        self, now: float, session: str, tenant: str, worker: str, est_tokens: int, *,
+        final: bool = False, turns: int = 0, correction: float | None = None,
+    ) -> Decision:
+        """A request of a session another replica admitted on ``worker`` (it holds a live
+        lease there, now this replica's): served at once on that worker, never held by the
+        window and not counted as a new admission. Known here already: a plain request."""
+        if worker not in self.controllers:
+            raise ValueError(f"unknown worker {worker!r}")
+        if self.sessions.get(session) is not None:
+            return self.on_request(now, session, tenant, est_tokens, final=final)
+        if correction is not None:
+            self.estimator.restore(session, correction)
+        long = est_tokens > self.cfg.long_prompt_tokens
+        self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
+                            turns=turns)
+        return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
+
+    def relocate(self, now: float, session: str, candidates: Sequence[str]) -> str | None:
+        """Move a session admitted here but not yet served to another worker with room.
+
+        The store refused its worker (full across replicas) while ``candidates`` have free
+        slots globally; the store arbitrates the count, so only placeability and KV fit are
+        checked here. Returns the new worker (most KV budget first), or ``None`` to stay.
+        """
+        rec = self.sessions.get(session)
+        if rec is None or rec.state is not SessionState.ADMITTED or rec.worker is None:
+            return None
+        if rec.turns > rec.in_flight or session not in self._pending:
+            return None  # it was served there already: its prefix lives on that worker
+        best: tuple[int, str] | None = None
+        for v in self._views():
+            if v.name == rec.worker or v.name not in candidates or not v.placeable:
+                continue
+            if rec.long and v.long_admitted >= self.cfg.max_long_in_flight:
+                continue
+            if not fits(blocks_for_tokens(rec.est_tokens, v.block_size), v.budget_blocks):
+                continue
+            rank = v.budget_blocks if v.budget_blocks is not None else 0
+            if best is None or rank > best[0]:
+                best = (rank, v.name)
+        if best is None:
+            return None
+        self._settle(session)
+        self.sessions.move(session, best[1])
+        block_size = self._signals[best[1]].block_size or _DEFAULT_BLOCK_SIZE
+        blocks = blocks_for_tokens(rec.est_tokens, block_size)
+        self._pending[session] = (best[1], blocks)
+        self._pending_on[best[1]] += blocks
+        return best[1]
 
     def on_response_end(
         self, now: float, session: str, *, prompt_chars: int | None = None,

@@ -69,6 +69,14 @@ class AdmissionConfig(_Section):
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."
     )
+    tokenize: bool = Field(
+        False,
+        description="Count a new session's first prompt with a worker's /tokenize (one round"
+        " trip per new session) instead of characters / chars_per_token.",
+    )
+    tokenize_timeout_s: float = Field(
+        0.5, gt=0, description="Timeout of that /tokenize call; past it, the character estimate."
+    )
     # -- Admission order (DESIGN §5.2) ----------------------------------------------------
     long_prompt_tokens: int = Field(
         50_000, ge=1, description="A session whose first prompt exceeds this many tokens is long."

@@ -69,6 +69,11 @@ class PromptEstimator:
             return  # nothing to learn from an empty prompt or a missing usage block
         self._correction[session] = prompt_tokens / raw
 
+    def restore(self, session: str, correction: float) -> None:
+        """Carry a correction learnt elsewhere (another replica's session record) over."""
+        if correction > 0:
+            self._correction[session] = correction
+
     def correction(self, session: str) -> float:
         return self._correction.get(session, 1.0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,3 +42,44 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) ->
             return
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not come up in {timeout_s} s")
+
+
+class RedisServer:
+    """A redis-server of one's own on a free loopback port, without persistence.
+
+    For the demo's replica mode and the end-to-end tests: never the shared Redis. ``kill``
+    drops its data (like a crashed pod); ``start`` again reuses the port.
+    """
+
+    def __init__(self, workdir: str) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = workdir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("redis-server") is not None
+
+    def start(self, timeout_s: float = 5.0) -> None:
+        self._proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self._dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.kill()
+        raise RuntimeError(f"redis-server did not listen on {self.port}")
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None

@@ -32,10 +32,15 @@ class Phase(StrEnum):
 class EndReason(StrEnum):
     FINAL = "final"
     DELETED = "deleted"
+    """Ended on purpose (``DELETE``): wherever it lives, on any replica."""
+    EVICTED = "evicted"
+    """The gateway's session table let it go (over its cap)."""
     IDLE_TIMEOUT = "idle_timeout"
     QUEUE_DEADLINE = "queue_deadline"
     ABANDONED = "abandoned"
     """The client of a waiting session went away before it was admitted."""
+    MOVED = "moved"
+    """Another replica took the session over (its lease moved there); it lives on there."""
 
 
 class LifecycleError(ValueError):
@@ -140,10 +145,38 @@ class SessionLifecycle:
         rec.last_active = now
         rec.phase = Phase.LLM
         rec.turns += rec.in_flight
-        self._by_worker.setdefault(worker, set()).add(key)
-        if rec.long:
-            self._long_by_worker[worker] = self._long_by_worker.get(worker, 0) + 1
+        self._count(rec, +1)
         return rec
+
+    def adopt(self, now: float, key: str, tenant: str, worker: str, est_tokens: int, long: bool,
+              *, final: bool = False, turns: int = 0) -> SessionRecord:
+        """A session admitted elsewhere (another replica) arrives with a request: it holds a
+        live lease on ``worker`` already, so it is ADMITTED at once, never QUEUED."""
+        if key in self._records:
+            raise LifecycleError(f"session {key!r} already exists")
+        rec = SessionRecord(key, tenant, SessionState.ADMITTED, now, est_tokens, long,
+                            worker=worker, admitted_at=now, last_active=now, in_flight=1,
+                            final=final, turns=turns + 1)
+        self._records[key] = rec
+        self._count(rec, +1)
+        return rec
+
+    def move(self, key: str, worker: str) -> SessionRecord:
+        """An admitted session goes to another worker before any request of it was served."""
+        rec = self._require(key, SessionState.ADMITTED)
+        self._count(rec, -1)
+        rec.worker = worker
+        self._count(rec, +1)
+        return rec
+
+    def _count(self, rec: SessionRecord, sign: int) -> None:
+        assert rec.worker is not None
+        if sign > 0:
+            self._by_worker.setdefault(rec.worker, set()).add(rec.key)
+        else:
+            self._by_worker[rec.worker].discard(rec.key)
+        if rec.long:
+            self._long_by_worker[rec.worker] = self._long_by_worker.get(rec.worker, 0) + sign
 
     def request(self, now: float, key: str, final: bool = False) -> SessionRecord:
         """A continuation of an admitted session: served at once, never held by the window."""
@@ -176,9 +209,7 @@ class SessionLifecycle:
             return None
         self._unidle(rec)
         if rec.state is SessionState.ADMITTED and rec.worker is not None:
-            self._by_worker[rec.worker].discard(key)
-            if rec.long:
-                self._long_by_worker[rec.worker] -= 1
+            self._count(rec, -1)
         rec.state = SessionState.ENDED
         rec.end_reason = reason
         rec.last_active = max(rec.last_active, now)

@@ -144,7 +144,10 @@ class Admin:
     async def delete_session(self, request: web.Request) -> web.Response:
         sid, key = self._find(request)
         if key is None or not self.gw.sessions.end(key, self.gw.now()):
-            return self._not_found(sid)
+            # Not known here: it may live on another replica sharing the admission store.
+            adm = self.gw.admission
+            if adm is None or not await adm.end_elsewhere(keys_for(_tenant(request), sid)[0]):
+                return self._not_found(sid)
         return web.json_response({"session": sid, "ended": True})
 
     async def state(self, request: web.Request) -> web.Response:

@@ -14,6 +14,16 @@ of all workers, and room on its worker under the published limit), retried on ev
 tick and every store wake-up, and answered 503 when its queue deadline passes first. Sessions
 the core itself holds back (WAIT) stay out of the global queue: they wait for local reasons,
 and counting them there would block the pending ones behind them.
+
+Several replicas, one plane. Every confirmed session has a record in the store (worker,
+token counts, attained service, tool-time estimate). A request of a session this replica
+does not know loads it and, while its lease is live, *claims* the lease and *adopts* the
+session on the same worker (never queued, not a new admission); the replica that held it
+finds the lease gone at its next heartbeat and forgets its copy. Ending a session (final
+turn, DELETE, idle timeout) drops the lease and the record in one fenced step, so it happens
+once, and only the replica that holds the session ends it (a DELETE ends it wherever it is).
+Sessions identified by history chaining are per replica (their index is local): their store
+keys carry the replica id, so replicas never mix them up, and they are never adopted.
 """
 
 from __future__ import annotations
@@ -24,12 +34,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind
 from marsproxy.aimd.stores import WindowRecord, WindowStore, make_store, wall_clock_ms
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, Rejected, SessionAdmitted, SessionEnd
 from marsproxy.core.lifecycle import EndReason, SessionState
 from marsproxy.gateway.admission_signals import all_signals
+from marsproxy.gateway.admission_tokens import count_tokens
 from marsproxy.gateway.admission_types import END_REASONS, Granted, Pending, Refused, Verdict
 from marsproxy.gateway.health import WorkerHealth
 from marsproxy.gateway.metrics import GatewayMetrics
@@ -45,6 +58,7 @@ class AdmissionShell:
         health: WorkerHealth,
         metrics: GatewayMetrics,
         store: WindowStore | None = None,
+        http: Callable[[], aiohttp.ClientSession | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.acfg = cfg.admission
@@ -52,6 +66,7 @@ class AdmissionShell:
         self.urls = {w.label: w.url for w in cfg.workers}
         self.core = AdmissionCore(cfg.admission, list(self.urls))
         self.store: WindowStore = store if store is not None else make_store(cfg.store)
+        self._http = http  # the upstream client session, for admission.tokenize
         self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
         self._arrival: dict[str, tuple[float, int]] = {}  # waiting in the core: (mono, ms)
         self._pending: dict[str, Pending] = {}
@@ -62,6 +77,10 @@ class AdmissionShell:
         self._stopping = False
         self._windows: dict[str, WindowRecord] = {}  # as published by the leader
         self._store_admitted: dict[str, int] = dict.fromkeys(self.urls, 0)
+        # Carried in the session record: tokens served (attained service) and the tool-time
+        # estimate of a session adopted from another replica (this one has no history of it).
+        self._attained: dict[str, int] = {}
+        self._carried_tool_s: dict[str, float] = {}
         self._confirm_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -97,13 +116,9 @@ class AdmissionShell:
             # not hang the shutdown; the loops also stop on the flag at their next turn.
             await asyncio.wait(tasks, timeout=2.0)
         self._loops, self._tasks = [], set()
-        # A clean stop hands its slots back at once; a crash leaves them to the lease TTL.
-        try:
-            async with asyncio.timeout(2.0):
-                for key, worker in list(self._held.items()):
-                    await self.store.release(worker, key)
-        except Exception as exc:  # the leases then expire within one TTL, as after a crash
-            log.warning("admission: releasing held slots at shutdown failed: %r", exc)
+        # Leases are kept, not released: the sessions live on, and their next requests (sent
+        # to another replica) adopt them there; those that do not come back expire within
+        # one lease TTL, as after a crash. With the memory store they end with the process.
         await self.store.close()
 
     async def _control_loop(self) -> None:
@@ -138,6 +153,7 @@ class AdmissionShell:
     async def tick(self) -> None:
         """One control step: core tick, pending deadlines, windows, then carry out."""
         actions = self._signals_now()
+        self._forget_lost(actions)
         self._expire_pending(actions)
         store, now_ms = self.store, wall_clock_ms()
         if await store.try_lead(now_ms):
@@ -147,9 +163,120 @@ class AdmissionShell:
             }
             await store.publish_windows(records)
         self._windows = await store.read_windows()
-        for w in self.urls:
-            self._store_admitted[w] = await store.admitted(w)
+        self._store_admitted = await store.admitted_counts(list(self.urls))
         await self._carry(actions)
+
+    def _forget_lost(self, actions: Actions) -> None:
+        # Leases this replica held that are gone from the store: another replica took the
+        # session over, or ended it (DELETE there), or the lease expired during a stall.
+        now = self.now()
+        for worker, skey in self.store.drain_lost():
+            key = self._core_key(skey)
+            if self._held.get(key) != worker:
+                continue
+            del self._held[key]  # not ours to release any more
+            self.telemetry.tracker.session_ended(key)  # its tool phases run elsewhere now
+            more = self.core.on_session_end(now, key, EndReason.MOVED)
+            actions.admitted += more.admitted
+            actions.ended += more.ended
+            actions.events += more.events
+
+    # -- store keys and session records ---------------------------------------------------
+    @staticmethod
+    def shared(key: str) -> bool:
+        """Whether ``key`` names the session on every replica (an explicit id)."""
+        return key.split("/", 2)[1:2] == ["id"]
+
+    def _store_key(self, key: str) -> str:
+        # Chain and anonymous ids are counters of this replica's table: scope them to it.
+        return key if self.shared(key) else f"{key}@{self.store.replica_id}"
+
+    def _core_key(self, skey: str) -> str:
+        return skey.removesuffix(f"@{self.store.replica_id}")
+
+    @property
+    def _replicated(self) -> bool:
+        # One replica on the in-process store: nobody else could read a record.
+        return self.store.mode != "memory"
+
+    def _save_record(self, key: str) -> None:
+        if not self._replicated:
+            return
+        rec = self.core.sessions.get(key)
+        worker = self._held.get(key)
+        if rec is None or worker is None:
+            return
+        usual = self._usual_tool_s(key)
+        record: dict[str, Any] = {
+            "worker": worker,
+            "tenant": rec.tenant,
+            "turns": rec.turns,
+            "est_tokens": rec.est_tokens,
+            "correction": self.core.estimator.correction(key),
+            "attained_tokens": self._attained.get(key, 0),
+            "usual_tool_s": usual,
+            "idle_timeout_s": rec.idle_timeout_s,
+            "replica": self.store.replica_id,
+        }
+        self._spawn(self.store.save_session(self._store_key(key), record))
+
+    def _usual_tool_s(self, key: str) -> float | None:
+        usual = self.telemetry.tracker.predicted_duration(key)
+        return usual if usual is not None else self._carried_tool_s.get(key)
+
+    async def _adopt(self, key: str, tenant: str, chars: int, final: bool) -> Verdict | None:
+        """A session another replica admitted: claim its lease, serve it on its worker."""
+        if not self._replicated or not self.shared(key):
+            return None
+        skey = self._store_key(key)
+        rec = await self.store.load_session(skey)
+        if rec is None or self.core.sessions.get(key) is not None:
+            return None
+        worker = rec.get("worker")
+        correction = rec.get("correction")
+        if isinstance(correction, int | float):
+            self.core.estimator.restore(key, float(correction))
+        if worker not in self.urls or not await self.store.claim(worker, skey, wall_clock_ms()):
+            return None  # its lease is gone (ended, expired): it queues like a new session
+        if self.core.sessions.get(key) is not None:
+            return None  # another request of it got here first: it is a continuation now
+        est = self.core.estimator.estimate(key, chars)
+        self.core.on_adopt(self.now(), key, tenant, worker, est, final=final,
+                           turns=int(rec.get("turns", 0)))
+        self._held[key] = worker
+        self._attained[key] = int(rec.get("attained_tokens", 0))
+        usual = rec.get("usual_tool_s")
+        if isinstance(usual, int | float):
+            self._carried_tool_s[key] = float(usual)
+        log.debug("adopted session %s on %s from replica %s", key, worker, rec.get("replica"))
+        return Granted(worker, 0.0)
+
+    async def _tokenize(self, key: str, chars: int, body: bytes) -> None:
+        http = None if self._http is None else self._http()
+        healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
+        if http is None or not healthy:
+            return
+        tokens = await count_tokens(http, healthy[0], body, self.acfg.tokenize_timeout_s)
+        if tokens is not None:
+            # As if the worker had reported it: the estimate of this prompt becomes exact.
+            self.core.estimator.observe(key, chars, tokens)
+
+    async def end_elsewhere(self, key: str) -> bool:
+        """``DELETE`` of a session this replica does not hold: end it in the store, wherever
+        it lives (its replica forgets it at its next heartbeat). False: no such session."""
+        if key in self._held or self.core.sessions.get(key) is not None:
+            self.session_forgotten(key, "deleted")
+            return True
+        skey = self._store_key(key)
+        rec = await self.store.load_session(skey)
+        if rec is None:
+            return False
+        worker = rec.get("worker")
+        if worker in self.urls:
+            await self.store.release(str(worker), skey, any_owner=True)
+        else:
+            await self.store.delete_session(skey)
+        return True
 
     def limit(self, worker: str) -> int:
         """The limit the store enforces on ``worker``: the leader's if published, else ours."""
@@ -171,9 +298,21 @@ class AdmissionShell:
                 actions.events += more.events
 
     # -- the request path -----------------------------------------------------------------
-    async def admit(self, key: str, tenant: str, chars: int, final: bool) -> Verdict:
-        """Admit a request of session ``key`` now, hold it until admitted, or refuse it."""
+    async def admit(
+        self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None
+    ) -> Verdict:
+        """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
+
+        ``body`` (the raw request) is only read to count a new session's first prompt with
+        ``/tokenize`` when ``admission.tokenize`` is on.
+        """
         core = self.core
+        if core.sessions.get(key) is None:
+            adopted = await self._adopt(key, tenant, chars, final)
+            if adopted is not None:
+                return adopted
+            if body is not None and self.acfg.tokenize:
+                await self._tokenize(key, chars, body)
         if key not in self._held and all(v.stale for v in core.views()):
             # Probably the first requests after start: use the first scrape at once.
             await self._carry(self._signals_now())
@@ -245,24 +384,35 @@ class AdmissionShell:
         actions = self.core.on_session_end(self.now(), key, EndReason.ABANDONED)
         self._spawn(self._carry(actions))
 
-    def response_ended(self, key: str, chars: int, prompt_tokens: int | None) -> None:
+    def response_ended(
+        self, key: str, chars: int, prompt_tokens: int | None, completion_tokens: int = 0
+    ) -> None:
         """A request that was admitted finished (well or not): its usage corrects estimates."""
-        usual = self.telemetry.tracker.predicted_duration(key)
+        usual = self._usual_tool_s(key)
         actions = self.core.on_response_end(
             self.now(), key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
             usual_tool_s=usual,
         )
+        if key in self._held:
+            self._attained[key] = (
+                self._attained.get(key, 0) + (prompt_tokens or 0) + completion_tokens
+            )
         if actions.ended or actions.admitted or actions.events:
             self._spawn(self._carry(actions))
+        if not any(k == key for k, _ in actions.ended):
+            self._save_record(key)  # another replica may serve its next request
 
     def session_forgotten(self, key: str, reason: str) -> None:
         """The gateway's session table let ``key`` go (final, idle, evicted, deleted)."""
-        end = END_REASONS.get(reason, EndReason.DELETED)
+        end = END_REASONS.get(reason, EndReason.EVICTED)  # unknown: fenced, never elsewhere
+        known = self.core.sessions.get(key) is not None
         actions = self.core.on_session_end(self.now(), key, end)
         # The table publishes its own session_end for this one.
         actions.events = [e for e in actions.events if e.session != key]
         if actions.ended or actions.admitted:
             self._spawn(self._carry(actions))
+        if end is EndReason.DELETED and not known and self.shared(key):
+            self._spawn(self.end_elsewhere(key))  # it moved to another replica: end it there
 
     # -- carrying out ---------------------------------------------------------------------
     async def _carry(self, actions: Actions) -> None:
@@ -288,16 +438,21 @@ class AdmissionShell:
     async def _ended(self, key: str, reason: EndReason) -> None:
         self._arrival.pop(key, None)
         self._refuse(key, Refused(503, "session_ended", 1, f"the session ended ({reason})"))
+        self._attained.pop(key, None)
+        self._carried_tool_s.pop(key, None)
         if self._drop_pending(key):
             return
         worker = self._held.pop(key, None)
         if worker is not None:
-            await self.store.release(worker, key)
+            # Fenced: a session another replica took over meanwhile is not ended by a timeout
+            # here; an explicit DELETE ends it wherever it is.
+            await self.store.release(worker, self._store_key(key),
+                                     any_owner=reason is EndReason.DELETED)
 
     def _drop_pending(self, key: str) -> bool:
         if self._pending.pop(key, None) is None:
             return False
-        self._spawn(self.store.dequeue(key))
+        self._spawn(self.store.dequeue(self._store_key(key)))
         return True
 
     async def _confirm_pending(self) -> None:
@@ -306,26 +461,39 @@ class AdmissionShell:
             if not self._pending:
                 return
             store, now_ms = self.store, wall_clock_ms()
-            free = 0
-            for w in self.urls:
-                self._store_admitted[w] = n = await store.admitted(w)
-                free += max(0, self.limit(w) - n)
+            self._store_admitted = await store.admitted_counts(list(self.urls))
+            room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
+            free = sum(room.values())
             for key, p in sorted(self._pending.items(), key=lambda kv: kv[1].arrival_ms):
-                if not p.queued:
-                    p.queued = True
-                    await store.enqueue(key, float(p.arrival_ms))
-                ok = await store.admit_if_ranked(key, free, p.worker, self.limit(p.worker),
-                                                 now_ms)
+                skey = self._store_key(key)
+                if room[p.worker] <= 0:
+                    self._relocate(key, p, room)
+                # The ask also puts it in the global queue when it is not there yet (its first
+                # ask, or after a Redis restart), in the same round trip.
+                ok = await store.admit_if_ranked(skey, free, p.worker, self.limit(p.worker),
+                                                 now_ms, float(p.arrival_ms))
                 if self._pending.get(key) is not p:  # ended while we asked: undo
                     if ok:
-                        await store.release(p.worker, key)
-                    await store.dequeue(key)
+                        await store.release(p.worker, skey)
+                    await store.dequeue(skey)
                     continue
                 if ok:
                     free -= 1
+                    room[p.worker] -= 1
                     self._confirmed(key, p)
                 elif store.mode == "closed":
                     self._store_closed(key)
+
+    def _relocate(self, key: str, p: Pending, room: dict[str, int]) -> None:
+        # Its worker is full across replicas while another has room: move it there (the
+        # core checks that it is placeable and that the session's KV fits).
+        others = [w for w, n in room.items() if n > 0 and w != p.worker]
+        if not others:
+            return
+        moved = self.core.relocate(self.now(), key, others)
+        if moved is not None:
+            log.debug("pending session %s moves from %s to %s", key, p.worker, moved)
+            p.worker = moved
 
     def _confirmed(self, key: str, p: Pending) -> None:
         del self._pending[key]
@@ -337,6 +505,7 @@ class AdmissionShell:
         for fut in self._waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(Granted(p.worker, waited))
+        self._save_record(key)
 
     def _store_closed(self, key: str) -> None:
         # on_store_failure: closed — the shared state is unreachable, admit nothing new.
@@ -365,8 +534,10 @@ class AdmissionShell:
         for ev in events:
             if isinstance(ev, Rejected | SessionAdmitted):
                 continue
-            if isinstance(ev, SessionEnd) and ev.reason == EndReason.FINAL:
-                continue  # the session table forgets it next and publishes that end
+            if isinstance(ev, SessionEnd) and ev.reason in (EndReason.FINAL, EndReason.MOVED):
+                # FINAL: the session table forgets it next and publishes that end; MOVED: it
+                # did not end, another replica serves it now.
+                continue
             self.telemetry.publish(ev)
 
     def _spawn(self, coro: Any) -> None:

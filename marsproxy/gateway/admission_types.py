@@ -10,7 +10,7 @@ from marsproxy.core.lifecycle import EndReason
 END_REASONS: dict[str, EndReason] = {
     "final": EndReason.FINAL,
     "idle": EndReason.IDLE_TIMEOUT,
-    "evicted": EndReason.DELETED,
+    "evicted": EndReason.EVICTED,
     "deleted": EndReason.DELETED,
 }
 
@@ -44,4 +44,3 @@ class Pending:
     worker: str
     since: float  # monotonic arrival of its first request
     arrival_ms: int  # wall-clock arrival: its score in the global queue
-    queued: bool = False  # in the store's global queue

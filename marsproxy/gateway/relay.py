@@ -97,7 +97,7 @@ class Relay:
         out.turn = gw.request_arrived(turn)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.admission is not None and gw.healthy():
-            refused = await self._admit(turn, tenant, len(raw), final, clock, out)
+            refused = await self._admit(turn, tenant, raw, final, clock, out)
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
@@ -121,14 +121,14 @@ class Relay:
         return out.prepared
 
     async def _admit(
-        self, turn: Turn, tenant: str, chars: int, final: bool, clock: Clock, out: Outcome
+        self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         assert gw.admission is not None
-        t = time.perf_counter()
+        t, chars = time.perf_counter(), len(raw)
         try:
-            verdict = await gw.admission.admit(turn.session, tenant, chars, final)
+            verdict = await gw.admission.admit(turn.session, tenant, chars, final, raw)
         finally:
             clock.held_s += time.perf_counter() - t
         if isinstance(verdict, Refused):
@@ -158,7 +158,8 @@ class Relay:
             # Before the table may forget the session: the core hears the end of the request
             # first, then (on a final turn) the end of the session.
             prompt = None if out.usage is None else out.usage.prompt_tokens
-            gw.admission.response_ended(turn.session, out.prompt_chars, prompt)
+            done = 0 if out.usage is None else out.usage.completion_tokens
+            gw.admission.response_ended(turn.session, out.prompt_chars, prompt, done)
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
         if out.ok:
             gw.response_ended(turn)

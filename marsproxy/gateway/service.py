@@ -52,7 +52,8 @@ class Gateway:
         self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
         # Admission control (DESIGN §5.1-5.5); None: every session is served at once, as before.
         self.admission = (
-            AdmissionShell(cfg, self.telemetry, self.health, self.metrics)
+            AdmissionShell(cfg, self.telemetry, self.health, self.metrics,
+                           http=lambda: self.upstream.session)
             if cfg.admission.enabled
             else None
         )

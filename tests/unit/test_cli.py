@@ -27,7 +27,8 @@ def test_every_command_has_help_with_defaults(capsys: pytest.CaptureFixture[str]
                   "(default: fcfs)", "--num-blocks", "--served-model-name"):
         assert shown in emulate
     demo = _help(["demo"], capsys)
-    assert "--sessions SESSIONS" in demo and "(default: 10)" in demo
+    assert "--sessions SESSIONS" in demo and "(default: 24)" in demo
+    assert "--replicas {1,2,3}" in demo and "--no-compare" in demo
     assert "FILE" in _help(["config", "check"], capsys)
 
 

@@ -15,7 +15,11 @@ local function reap(adm, own, now_ms)
   remove_all(adm, own, redis.call('ZRANGE', adm, '-inf', now_ms, 'BYSCORE'))
 end
 
-local function grant(adm, own, session, expiry_ms, replica)
+-- tomb: the session's tombstone key; a new admission under an ended session's id clears it.
+local function grant(adm, own, session, expiry_ms, replica, tomb)
   redis.call('ZADD', adm, expiry_ms, session)
   redis.call('HSET', own, session, replica)
+  if tomb then
+    redis.call('DEL', tomb)
+  end
 end

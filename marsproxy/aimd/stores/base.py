@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -80,14 +80,30 @@ class WindowStore(Protocol):
         Idempotent: a session already admitted on ``worker`` is renewed and gets True.
         """
 
-    async def release(self, worker: str, session: str) -> None:
-        """Drop the session's lease; wake the replicas if sessions wait in the global queue."""
+    async def claim(self, worker: str, session: str, now_ms: int) -> bool:
+        """Take over ``session``'s live lease on ``worker`` (another replica admitted it): the
+        lease is renewed and owned by this replica from now on; the old owner's heartbeat
+        finds it gone (``drain_lost``). False when no live lease exists (or the shared
+        backend is down): then it is not admitted anywhere and must queue like a new one."""
+
+    async def release(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
+        """End the session: drop its lease and its record, wake the replicas if sessions wait
+        in the global queue. Fenced: unless ``any_owner`` (an explicit end on a replica that
+        does not hold it), a lease another replica took over is left alone. True when a
+        lease was dropped (exactly one caller gets True)."""
+
+    def drain_lost(self) -> list[tuple[str, str]]:
+        """(worker, session) of leases this replica held and found gone since the last call:
+        taken over by another replica, ended there, or expired. Each is reported once."""
 
     async def renew(self, now_ms: int) -> int:
         """Heartbeat: renew this replica's leases, reap expired ones; returns leases renewed."""
 
     async def admitted(self, worker: str) -> int:
         """Live leases on ``worker`` (while the shared backend is down: this replica's own)."""
+
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        """``admitted`` of every worker in one round trip."""
 
     async def admitted_sessions(self, worker: str) -> list[str]:
         """Sorted sessions holding a live lease on ``worker`` (down: this replica's own)."""
@@ -112,12 +128,15 @@ class WindowStore(Protocol):
     async def queue_len(self) -> int: ...
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         """Admit a queued session iff its rank < ``free_slots`` and ``worker`` has room.
 
         The rank check, the admission and the removal from the queue are one atomic step, so
-        the global order holds across replicas. An already admitted session gets True.
+        the global order holds across replicas. An already admitted session gets True. With
+        ``score``, a session neither waiting nor admitted joins the queue first (as
+        ``enqueue``), in the same step.
         """
 
     async def notify(self) -> None:

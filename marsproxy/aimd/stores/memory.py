@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,10 @@ class MemoryStore:
         self._lease_ms = round(config.lease_ttl_s * 1000)
         self._leader_ms = round(config.leader_ttl_s * 1000)
         self._heartbeat: asyncio.Task[None] | None = None
+        # Leases this instance granted itself; one found gone or owned by another replica at
+        # a heartbeat is reported once by drain_lost().
+        self._mine: set[tuple[str, str]] = set()
+        self._lost: list[tuple[str, str]] = []
 
     # -- health ---------------------------------------------------------------------------------
     @property
@@ -124,6 +128,7 @@ class MemoryStore:
         if lease is None and len(held) >= limit:
             return False
         held[session] = Lease(now_ms + self._lease_ms, self._id)
+        self._mine.add((worker, session))
         return True
 
     async def try_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
@@ -132,13 +137,29 @@ class MemoryStore:
     def add_lease(self, worker: str, session: str, now_ms: int) -> None:
         """Record a lease granted elsewhere (the Redis store mirrors its own leases here)."""
         self._s.leases.setdefault(worker, {})[session] = Lease(now_ms + self._lease_ms, self._id)
+        self._mine.add((worker, session))
 
     def drop_lease(self, worker: str, session: str) -> bool:
+        self._mine.discard((worker, session))
         return self._s.leases.get(worker, {}).pop(session, None) is not None
 
-    async def release(self, worker: str, session: str) -> None:
-        if self.drop_lease(worker, session) and self._s.order:  # as release.lua does
+    async def claim(self, worker: str, session: str, now_ms: int) -> bool:
+        return self.admit_sync(worker, session, 0, now_ms)
+
+    async def release(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
+        lease = self._s.leases.get(worker, {}).get(session)
+        if lease is not None and lease.owner != self._id and not any_owner:
+            self._mine.discard((worker, session))
+            return False  # it moved to another replica, which serves it now
+        dropped = self.drop_lease(worker, session)
+        self._s.sessions.pop(session, None)
+        if dropped and self._s.order:  # as release.lua does
             self._s.hub.fire()
+        return dropped
+
+    def drain_lost(self) -> list[tuple[str, str]]:
+        out, self._lost = self._lost, []
+        return out
 
     def renew_sync(self, now_ms: int) -> int:
         self._s.replicas[self._id] = now_ms + self._lease_ms
@@ -152,6 +173,11 @@ class MemoryStore:
                 if lease.owner == self._id:
                     lease.expiry_ms = now_ms + self._lease_ms
                     renewed += 1
+        for worker, session in list(self._mine):
+            got = self._s.leases.get(worker, {}).get(session)
+            if got is None or got.owner != self._id:
+                self._mine.discard((worker, session))
+                self._lost.append((worker, session))
         return renewed
 
     async def renew(self, now_ms: int) -> int:
@@ -174,6 +200,9 @@ class MemoryStore:
 
     async def admitted(self, worker: str) -> int:
         return len(self._live(worker))
+
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        return {w: len(self._live(w)) for w in workers}
 
     async def admitted_sessions(self, worker: str) -> list[str]:
         return sorted(self._live(worker))
@@ -232,21 +261,29 @@ class MemoryStore:
         return [(s, score) for score, s in self._s.order]
 
     def admit_ranked_sync(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         rank = self.rank_sync(session)
-        if rank is None:  # not waiting: only an already admitted session passes
+        if rank is None:  # not waiting: an already admitted session passes
             held = self._reap(worker, now_ms)
-            return session in held and self.admit_sync(worker, session, limit, now_ms)
+            if session in held:
+                return self.admit_sync(worker, session, limit, now_ms)
+            if score is None:
+                return False
+            self.enqueue_sync(session, score)  # as admit_ranked.lua: join, then rank
+            rank = self.rank_sync(session)
+            assert rank is not None
         if rank >= free_slots or not self.admit_sync(worker, session, limit, now_ms):
             return False
         self.dequeue_sync(session)
         return True
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
-        return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms)
+        return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms, score)
 
     # -- wake-ups -------------------------------------------------------------------------------
     async def notify(self) -> None:

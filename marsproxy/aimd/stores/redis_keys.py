@@ -51,6 +51,14 @@ class Keys:
     def session(self, key: str) -> str:
         return f"{self.base}sess:{key}"
 
+    def tomb(self, key: str) -> str:
+        """Tombstone of an ended session (resync must not write its lease back)."""
+        return f"{self.tomb_prefix}{key}"
+
+    @property
+    def tomb_prefix(self) -> str:
+        return f"{self.base}ended:"
+
     @property
     def channel(self) -> str:
         return f"{self.base}wake"

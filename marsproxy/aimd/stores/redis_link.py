@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.redis_batch import ScriptBatcher
 from marsproxy.aimd.stores.redis_keys import Keys, Scripts
+from marsproxy.aimd.stores.redis_pack import pack_with_hiredis
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class RedisLink:
             socket_connect_timeout=config.op_timeout_s,
             retry=Retry(NoBackoff(), 1),
         )
+        pack_with_hiredis(self.redis)
         # Pub/sub has a connection of its own: it blocks on reads by design.
         self._sub = Redis.from_url(
             config.redis_url, decode_responses=True, socket_connect_timeout=config.op_timeout_s

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_clock_ms
@@ -59,6 +59,10 @@ class RedisStore:
         self.gen = 0  # bumped by every local change while down: resync repeats until stable
         # Leases granted since the heartbeat started: its "gone" answer may predate them.
         self.fresh: set[tuple[str, str]] = set()
+        # Leases this replica held and found gone (moved, ended elsewhere, expired): the
+        # gateway drains them and forgets those sessions.
+        self.lost: list[tuple[str, str]] = []
+        self.tomb_ms = self.session_ms
         self._beat_task: asyncio.Task[None] | None = None
 
     # -- health ---------------------------------------------------------------------------------
@@ -123,6 +127,11 @@ class RedisStore:
     def _lease_keys(self, worker: str) -> list[str]:
         return [self.keys.adm(worker), self.keys.own(worker)]
 
+    def drain_lost(self) -> list[tuple[str, str]]:
+        # The mirror reports leases that expired locally (a stall past the lease TTL) too.
+        out, self.lost = self.lost + self.local.drain_lost(), []
+        return out
+
     def _granted(self, worker: str, session: str, now_ms: int) -> None:
         self.local.add_lease(worker, session, now_ms)
         self.fresh.add((worker, session))
@@ -141,8 +150,9 @@ class RedisStore:
         self.workers.add(worker)
         if self.link.up:
             args: list[Arg] = [session, limit, now_ms, now_ms + self.lease_ms, self._id]
+            keys = [*self._lease_keys(worker), self.keys.tomb(session)]
             try:
-                ok = await self.link.batch.run(self.scripts.admit, self._lease_keys(worker), args)
+                ok = await self.link.batch.run(self.scripts.admit, keys, args)
             except FAILURES as exc:
                 # The script may have run before the reply was lost: that lease is nobody's
                 # to renew and expires within one lease TTL.
@@ -153,18 +163,39 @@ class RedisStore:
                 return bool(ok)
         return self._fallback_admit(worker, session, limit, now_ms)
 
-    async def release(self, worker: str, session: str) -> None:
-        self.local.drop_lease(worker, session)  # first: resync reconciles a failed release
+    async def claim(self, worker: str, session: str, now_ms: int) -> bool:
+        if not self.link.up:
+            return False  # whose lease it is cannot be known: the session queues anew here
+        args: list[Arg] = [session, 0, now_ms, now_ms + self.lease_ms, self._id]
+        keys = [*self._lease_keys(worker), self.keys.tomb(session)]
+        try:
+            ok = await self.link.batch.run(self.scripts.admit, keys, args)
+        except FAILURES as exc:
+            self.fail(exc)
+            return False
+        if ok:
+            self.workers.add(worker)
+            self._granted(worker, session, now_ms)
+        return bool(ok)
+
+    async def release(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
+        mine = self.local.drop_lease(worker, session)  # first: resync reconciles a failure
         if self.link.up:
-            args: list[Arg] = [session, self.keys.channel]
+            args: list[Arg] = [session, self.keys.channel, "" if any_owner else self._id,
+                               self.tomb_ms]
+            keys = [*self._lease_keys(worker), self.keys.queue, self.keys.session(session),
+                    self.keys.tomb(session)]
             try:
-                keys = [*self._lease_keys(worker), self.keys.queue]
-                await self.link.batch.run(self.scripts.release, keys, args)
-                return
+                n = await self.link.batch.run(self.scripts.release, keys, args)
             except FAILURES as exc:
                 self.fail(exc)
+            else:
+                await self.local.delete_session(session)
+                return int(n) > 0
+        await self.delete_session(session)  # written back (deleted) on recovery
         self.gen += 1
         self.local.fire_local()
+        return mine
 
     async def renew(self, now_ms: int) -> int:
         self.fresh.clear()
@@ -194,8 +225,10 @@ class RedisStore:
         lost = 0
         for (w, _), gone in zip(chunks, results[1:], strict=True):
             for s in gone:
-                if (w, s) not in self.fresh:  # released elsewhere, moved, or expired
-                    lost += self.local.drop_lease(w, s)
+                # Released elsewhere, moved, or expired.
+                if (w, s) not in self.fresh and self.local.drop_lease(w, s):
+                    lost += 1
+                    self.lost.append((w, s))
         if lost:
             # Usually a session that moved to another replica; after a stall longer than
             # lease_ttl_s it is a slot that was reaped and may have been given away.
@@ -210,6 +243,19 @@ class RedisStore:
             except FAILURES as exc:
                 self.fail(exc)
         return self.local.own_count(worker)
+
+    async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        if self.link.up:
+            low = f"({self.clock()}"
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for w in workers:
+                        pipe.zcount(self.keys.adm(w), low, "+inf")
+                    counts = await self.io(pipe.execute())
+                return {w: int(n) for w, n in zip(workers, counts, strict=True)}
+            except FAILURES as exc:
+                self.fail(exc)
+        return {w: self.local.own_count(w) for w in workers}
 
     async def admitted_sessions(self, worker: str) -> list[str]:
         if self.link.up:
@@ -306,12 +352,17 @@ class RedisStore:
         return len(self.local.queue_items())
 
     async def admit_if_ranked(
-        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int
+        self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
+        score: float | None = None,
     ) -> bool:
         self.workers.add(worker)
+        if score is not None and self.local.rank_sync(session) is None:
+            self.local.enqueue_sync(session, score)  # the mirror, for resync and local mode
+            self.q_gone.discard(session)
         if self.link.up:
-            keys = [*self._lease_keys(worker), self.keys.queue]
-            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id]
+            keys = [*self._lease_keys(worker), self.keys.queue, self.keys.tomb(session)]
+            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id,
+                               "" if score is None else score]
             try:
                 ok = bool(await self.link.batch.run(self.scripts.admit_ranked, keys, args))
             except FAILURES as exc:

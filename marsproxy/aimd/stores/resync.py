@@ -47,7 +47,7 @@ async def _one_pass(store: RedisStore) -> int:
             keys=[keys.replicas], args=[now, expiry, store.replica_id], client=pipe
         )
         for w in workers:
-            args: list[Arg] = [now, expiry, store.replica_id, *own.get(w, [])]
+            args: list[Arg] = [now, expiry, store.replica_id, keys.tomb_prefix, *own.get(w, [])]
             await store.scripts.resync(keys=[keys.adm(w), keys.own(w)], args=args, client=pipe)
         if q_gone:
             pipe.zrem(keys.queue, *q_gone)
@@ -62,8 +62,9 @@ async def _one_pass(store: RedisStore) -> int:
     moved = 0
     for w, gone in zip(workers, results[1 : 1 + len(workers)], strict=True):
         for s in gone:
-            if (w, s) not in store.fresh:
-                moved += store.local.drop_lease(w, s)
+            if (w, s) not in store.fresh and store.local.drop_lease(w, s):
+                moved += 1
+                store.lost.append((w, s))
     store.q_gone -= q_gone
     store.dirty -= dirty.keys()
     store.deleted -= deleted

@@ -85,21 +85,28 @@ StackFactory = Callable[..., Awaitable[Stack]]
 
 @pytest.fixture
 async def make_stack() -> AsyncIterator[StackFactory]:
-    """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``."""
+    """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``;
+    ``share=stack`` puts a second gateway (a replica) in front of that stack's workers."""
     made: list[Stack] = []
     http = aiohttp.ClientSession()
 
     async def make(
         workers: int = 1, window: int = 1, store: dict[str, Any] | None = None,
-        app: Callable[[], web.Application] | None = None, **admission: Any
+        app: Callable[[], web.Application] | None = None, share: Stack | None = None,
+        **admission: Any
     ) -> Stack:
         build = app or (lambda: create_app(EmulatorOptions(profile="tiny", time_scale=0.05)))
-        emus = [await _run(build()) for _ in range(workers)]
+        if share is not None:
+            urls = [u for _, u in share.workers]
+            emus: list[tuple[web.AppRunner, str]] = []
+        else:
+            emus = [await _run(build()) for _ in range(workers)]
+            urls = [u for _, u in emus]
         cfg = load_config(
             None,
             environ={},
             overrides={
-                "workers": [{"url": u, "name": f"w{i}"} for i, (_, u) in enumerate(emus)],
+                "workers": [{"url": u, "name": f"w{i}"} for i, u in enumerate(urls)],
                 "server": {"port": 0},
                 "health": {"interval_s": 0.1, "timeout_s": 0.5},
                 "probes": {

@@ -166,3 +166,20 @@ async def test_a_replica_started_while_redis_is_down_serves_locally_then_joins(
     await eventually(lambda: a.up, 5.0)
     members, _ = await _members(private_redis.url, a)
     assert sorted(members) == ["a0", "a1", "a2"]
+
+
+async def test_a_session_ended_elsewhere_during_an_outage_is_not_written_back(
+    make_replica: MakeReplica, private_redis: Any, eventually: Any
+) -> None:
+    a, b = await make_replica("local"), await make_replica("local")
+    held: set[str] = set()
+    assert await _admit(a, ["t/id/x", "t/id/y"], held) == [True, True]
+    a.fail(ConnectionError("cut off"))  # a alone loses Redis (a partition, not a dead Redis)
+    assert not a.up and b.up
+    assert await b.release("w1", "t/id/x", any_owner=True)  # a DELETE on b ends x
+    await eventually(lambda: a.up, 5.0)  # a resyncs its local leases ...
+    members, _ = await _members(private_redis.url, a)
+    assert members == ["t/id/y"]  # ... but not the one ended meanwhile
+    assert a.drain_lost() == [("w1", "t/id/x")]
+    # The id may start a new session later: the tombstone does not stand in its way.
+    assert await b.try_admit("w1", "t/id/x", LIMIT, wall_clock_ms())

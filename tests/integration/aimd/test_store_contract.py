@@ -231,3 +231,72 @@ async def test_health_and_replica_count(replicas: Replicas) -> None:
     assert a.up and a.failures_total == 0
     assert a.mode == ("shared" if replicas.backend == "redis" else "memory")
     assert a.live_replicas == 2
+
+
+async def test_a_claimed_session_moves_and_its_old_replica_learns_once(
+    replicas: Replicas,
+) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    now = replicas.clock()
+    assert await a.try_admit("w1", "t/id/s", 2, now)
+    await a.save_session("t/id/s", {"worker": "w1", "turns": 3})
+    assert await b.claim("w1", "t/id/s", now)  # b adopts it: same lease, not a new one
+    assert await a.admitted("w1") == 1
+    await a.renew(replicas.clock())
+    assert a.drain_lost() == [("w1", "t/id/s")]
+    assert a.drain_lost() == []  # reported once
+    assert b.drain_lost() == []
+    # a's idle timeout must not end a session b serves now: fenced.
+    assert await a.release("w1", "t/id/s") is False
+    assert await b.admitted_sessions("w1") == ["t/id/s"]
+    assert await b.load_session("t/id/s") == {"worker": "w1", "turns": 3}
+    replicas.clock.advance(LEASE_MS - 1000)  # lease times follow the injected clock
+    await b.renew(replicas.clock())  # b renews it now; a does not
+    replicas.clock.advance(2000)
+    assert await b.admitted_sessions("w1") == ["t/id/s"]
+    assert await b.release("w1", "t/id/s") is True  # ends it: lease and record, once
+    assert await b.release("w1", "t/id/s") is False
+    assert await a.admitted("w1") == 0
+    assert await a.load_session("t/id/s") is None
+
+
+async def test_claim_needs_a_live_lease(replicas: Replicas) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    assert not await b.claim("w1", "t/id/never", replicas.clock())
+    assert await a.try_admit("w1", "t/id/old", 5, replicas.clock())
+    replicas.clock.advance(LEASE_MS + 1)  # a died: nobody renewed it
+    assert not await b.claim("w1", "t/id/old", replicas.clock())
+    assert await b.admitted("w1") == 0
+
+
+async def test_delete_elsewhere_ends_the_session_wherever_it_lives(replicas: Replicas) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    assert await a.try_admit("w1", "t/id/s", 2, replicas.clock())
+    await a.save_session("t/id/s", {"worker": "w1"})
+    results = await asyncio.gather(
+        b.release("w1", "t/id/s", any_owner=True), b.release("w1", "t/id/s", any_owner=True)
+    )
+    assert sorted(results) == [False, True]  # the slot is freed exactly once
+    assert await b.load_session("t/id/s") is None
+    await a.renew(replicas.clock())
+    assert a.drain_lost() == [("w1", "t/id/s")]
+    replicas.clock.advance(1000)
+    await a.renew(replicas.clock())  # renewal does not bring it back
+    assert await a.admitted("w1") == 0
+
+
+async def test_ranked_admission_can_enqueue_in_the_same_step(replicas: Replicas) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    now = replicas.clock()
+    await a.enqueue("older", 1.0)
+    # "newer" joins the queue behind "older" and is refused (rank 1, one free slot) ...
+    assert not await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await b.queue_rank("newer") == 1
+    assert not await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)  # no second entry
+    assert await a.queue_len() == 2
+    # ... until "older" goes; an admitted session is not queued again by a late ask.
+    assert await a.admit_if_ranked("older", 1, "w1", 10, now, score=1.0)
+    assert await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
+    assert await a.queue_len() == 0
+    assert await a.admitted_counts(["w1", "w2"]) == {"w1": 2, "w2": 0}

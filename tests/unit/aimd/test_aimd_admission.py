@@ -196,3 +196,44 @@ def test_snapshot() -> None:
     assert w["admitted"] == ["a"] and w["window"] == 1 and w["effective_limit"] == 1
     assert snap["queue"]["length"] == 1 and snap["queue"]["order"] == ["b"]
     assert c.sessions.get("a").state is SessionState.ADMITTED  # type: ignore[union-attr]
+
+
+def test_adopting_a_session_admitted_elsewhere_is_not_a_new_admission() -> None:
+    c = core(window_init=2, window_min=2, window_max=2)
+    for i in range(2):
+        assert c.on_request(1.0, f"s{i}", "t", 100).kind is DecisionKind.ADMITTED
+    assert c.on_request(1.0, "waiting", "t", 100).kind is DecisionKind.WAIT
+    # The window is full, yet a session with a live lease elsewhere is served at once.
+    d = c.on_adopt(2.0, "moved", "t", "w0", 100, turns=5, correction=0.5)
+    assert d.kind is DecisionKind.ADMITTED and d.worker == "w0" and d.reason == "adopted"
+    assert not d.actions.events  # no session_queued / session_admitted: it was admitted before
+    rec = c.sessions.get("moved")
+    assert rec is not None and rec.state is SessionState.ADMITTED and rec.turns == 6
+    assert c.sessions.admitted_on("w0") == 3 and "moved" not in c.queue
+    assert c.estimator.correction("moved") == 0.5
+    # Its next request is a plain continuation; its end frees a slot like any other.
+    c.on_response_end(3.0, "moved")
+    assert c.on_adopt(4.0, "moved", "t", "w0", 100).reason == "continuation"
+    c.on_response_end(5.0, "moved")
+    acts = c.on_session_end(6.0, "moved", EndReason.MOVED)
+    assert acts.ended == [("moved", EndReason.MOVED)]
+    assert c.sessions.admitted_on("w0") == 2 and not acts.admitted  # still 2 ≥ the limit
+
+
+def test_relocate_moves_an_unserved_session_to_a_worker_where_it_fits() -> None:
+    c = core(("w0", "w1", "w2"), window_init=4, window_min=2, window_max=8)
+    c.tick(1.0, {"w0": sig(), "w1": sig(free_blocks=5, total_blocks=10_000), "w2": sig()})
+    d = c.on_request(1.0, "s", "t", 1600)  # 100 blocks
+    assert d.kind is DecisionKind.ADMITTED
+    first = d.worker
+    assert first is not None
+    before = c.budget(first)
+    assert c.relocate(2.0, "s", ["w1"]) is None  # w1 has no KV room for it
+    target = "w2" if first == "w0" else "w0"
+    assert c.relocate(2.0, "s", [target]) == target
+    rec = c.sessions.get("s")
+    assert rec is not None and rec.worker == target
+    assert c.sessions.admitted_on(first) == 0 and c.sessions.admitted_on(target) == 1
+    assert c.budget(first) == (before or 0) + 100  # the KV promise moved with it
+    c.on_response_end(3.0, "s")  # served on its new worker: from now on it stays there
+    assert c.relocate(4.0, "s", [first]) is None

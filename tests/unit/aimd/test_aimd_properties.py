@@ -91,6 +91,10 @@ op_st = st.one_of(
     st.tuples(st.just("end"), st.integers(0, 11),
               st.sampled_from([EndReason.DELETED, EndReason.ABANDONED])),
     st.tuples(st.just("tick"), st.fixed_dictionaries({w: worker_sig_st for w in WORKERS})),
+    # Another replica's session arrives (adopted on its worker), or a pending one moves.
+    st.tuples(st.just("adopt"), st.integers(0, 11), st.sampled_from(WORKERS),
+              st.integers(1, 3000)),
+    st.tuples(st.just("relocate"), st.integers(0, 11), st.sampled_from(WORKERS)),
 )
 
 
@@ -142,6 +146,20 @@ def test_admission_invariants(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
             if s in c.queue:
                 ledger.leave(s)
             actions = c.on_session_end(t, s, op[2])
+        elif op[0] == "adopt":
+            s = f"s{op[1]}"
+            rec = c.sessions.get(s)
+            queued = rec is not None and rec.state is SessionState.QUEUED
+            d = c.on_adopt(t, s, "t", op[2], op[3])
+            # Unknown: admitted on its worker at once, no event. Known: a plain request.
+            assert d.kind is (DecisionKind.WAIT if queued else DecisionKind.ADMITTED)
+            if rec is None:
+                assert d.worker == op[2] and not d.actions.events
+            actions = d.actions
+        elif op[0] == "relocate":
+            moved = c.relocate(t, f"s{op[1]}", [op[2]])
+            assert moved in (None, op[2])
+            continue
         else:
             actions = c.tick(t, op[1])
         admitted += [a.entry.session for a in actions.admitted]
@@ -149,11 +167,15 @@ def test_admission_invariants(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
             ledger.leave(s)
         for e in actions.expired:
             ledger.leave(e.session)
-        # Admissions only into free slots: nobody is pushed over a worker's effective limit.
+        # Admissions only into free slots: nobody is pushed over a worker's effective limit
+        # (an adopted session already holds a slot: it is not a new admission).
         for w in WORKERS:
             now_on = c.sessions.admitted_on(w)
-            if now_on > before[w]:
+            if now_on > before[w] and op[0] != "adopt":
                 assert now_on <= c.controllers[w].effective_limit, (w, now_on)
+            holders = {r.key for r in c.sessions
+                       if r.state is SessionState.ADMITTED and r.worker == w}
+            assert set(c.sessions.sessions_on(w)) == holders
         assert len(c.queue) <= CORE_CFG.queue_max
         queued = {r.key for r in c.sessions if r.state is SessionState.QUEUED}
         assert queued == {s for s, _ in c.queue.positions(t)}
