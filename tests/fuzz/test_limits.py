@@ -7,6 +7,8 @@ another key's session.
 
 from __future__ import annotations
 
+import gzip
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -108,6 +110,13 @@ def test_body_cap_answers_413(make_live: Callable[[dict[str, Any]], Live]) -> No
     # Chunked, so the size is only known while reading.
     r = live.http.post("/v1/chat/completions", content=iter([b"{" + b" " * 1500] * 3))
     assert r.status_code == 413 and "2048" in _err(r)["message"]
+    # A small gzip body that decodes past the cap (Content-Length counts encoded bytes).
+    bomb = gzip.compress(json.dumps(big).encode() + b" " * 100_000)
+    assert len(bomb) < 2048
+    r = live.http.post("/v1/chat/completions", content=bomb,
+                       headers={**A, "Content-Encoding": "gzip",
+                                "Content-Type": "application/json"})
+    assert r.status_code == 413 and _err(r)["code"] == "body_too_large"
 
 
 def test_header_caps_answer_431(live: Live) -> None:
