@@ -163,6 +163,11 @@ class ToolsConfig(_Section):
         0.9, gt=0, le=1, description="Quantile of recent tool durations used as the prediction."
     )
     history: int = Field(64, ge=1, description="Tool durations kept per session and per kind.")
+    inferred_min_s: float = Field(
+        0.5, ge=0,
+        description="An inferred tool phase (the gap between a session's calls) counts in the"
+        " CPU backlog only once it is this old: shorter gaps are client overhead, not tools.",
+    )
     event_max_future_s: float = Field(
         5.0, ge=0, description="Explicit tool events may carry a ts this far ahead (clock skew)."
     )

@@ -149,7 +149,7 @@ def _tick(gws: list[Gateway], calm: bool) -> Tick:
             store[w] = shells[0].store_admitted(w)
     waiting = [len(s.core.queue) + s.pending for s in shells]
     return Tick(calm, window, limit, admitted, store, kv, waiting,
-                first.telemetry.tracker.backlog_ratio)
+                first.telemetry.tracker.backlog_ratio(first.telemetry.wall()))
 
 
 async def _sample(

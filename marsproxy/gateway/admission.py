@@ -146,7 +146,7 @@ class AdmissionShell:
         healthy = {w: self.health.is_healthy(u) for w, u in self.urls.items()}
         signals = all_signals(
             pressures, healthy, tel.tracker, tel.cpu.latest, tel.cpu_probe.tool_cpus,
-            retained={w: self.retained_blocks(w) for w in self.urls},
+            tel.wall(), retained={w: self.retained_blocks(w) for w in self.urls},
         )
         return self.core.tick(self.now(), signals)
 

@@ -30,6 +30,7 @@ def worker_signals(
     tracker: ToolPhaseTracker,
     cpu: CpuPressure | None,
     tool_cpus: float,
+    now: float,
     retained_blocks: int = 0,
 ) -> WorkerSignals:
     """One worker's ``WorkerSignals`` from its latest scrape and the shared CPU signals;
@@ -38,7 +39,7 @@ def worker_signals(
         healthy=healthy,
         retained_blocks=retained_blocks,
         tools_in_flight=tracker.in_flight,
-        backlog_ratio=tracker.backlog_ratio,
+        backlog_ratio=tracker.backlog_ratio(now),
         tool_wait_ema_s=tracker.queue_wait_ema,
         psi_some_avg10=None if cpu is None else cpu.psi_some_avg10,
         tool_cpus=tool_cpus,
@@ -67,11 +68,13 @@ def all_signals(
     tracker: ToolPhaseTracker,
     cpu: CpuPressure | None,
     tool_cpus: float,
+    now: float,
     retained: Mapping[str, int] | None = None,
 ) -> dict[str, WorkerSignals]:
+    """``now``: the tool tracker's clock (wall seconds), which ages inferred tool phases."""
     retained = retained or {}
     return {
         w: worker_signals(p, healthy=healthy[w], tracker=tracker, cpu=cpu, tool_cpus=tool_cpus,
-                          retained_blocks=retained.get(w, 0))
+                          now=now, retained_blocks=retained.get(w, 0))
         for w, p in pressures.items()
     }

@@ -182,7 +182,7 @@ def _tools(gw: Gateway) -> ToolsState:
     t = gw.telemetry.tracker
     return {
         "in_flight": t.in_flight,
-        "backlog_ratio": t.backlog_ratio,
+        "backlog_ratio": t.backlog_ratio(gw.telemetry.wall()),
         "queue_wait_ema_s": t.queue_wait_ema,
         "slowdown_ema": t.slowdown_ema,
     }

@@ -55,6 +55,7 @@ class Telemetry:
                 quantile=t.quantile,
                 history=t.history,
                 tool_cpus=self.cpu_probe.tool_cpus,
+                inferred_min_s=t.inferred_min_s,
             )
         )
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
@@ -143,7 +144,7 @@ class Telemetry:
             stale=p.stale,
             cpu_some_avg10=None if cpu is None else cpu.psi_some_avg10,
             tools_in_flight=self.tracker.in_flight,
-            backlog_ratio=self.tracker.backlog_ratio,
+            backlog_ratio=self.tracker.backlog_ratio(self.wall()),
         )
 
     # -- publishing (request path: a dataclass and an append, nothing per subscriber) -----

@@ -4,10 +4,15 @@ A session is in a tool phase from the end of an LLM response to its next request
 unless its agent harness reports ``tool_start``/``tool_end`` itself (explicit): once a session
 sent an explicit event, inference stops for it, so the two never double-count.
 
-Kept: tools in flight, backlog ratio (in flight / tool CPUs), an EMA of reported tool queue
+Kept: tools in flight, backlog ratio (pressing tools / tool CPUs), an EMA of reported tool queue
 wait, per-session and per-tool-kind duration estimates (a high quantile of recent durations,
 because tool times are heavy-tailed and a mean would under-predict), and tool slowdown (EMA of
 observed / usual duration for the kind, > 1 when tools contend for CPUs).
+
+An inferred phase presses on the tool CPUs (counts in the backlog ratio) only once it has lasted
+``inferred_min_s``: a gap of a few milliseconds between calls is a client's own overhead (or
+a client that runs no tools at all), not a tool competing for cores. Explicit phases press at
+once.
 
 Pure code: no I/O; ``now`` is a parameter; methods return the events to publish.
 """
@@ -29,6 +34,7 @@ class ToolTrackerSettings:
     quantile: float = 0.9
     history: int = 64  # durations kept per session and per tool kind
     tool_cpus: float = 1.0
+    inferred_min_s: float = 0.5  # an inferred phase presses on the CPUs from this age on
 
 
 def quantile(values: deque[float] | list[float], q: float) -> float | None:
@@ -44,6 +50,8 @@ class _SessionTools:
     explicit: bool = False
     phase_start: float | None = None  # open tool phase (inferred or explicit)
     phase_tool: str = UNKNOWN_TOOL
+    phase_id: int = 0  # tells a young-phase entry from a later phase of the same session
+    pressing: bool = False  # counted in the backlog
     last_tool: str = UNKNOWN_TOOL
     durations: deque[float] = field(default_factory=deque)
 
@@ -53,7 +61,10 @@ class ToolPhaseTracker:
         self.settings = settings
         self._sessions: dict[str, _SessionTools] = {}
         self._by_kind: dict[str, deque[float]] = {}
-        self.in_flight = 0
+        self.in_flight = 0  # open phases, inferred or explicit
+        self._pressing = 0  # explicit phases + inferred phases older than inferred_min_s
+        self._young: deque[tuple[float, str, int]] = deque()  # inferred: (start, session, id)
+        self._next_id = 0
         self.queue_wait_ema: float = 0.0
         self.slowdown_ema: float = 1.0
         self.completed_total = 0
@@ -83,6 +94,7 @@ class ToolPhaseTracker:
             # An inferred phase was open; the explicit report replaces it, uncounted.
             st.phase_start = None
             self.in_flight -= 1
+            self._unpress(st)
         st.explicit = True
         if kind == "tool_start":
             if st.phase_start is not None:  # a start without end: close the previous one
@@ -96,11 +108,24 @@ class ToolPhaseTracker:
         st = self._sessions.pop(session, None)
         if st is not None and st.phase_start is not None:
             self.in_flight -= 1
+            self._unpress(st)
 
     # -- estimates ------------------------------------------------------------------------
-    @property
-    def backlog_ratio(self) -> float:
-        return self.in_flight / self.settings.tool_cpus if self.settings.tool_cpus > 0 else 0.0
+    def pressing(self, now: float) -> int:
+        """Tool phases pressing on the tool CPUs at ``now`` (see the module doc)."""
+        horizon = now - self.settings.inferred_min_s
+        young = self._young
+        while young and young[0][0] <= horizon:
+            _, session, phase_id = young.popleft()
+            st = self._sessions.get(session)
+            if st is not None and st.phase_start is not None and st.phase_id == phase_id:
+                st.pressing = True
+                self._pressing += 1
+        return self._pressing
+
+    def backlog_ratio(self, now: float) -> float:
+        cpus = self.settings.tool_cpus
+        return self.pressing(now) / cpus if cpus > 0 else 0.0
 
     def predicted_duration(self, session: str, tool: str | None = None) -> float | None:
         """High quantile of the tool kind's recent durations, else of the session's."""
@@ -124,6 +149,12 @@ class ToolPhaseTracker:
         ]
 
     # -- internals ------------------------------------------------------------------------
+    def _unpress(self, st: _SessionTools) -> None:
+        # A young entry left in the deque is skipped later: its phase id no longer matches.
+        if st.pressing:
+            st.pressing = False
+            self._pressing -= 1
+
     def _open(
         self, session: str, st: _SessionTools, now: float, tool: str, *, inferred: bool,
         queue_wait: float | None,
@@ -131,6 +162,13 @@ class ToolPhaseTracker:
         st.phase_start = now
         st.phase_tool = tool
         self.in_flight += 1
+        self._next_id += 1
+        st.phase_id = self._next_id
+        if inferred and self.settings.inferred_min_s > 0:
+            self._young.append((now, session, st.phase_id))
+        else:
+            st.pressing = True
+            self._pressing += 1
         if queue_wait is not None:
             a = self.settings.ema_alpha
             self.queue_wait_ema = a * queue_wait + (1 - a) * self.queue_wait_ema
@@ -144,6 +182,7 @@ class ToolPhaseTracker:
         st.phase_start = None
         st.last_tool = tool
         self.in_flight -= 1
+        self._unpress(st)
         self.completed_total += 1
         usual = self.usual_duration(tool)
         if usual is not None and usual > 0:

@@ -28,7 +28,8 @@ def _tracker() -> ToolPhaseTracker:
 
 def test_signals_from_a_fresh_vllm_sample() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000)
-    s = worker_signals(_pressure(m), healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0)
+    s = worker_signals(_pressure(m), healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0,
+                       now=0.0)
     assert not s.stale and s.kv_usage == 0.25
     assert s.free_blocks == 750 and s.total_blocks == 1000 and s.block_size == 16
     assert s.tool_cpus == 4.0 and s.psi_some_avg10 is None
@@ -36,15 +37,16 @@ def test_signals_from_a_fresh_vllm_sample() -> None:
 
 def test_not_yet_scraped_is_stale_but_a_worker_without_metrics_is_not() -> None:
     t = _tracker()
-    unseen = worker_signals(_pressure(None), healthy=True, tracker=t, cpu=None, tool_cpus=1.0)
+    unseen = worker_signals(_pressure(None), healthy=True, tracker=t, cpu=None, tool_cpus=1.0,
+                            now=0.0)
     assert unseen.stale
     blind = worker_signals(_pressure(None, errors=3), healthy=True, tracker=t, cpu=None,
-                           tool_cpus=1.0)
+                           tool_cpus=1.0, now=0.0)
     # Placeable, KV unknown: the controller reads it as full and keeps it at window_min.
     assert not blind.stale and blind.kv_usage is None and blind.free_blocks is None
     old = WorkerMetrics(sampled_at=0.0, kv_usage=0.1)
     gone = worker_signals(_pressure(old, stale=True, errors=5), healthy=True, tracker=t,
-                          cpu=None, tool_cpus=1.0)
+                          cpu=None, tool_cpus=1.0, now=0.0)
     assert gone.stale  # had samples, stopped answering: fail closed
 
 

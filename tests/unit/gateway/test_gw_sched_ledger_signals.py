@@ -16,8 +16,8 @@ def test_retained_blocks_come_off_the_admission_budget() -> None:
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
     tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
     core = AdmissionCore(AdmissionConfig(), ["w0"])
-    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0))
+    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
     free = core.budget("w0")
-    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0,
+    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2,
                                retained={"w0": 300}))
     assert free is not None and core.budget("w0") == free - 300

@@ -15,7 +15,8 @@ def test_inferred_phase_from_response_end_to_next_request() -> None:
     assert t.request_started("a", 0.0) == []  # first request: no phase was open
     [start] = t.response_ended("a", 1.0)
     assert isinstance(start, ToolStart) and start.inferred and start.session == "a"
-    assert t.in_flight == 1 and t.backlog_ratio == 0.5
+    assert t.in_flight == 1 and t.backlog_ratio(1.0) == 0.0  # too young to press
+    assert t.backlog_ratio(1.5) == 0.5
     [end] = t.request_started("a", 4.5)
     assert isinstance(end, ToolEnd) and end.duration_s == 3.5 and end.inferred
     assert t.in_flight == 0
@@ -83,3 +84,46 @@ def test_quantile_nearest_rank() -> None:
     assert quantile([], 0.9) is None
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert quantile([float(i) for i in range(1, 11)], 0.9) == 9.0
+
+
+def test_short_gaps_between_calls_never_press_on_the_cpus() -> None:
+    # A client that runs no tools (or answers at once) leaves millisecond gaps: these are
+    # open phases, but they must not read as a CPU backlog.
+    t = _tracker(cpus=1.0)
+    for i in range(8):
+        t.response_ended(f"s{i}", 10.0)
+    assert t.in_flight == 8 and t.pressing(10.3) == 0
+    for i in range(8):
+        t.request_started(f"s{i}", 10.31)
+    assert t.in_flight == 0 and t.pressing(20.0) == 0  # closed young: never counted
+
+
+def test_long_inferred_phases_press_once_old_and_stop_when_closed() -> None:
+    t = _tracker(cpus=2.0)
+    t.response_ended("a", 0.0)
+    t.response_ended("b", 0.3)
+    assert t.pressing(0.6) == 1 and t.backlog_ratio(0.6) == 0.5
+    assert t.pressing(0.8) == 2
+    t.request_started("a", 1.0)
+    assert t.pressing(1.0) == 1
+    # "a" opens a new phase: the old young entry of "a" must not count it early.
+    t.response_ended("a", 1.1)
+    assert t.pressing(1.2) == 1 and t.pressing(1.6) == 2
+    t.session_ended("b")
+    assert t.pressing(2.0) == 1
+
+
+def test_explicit_phases_press_at_once_and_replace_a_young_inferred_one() -> None:
+    t = _tracker(cpus=1.0)
+    t.response_ended("a", 0.0)
+    t.explicit_event("a", "tool_start", "pytest", 0.1, queue_wait_s=None)
+    assert t.pressing(0.1) == 1
+    assert t.pressing(5.0) == 1  # the replaced inferred entry never adds to it
+    t.explicit_event("a", "tool_end", "pytest", 6.0, queue_wait_s=None)
+    assert t.pressing(6.0) == 0
+
+
+def test_zero_threshold_counts_every_inferred_phase_at_once() -> None:
+    t = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=1.0, inferred_min_s=0.0))
+    t.response_ended("a", 0.0)
+    assert t.pressing(0.0) == 1
