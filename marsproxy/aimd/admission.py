@@ -15,7 +15,7 @@ Pure code: no I/O; ``now`` is a parameter.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -243,6 +243,13 @@ class AdmissionCore:
                                                status=503))
         self._admit_pass(now, actions)
         return actions
+
+    def set_retained(self, worker: str, blocks: int) -> None:
+        """The scheduler's KV ledger changed: count it at once, not from the next tick on, so a
+        new session cannot be admitted into room that a retained prefix holds."""
+        s = self._signals[worker]
+        if s.retained_blocks != blocks:
+            self._signals[worker] = replace(s, retained_blocks=blocks)
 
     # -- views ----------------------------------------------------------------------------------
     def budget(self, worker: str) -> int | None:

@@ -317,6 +317,8 @@ class AdmissionShell:
             # Probably the first requests after start: use the first scrape at once.
             await self._carry(self._signals_now())
         now = self.now()
+        for w in self.urls:
+            core.set_retained(w, self.retained_blocks(w))
         est = core.estimator.estimate(key, chars)
         decision = core.on_request(now, key, tenant, est, final=final)
         if decision.kind is DecisionKind.REJECT:

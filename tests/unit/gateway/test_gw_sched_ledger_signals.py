@@ -21,3 +21,23 @@ def test_retained_blocks_come_off_the_admission_budget() -> None:
     core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2,
                                retained={"w0": 300}))
     assert free is not None and core.budget("w0") == free - 300
+
+
+def test_a_ledger_change_counts_before_the_next_tick() -> None:
+    # 1000 blocks of 16 tokens, 10 % reserve: 900 usable. A retained prefix takes 600.
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
+    pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
+    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+    core = AdmissionCore(AdmissionConfig(), ["w0"])
+    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
+    free = core.budget("w0")
+    core.set_retained("w0", 600)
+    assert free is not None and core.budget("w0") == free - 600
+    # With one session running, 400 blocks' worth of prompt no longer fits: the session waits
+    # instead of evicting the retained prefix; once the reservation goes, it is admitted.
+    assert core.on_request(0.05, "small", "t", 16).kind.value == "admitted"
+    held = core.on_request(0.1, "big", "t", 400 * 16)
+    assert held.kind.value == "wait"
+    core.set_retained("w0", 0)
+    actions = core.tick(0.3, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.3))
+    assert [(a.entry.session, a.forced) for a in actions.admitted] == [("big", False)]
