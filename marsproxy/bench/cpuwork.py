@@ -2,13 +2,16 @@
 
 Each tool phase runs a subprocess that burns ``seconds`` of its own CPU time (not wall time), so
 when more tools run than there are cores they contend and stretch, as real test runs and builds
-do. The interpreter starts without site packages to keep its own start-up small.
+do. The interpreter starts without site packages to keep its own start-up small. Starting it
+still costs tens of milliseconds of CPU, more than most reads and greps take, so tool phases
+shorter than ``min_cpu_s`` are waits instead (the benchmark's ``--min-tool-cpu``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 
 _BURN = (
     "import sys, time\n"
@@ -19,6 +22,18 @@ _BURN = (
     "    for i in range(2000):\n"
     "        x += i * i\n"
 )
+
+
+def tool_runner(min_cpu_s: float) -> Callable[[float, str], Awaitable[None]]:
+    """The replay's tool phase: CPU work from ``min_cpu_s`` seconds on, a wait below."""
+
+    async def run(seconds: float, kind: str) -> None:
+        if seconds < min_cpu_s:
+            await asyncio.sleep(seconds)
+        else:
+            await burn_cpu(seconds, kind)
+
+    return run
 
 
 async def burn_cpu(seconds: float, kind: str = "") -> None:

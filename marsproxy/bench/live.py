@@ -28,7 +28,7 @@ import yaml
 
 from marsproxy.bench import options, report
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_plan
-from marsproxy.bench.cpuwork import burn_cpu
+from marsproxy.bench.cpuwork import tool_runner
 from marsproxy.bench.ideal import ideal_seconds
 from marsproxy.bench.procs import CLI, free_port, wait_up
 from marsproxy.bench.progress import Progress
@@ -49,6 +49,7 @@ class LiveSetup:
     tool_cpus: float = 0.0
     """CPUs the proxy assumes for tools (probes.cpu.tool_cpus); 0: this host's."""
     report_tools: bool = True
+    min_tool_cpu_s: float = 0.05
     system_prompt_tokens: int = 60
     request_timeout_s: float = 900.0
     start_timeout_s: float = 60.0
@@ -114,7 +115,11 @@ def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path) -> Iter
 
 async def _record_events(http: aiohttp.ClientSession, url: str, sink: list[dict[str, Any]],
                          ready: asyncio.Event) -> None:
-    """Reads ``GET /mars/v1/events`` (NDJSON) into ``sink`` until cancelled."""
+    """Reads ``GET /mars/v1/events`` (NDJSON) into ``sink`` until cancelled.
+
+    Each event is stamped with its arrival here (``recv_ts``, epoch seconds): the stream is
+    live, so that is within milliseconds of its publication, and one clock for all events
+    (the gateway stamps admission events with its monotonic clock, others with wall time)."""
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
     async with http.get(f"{url}/mars/v1/events", params={"format": "ndjson"},
                         timeout=timeout) as resp:
@@ -122,7 +127,9 @@ async def _record_events(http: aiohttp.ClientSession, url: str, sink: list[dict[
         ready.set()
         async for line in resp.content:
             if line.strip():
-                sink.append(json.loads(line))
+                ev = json.loads(line)
+                ev["recv_ts"] = time.time()
+                sink.append(ev)
 
 
 def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float) -> SessionOutcome:
@@ -165,11 +172,12 @@ async def _replay_all(
                     await r.read()
 
         on_tool = report_tool if proxy is not None and setup.report_tools else None
+        tool = tool_runner(setup.min_tool_cpu_s)
         t0, wall0 = time.perf_counter(), time.time()
 
         async def one(plan: PlannedSession) -> SessionResult:
             await asyncio.sleep(max(0.0, t0 + plan.arrival_s - time.perf_counter()))
-            res = await replay_plan(http, plan, opts, system, burn_cpu, on_tool)
+            res = await replay_plan(http, plan, opts, system, tool, on_tool)
             bar.update(1)
             return res
 
@@ -199,7 +207,7 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         _outcome(p, r, t0, sum(ideal_seconds(p, prof, setup.time_scale)))
         for p, r in zip(wl.sessions, results, strict=True)
     ]
-    return RunResult(policy, "", "", outcomes, timeline(events, wall0),
+    return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
                      {"events": len(events)})
 
 
@@ -217,6 +225,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="use this real vLLM instead of emulated workers (repeatable)")
     e.add_argument("--tool-cpus", type=float, default=0.0,
                    help="CPUs the proxy assumes for tools (0: this host's)")
+    e.add_argument("--min-tool-cpu", type=float, default=0.05,
+                   help="tool phases shorter than this (s) are waits, not a CPU-burning process")
     e.add_argument("--no-tool-events", action="store_true",
                    help="agents do not report tool_start/tool_end; the proxy infers them")
     p.set_defaults(func=main)
@@ -224,13 +234,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        cases = options.cases(args)
+        cases = options.cases(args, get_profile(
+            args.profile, num_blocks=args.num_blocks).effective_max_model_len)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets)
         setup = LiveSetup(
             profile=args.profile, time_scale=args.time_scale, workers=args.workers,
             num_blocks=args.num_blocks, vllm_urls=tuple(args.vllm_url),
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
+            min_tool_cpu_s=args.min_tool_cpu,
             system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets)
         setup.engine_profile()
     except ValueError as exc:
@@ -257,6 +269,7 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,
+        "tool phases": f"CPU-burning processes from {args.min_tool_cpu} s, waits below",
         "ideal": "computed from the engine profile and the tool times",
         "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -52,6 +52,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     g.add_argument("--tool-time-scale", type=float, default=tool_time_scale,
                    help="multiplier on every tool time")
     g.add_argument("--max-turns", type=int, default=max_turns, help="LLM calls per session at most")
+    g.add_argument("--max-context", type=int, default=None,
+                   help="largest prompt in tokens (default: the engine's context less 1024 for"
+                   " the reply)")
     q = p.add_argument_group("policies")
     q.add_argument(
         "--policies", default=",".join(DEFAULT_POLICIES),
@@ -87,8 +90,10 @@ def policies(text: str) -> list[str]:
     return out
 
 
-def cases(args: argparse.Namespace) -> list[Case]:
-    """One workload per (regime, rate), in that nesting order."""
+def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
+    """One workload per (regime, rate), in that nesting order. Prompts stay within
+    ``--max-context``, by default ``engine_context`` less room for the reply."""
+    max_context = args.max_context or max(16, engine_context - 1024)
     out = []
     for regime in _csv(args.regimes) or ["trace"]:
         if regime != "trace" and regime not in REGIMES:
@@ -100,7 +105,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
                 sessions=args.sessions, seed=args.seed,
                 regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
                 token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
-                max_turns=args.max_turns, arrivals=arrivals,
+                max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
             )
             out.append(Case(regime, arrivals.label(), spec))
     return out

@@ -19,7 +19,9 @@ from typing import Any
 Series = list[tuple[float, float]]
 
 
-def timeline(events: Iterable[Mapping[str, Any]], t0: float) -> dict[str, Series]:
+def timeline(events: Iterable[Mapping[str, Any]], t0: float,
+             ts_key: str = "ts") -> dict[str, Series]:
+    """The series; ``ts_key`` names the timestamp field (the live benchmark's receipt time)."""
     out: dict[str, Series] = {
         "window": [], "kv_usage": [], "cpu_backlog": [], "tools_in_flight": [], "queue": [],
     }
@@ -28,7 +30,7 @@ def timeline(events: Iterable[Mapping[str, Any]], t0: float) -> dict[str, Series
     waiting: set[str] = set()
     for ev in events:
         kind = ev.get("type")
-        t = float(ev.get("ts", t0)) - t0
+        t = float(ev.get(ts_key, t0)) - t0
         worker = str(ev.get("worker") or "")
         session = ev.get("session")
         if kind == "window_change":

@@ -63,6 +63,9 @@ class SimSetup:
     """Agents report tool_start/tool_end with the tool kind (else the tracker infers phases)."""
     pressure_every: int = 5
     """A pressure_sample event every this many control ticks (the gateway: every 5th scrape)."""
+    time_scale: float = 1.0
+    """Seconds of the run per modelled engine second (as the emulator's --time-scale), so a
+    simulation can mirror a live run on slowed-down emulated workers."""
     horizon_s: float = 1e7
     """Give up at this virtual time (a policy that deadlocks must not hang the run)."""
 
@@ -77,6 +80,7 @@ class _Agent:
     context: int = 0  # tokens in KV after the previous call: its prompt and reply
     tokens: list[int] = field(default_factory=list)
     sent_s: float = 0.0
+    first_token_s: float | None = None
     done: bool = False
 
 
@@ -124,7 +128,7 @@ class Simulation:
     def run(self) -> RunResult:
         prof = self.setup.profile
         for i, plan in enumerate(self.workload.sessions):
-            llm, tool = ideal_seconds(plan, prof)
+            llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
             agent = _Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
                                                    len(plan.turns)))
             self._agents[plan.id] = agent
@@ -230,9 +234,11 @@ class Simulation:
         agent = self._by_request.pop(fin.req_id)
         sid = agent.plan.id
         agent.outcome.turns.append(TurnOutcome(
-            sent_s=agent.sent_s, ttft_s=fin.first_token_time - agent.sent_s,
+            sent_s=agent.sent_s,
+            ttft_s=None if agent.first_token_s is None else agent.first_token_s - agent.sent_s,
             latency_s=now - agent.sent_s, status=200, prompt_tokens=fin.prompt_tokens,
             cached_tokens=fin.cached_tokens, completion_tokens=fin.completion_tokens))
+        agent.first_token_s = None
         agent.tokens.extend(self._reply_ids(fin.completion_tokens))
         agent.context = fin.prompt_tokens + fin.completion_tokens
         final = agent.turn == len(agent.plan.turns) - 1
@@ -246,7 +252,8 @@ class Simulation:
                 sid, tool if self.setup.report_tools else None)
             for ev in self.adapter.on_call_done(now, CallDone(
                 sid, agent.worker, fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens,
-                fin.prefill_time, fin.e2e_latency,
+                fin.prefill_time * self.setup.time_scale,
+                fin.e2e_latency * self.setup.time_scale,
             ), predicted, final):
                 self.stats["retained" if getattr(ev, "retain", False) else "not_retained"] += 1
         if final:
@@ -293,11 +300,13 @@ class Simulation:
         if result.batch.num_tokens == 0:
             return  # nothing schedulable; a finish or a new request kicks it again
         self._busy[worker] = True
-        self._push(now + result.duration, "step", (worker, result))
+        self._push(now + result.duration * self.setup.time_scale, "step", (worker, result))
 
     def _on_step_done(self, now: float, payload: tuple[str, StepResult]) -> None:
         worker, result = payload
         self._busy[worker] = False
+        for rid in result.first_token:
+            self._by_request[rid].first_token_s = now
         for fin in result.finished:
             self._call_done(now, fin)
         self._kick(worker, now)

@@ -53,6 +53,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
     e.add_argument("--workers", type=int, default=1, help="emulated engines")
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: profile)")
+    e.add_argument("--time-scale", type=float, default=1.0,
+                   help="seconds per modelled engine second (mirror a live run's emulators)")
     e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
@@ -61,22 +63,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        cases = options.cases(args)
+        profile = get_profile(args.profile, num_blocks=args.num_blocks)
+        cases = options.cases(args, profile.effective_max_model_len)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets)
-        profile = get_profile(args.profile, num_blocks=args.num_blocks)
     except ValueError as exc:
         sys.stderr.write(f"marsproxy sim: {exc}\n")
         return 2
     setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
-                     report_tools=not args.infer_tools)
+                     report_tools=not args.infer_tools, time_scale=args.time_scale)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
     results = run_cases(run, args.trace, sys.stderr)
     meta = {
         "kind": "simulation (virtual time)", "profile": profile.name,
-        "workers": args.workers, "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+        "workers": args.workers, "time_scale": args.time_scale, "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
         "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
