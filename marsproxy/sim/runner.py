@@ -78,7 +78,8 @@ def main(args: argparse.Namespace) -> int:
     results = run_cases(run, args.trace, sys.stderr)
     meta = {
         "kind": "simulation (virtual time)", "profile": profile.name,
-        "workers": args.workers, "time_scale": args.time_scale, "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+        "workers": args.workers, "time_scale": args.time_scale,
+        "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
         "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,

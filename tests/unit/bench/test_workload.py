@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import statistics
 from pathlib import Path
@@ -70,7 +71,7 @@ def test_arrival_processes() -> None:
         0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 4.0]
     assert arrival_times(ArrivalSpec("poisson", 0.0), 3, rng) == [0.0, 0.0, 0.0]
     times = arrival_times(ArrivalSpec("poisson", 4.0), 4001, random.Random(9))
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(g >= 0 for g in gaps)
     assert statistics.mean(gaps) == pytest.approx(0.25, rel=0.08)
     assert statistics.pstdev(gaps) == pytest.approx(0.25, rel=0.1)  # exponential: sd = mean
