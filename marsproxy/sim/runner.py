@@ -56,6 +56,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--time-scale", type=float, default=1.0,
                    help="seconds per modelled engine second (mirror a live run's emulators)")
     e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
+    e.add_argument("--horizon", type=float, default=1e7,
+                   help="stop at this virtual time (s); sessions not done by then count as failed")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
     p.set_defaults(func=main)
@@ -72,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
-                     report_tools=not args.infer_tools, time_scale=args.time_scale)
+                     report_tools=not args.infer_tools, time_scale=args.time_scale,
+                     horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
     results = run_cases(run, args.trace, sys.stderr)
@@ -84,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": not args.infer_tools,
+        "horizon_s": args.horizon,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     path = report.write(options.out_dir(args.out, "sim"), results, "marsproxy sim", meta,
