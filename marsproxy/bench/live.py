@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.bench import options, report
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_plan
@@ -132,6 +133,29 @@ async def _record_events(http: aiohttp.ClientSession, url: str, sink: list[dict[
                 sink.append(ev)
 
 
+_WORKER_COUNTERS = {
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+}
+
+
+async def _worker_counters(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
+    """Preemptions and prefix-cache counters summed over the workers (their /metrics)."""
+    out = dict.fromkeys(_WORKER_COUNTERS.values(), 0.0)
+    for url in urls:
+        try:
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+        except aiohttp.ClientError:
+            continue  # a worker without metrics adds nothing
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name in _WORKER_COUNTERS:
+                    out[_WORKER_COUNTERS[s.name]] += s.value
+    return out
+
+
 def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float) -> SessionOutcome:
     o = SessionOutcome(plan.id, plan.arrival_s, ideal_s, len(plan.turns))
     for t in res.turns:
@@ -148,7 +172,8 @@ def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float
 
 async def _replay_all(
     wl: Workload, base_url: str, proxy: str | None, setup: LiveSetup, bar: Progress,
-) -> tuple[list[SessionResult], list[dict[str, Any]], float, float]:
+    workers: list[str],
+) -> tuple[list[SessionResult], list[dict[str, Any]], float, float, dict[str, float]]:
     timeout = aiohttp.ClientTimeout(total=setup.request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     events: list[dict[str, Any]] = []
@@ -182,12 +207,13 @@ async def _replay_all(
             return res
 
         results = list(await asyncio.gather(*(one(p) for p in wl.sessions)))
+        counters = await _worker_counters(http, workers)
         if recorder is not None:
             await asyncio.sleep(0.5)  # the last session_end events
             recorder.cancel()
             with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
                 await recorder
-    return results, events, t0, wall0
+    return results, events, t0, wall0, counters
 
 
 def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
@@ -201,14 +227,16 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         # direct: a client configured with one URL per session, as agents are.
         base = proxy or workers[0]
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)
-        results, events, t0, wall0 = asyncio.run(_replay_all(wl, base, proxy, setup, bar))
+        results, events, t0, wall0, counters = asyncio.run(
+            _replay_all(wl, base, proxy, setup, bar, workers))
         bar.close()
     outcomes = [
         _outcome(p, r, t0, sum(ideal_seconds(p, prof, setup.time_scale)))
         for p, r in zip(wl.sessions, results, strict=True)
     ]
+    # Counters of shared real vLLM workers include earlier policies' work.
     return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
-                     {"events": len(events)})
+                     {"events": len(events), "stats": counters})
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -98,6 +98,10 @@ def table(group: Sequence[RunResult]) -> list[str]:
     if best_mean:
         lines.append("")
         lines.append(f"Best other policy by mean latency: `{best_mean}`.")
+    pre = [f"{r.policy} {r.extra['stats']['preemptions']:.0f}" for r in group
+           if "preemptions" in r.extra.get("stats", {})]
+    if pre:
+        lines.append(f"Engine preemptions: {', '.join(pre)}.")
     return lines
 
 
