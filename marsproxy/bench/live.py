@@ -171,23 +171,24 @@ def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float
 
 
 async def _replay_all(
-    wl: Workload, base_url: str, proxy: str | None, setup: LiveSetup, bar: Progress,
+    wl: Workload, targets: list[str], proxy: str | None, setup: LiveSetup, bar: Progress,
     workers: list[str],
 ) -> tuple[list[SessionResult], list[dict[str, Any]], float, float, dict[str, float]]:
     timeout = aiohttp.ClientTimeout(total=setup.request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     events: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-        async with http.get(f"{base_url}/v1/models") as r:
+        async with http.get(f"{targets[0]}/v1/models") as r:
             model = (await r.json())["data"][0]["id"]
         recorder = None
         if proxy is not None:
             ready = asyncio.Event()
             recorder = asyncio.create_task(_record_events(http, proxy, events, ready))
             await asyncio.wait_for(ready.wait(), 10)
-        opts = ReplayOptions(base_url=base_url, model=model,
-                             system_prompt_tokens=setup.system_prompt_tokens,
-                             seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s)
+        opts = [ReplayOptions(base_url=url, model=model,
+                              system_prompt_tokens=setup.system_prompt_tokens,
+                              seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s)
+                for url in targets]
         system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed))
 
         async def report_tool(session: str, kind: str, tool: str) -> None:
@@ -200,13 +201,13 @@ async def _replay_all(
         tool = tool_runner(setup.min_tool_cpu_s)
         t0, wall0 = time.perf_counter(), time.time()
 
-        async def one(plan: PlannedSession) -> SessionResult:
+        async def one(i: int, plan: PlannedSession) -> SessionResult:
             await asyncio.sleep(max(0.0, t0 + plan.arrival_s - time.perf_counter()))
-            res = await replay_plan(http, plan, opts, system, tool, on_tool)
+            res = await replay_plan(http, plan, opts[i % len(opts)], system, tool, on_tool)
             bar.update(1)
             return res
 
-        results = list(await asyncio.gather(*(one(p) for p in wl.sessions)))
+        results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(wl.sessions))))
         counters = await _worker_counters(http, workers)
         if recorder is not None:
             await asyncio.sleep(0.5)  # the last session_end events
@@ -224,11 +225,11 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
     prof = setup.engine_profile()
     with _workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
         proxy = None if cfg is None else stack.enter_context(_proxy(policy, workers, setup, out))
-        # direct: a client configured with one URL per session, as agents are.
-        base = proxy or workers[0]
+        # direct: each agent is configured with one worker URL, round robin (as the sim does).
+        targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)
         results, events, t0, wall0, counters = asyncio.run(
-            _replay_all(wl, base, proxy, setup, bar, workers))
+            _replay_all(wl, targets, proxy, setup, bar, workers))
         bar.close()
     outcomes = [
         _outcome(p, r, t0, sum(ideal_seconds(p, prof, setup.time_scale)))
