@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -26,7 +27,12 @@ class SimRun:
     sets: dict[str, object]
 
 
-def run_cases(run: SimRun, trace: str | None, out: TextIO | None = None) -> list[RunResult]:
+def run_cases(
+    run: SimRun, trace: str | None, out: TextIO | None = None,
+    on_case: Callable[[list[RunResult]], None] | None = None,
+) -> list[RunResult]:
+    """Every policy on every case; ``on_case`` gets the results so far after each case (a
+    long matrix keeps what it has if it is stopped)."""
     traces = load_trace(trace)
     results: list[RunResult] = []
     workers = [f"http://w{i}" for i in range(run.setup.workers)]
@@ -43,6 +49,8 @@ def run_cases(run: SimRun, trace: str | None, out: TextIO | None = None) -> list
             res.extra["cpu_s"] = round(time.perf_counter() - t0, 2)
             res.extra["workload"] = wl.describe()
             results.append(res)
+        if on_case is not None:
+            on_case(results)
     return results
 
 
@@ -78,19 +86,25 @@ def main(args: argparse.Namespace) -> int:
                      horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
-    results = run_cases(run, args.trace, sys.stderr)
-    meta = {
-        "kind": "simulation (virtual time)", "profile": profile.name,
-        "workers": args.workers, "time_scale": args.time_scale,
-        "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
-        "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
-        "arrivals": args.arrivals, "token_scale": args.token_scale,
-        "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
-        "overrides": sets, "agents report tool events": not args.infer_tools,
-        "horizon_s": args.horizon,
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
-    path = report.write(options.out_dir(args.out, "sim"), results, "marsproxy sim", meta,
-                        make_plots=not args.no_plots)
+    out = options.out_dir(args.out, "sim")
+
+    def meta() -> dict[str, object]:
+        return {
+            "kind": "simulation (virtual time)", "profile": profile.name,
+            "workers": args.workers, "time_scale": args.time_scale,
+            "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+            "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
+            "arrivals": args.arrivals, "token_scale": args.token_scale,
+            "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
+            "overrides": sets, "agents report tool events": not args.infer_tools,
+            "horizon_s": args.horizon,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+
+    def partial(results: list[RunResult]) -> None:
+        report.write(out, results, "marsproxy sim (partial)", meta(), make_plots=False)
+
+    results = run_cases(run, args.trace, sys.stderr, partial)
+    path = report.write(out, results, "marsproxy sim", meta(), make_plots=not args.no_plots)
     sys.stdout.write(f"{path}\n")
     return 0
