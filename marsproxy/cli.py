@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     d.set_defaults(func=_cmd_demo)
 
+    _add_bench_and_sim(sub)
+
     _configure_status(sub.add_parser(
         "status",
         help="print the proxy's state (workers, CPU, tools, sessions) as a table",
@@ -230,6 +232,30 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_FMT,
     ))
     return p
+
+
+def _add_bench_and_sim(sub: Any) -> None:
+    from marsproxy.bench.live import configure_parser as _configure_live
+    from marsproxy.sim.runner import configure_parser as _configure_sim
+
+    b = sub.add_parser(
+        "bench", help="benchmarks", description="Benchmarks.", formatter_class=_FMT,
+    )
+    bsub = b.add_subparsers(dest="bench_command", required=True, metavar="KIND")
+    _configure_live(bsub.add_parser(
+        "live",
+        help="replay agent sessions through each policy against emulated workers or a vLLM",
+        description="Start workers and one marsproxy per policy, replay agent sessions with real"
+        " tool CPU work, write results/<timestamp>/ (results.json, report.md, plots).",
+        formatter_class=_FMT,
+    ))
+    _configure_sim(sub.add_parser(
+        "sim",
+        help="simulate the policies in virtual time (admission core, engine model, tool CPUs)",
+        description="Discrete-event simulation of every policy on every workload; writes the"
+        " same report as `bench live`.",
+        formatter_class=_FMT,
+    ))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from marsproxy.bench.trace import SessionTrace
+from marsproxy.bench.workload import PlannedSession, WorkloadSpec, build_workload
 
 BYTES_PER_TOKEN = 4
 _WORDS = (
@@ -49,6 +50,7 @@ class TurnResult:
     completion_tokens: int = 0
     overhead_ms: float | None = None
     error: str = ""
+    sent_at: float = 0.0  # perf_counter() when the request went out
 
 
 @dataclass
@@ -77,6 +79,7 @@ class ReplayOptions:
 
 
 ToolRunner = Callable[[float, str], Awaitable[None]]
+ToolReporter = Callable[[str, str, str], Awaitable[None]]
 
 
 async def sleep_tool(seconds: float, kind: str) -> None:
@@ -141,6 +144,13 @@ async def _send_turn(
     return result, "".join(text)
 
 
+def plan_from_trace(trace: SessionTrace, opts: ReplayOptions) -> PlannedSession:
+    """A trace session as a planned one, with the options' scales and turn cap."""
+    spec = WorkloadSpec(token_scale=opts.token_scale, tool_time_scale=opts.tool_time_scale,
+                        max_turns=opts.max_turns, min_input_tokens=1)
+    return build_workload([trace], spec).sessions[0]
+
+
 async def replay_session(
     http: aiohttp.ClientSession,
     trace: SessionTrace,
@@ -148,11 +158,24 @@ async def replay_session(
     shared_system_prompt: str,
     tool: ToolRunner = sleep_tool,
 ) -> SessionResult:
-    """Drive one session to its end; stops at the first failed turn (as an agent would)."""
-    rng = random.Random(f"{opts.seed}:{trace.id}")
-    turns = trace.turns[: opts.max_turns] if opts.max_turns else trace.turns
-    result = SessionResult(session_id=trace.id, started=time.perf_counter())
-    first = _scaled(turns[0].input_tokens, opts.token_scale)
+    """Drive one trace session to its end (scaled by ``opts``); see :func:`replay_plan`."""
+    return await replay_plan(http, plan_from_trace(trace, opts), opts, shared_system_prompt, tool)
+
+
+async def replay_plan(
+    http: aiohttp.ClientSession,
+    plan: PlannedSession,
+    opts: ReplayOptions,
+    shared_system_prompt: str,
+    tool: ToolRunner = sleep_tool,
+    on_tool: ToolReporter | None = None,
+) -> SessionResult:
+    """Drive one planned session to its end; stops at the first failed turn (as an agent
+    would). ``on_tool(session, "tool_start" | "tool_end", kind)`` reports tool phases."""
+    rng = random.Random(f"{opts.seed}:{plan.id}")
+    turns = plan.turns
+    result = SessionResult(session_id=plan.id, started=time.perf_counter())
+    first = turns[0].input_tokens
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": shared_system_prompt},
         {"role": "user", "content": filler(max(1, first - opts.system_prompt_tokens), rng)},
@@ -160,23 +183,29 @@ async def replay_session(
     sent_tokens = first
     for i, turn in enumerate(turns):
         if i > 0:
-            target = _scaled(turn.input_tokens, opts.token_scale)
-            messages.append({"role": "user", "content": filler(target - sent_tokens, rng)})
-            sent_tokens = max(target, sent_tokens + 1)
-        headers = {opts.session_header: trace.id}
+            messages.append(
+                {"role": "user", "content": filler(turn.input_tokens - sent_tokens, rng)}
+            )
+            sent_tokens = max(turn.input_tokens, sent_tokens + 1)
+        headers = {opts.session_header: plan.id}
         if i == len(turns) - 1:
             headers["x-session-final"] = "true"
-        max_tokens = _scaled(turn.output_tokens, opts.token_scale)
+        sent = time.perf_counter()
         try:
-            tr, reply = await _send_turn(http, opts, headers, messages, max_tokens)
+            tr, reply = await _send_turn(http, opts, headers, messages, turn.output_tokens)
         except (aiohttp.ClientError, TimeoutError) as exc:
             tr, reply = TurnResult(False, 0, None, 0.0, error=repr(exc)), ""
+        tr.sent_at = sent
         result.turns.append(tr)
         if not tr.ok:
             break
         messages.append({"role": "assistant", "content": reply})
         sent_tokens += tr.completion_tokens
         if turn.tool_s is not None and i < len(turns) - 1:
-            await tool(turn.tool_s * opts.tool_time_scale, turn.tool)
+            if on_tool is not None:
+                await on_tool(plan.id, "tool_start", turn.tool)
+            await tool(turn.tool_s, turn.tool)
+            if on_tool is not None:
+                await on_tool(plan.id, "tool_end", turn.tool)
     result.ended = time.perf_counter()
     return result

@@ -1,0 +1,138 @@
+"""Command-line options shared by ``marsproxy bench live`` and ``marsproxy sim``.
+
+Both take the same workload options (so the same flags give the same sessions), the policies to
+compare and ``--set KEY=VALUE`` overrides of the proxy config applied to every proxied policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marsproxy.bench.arrivals import ArrivalSpec
+from marsproxy.bench.workload import REGIMES, WorkloadSpec
+from marsproxy.config import MarsConfig, load_config
+from marsproxy.policies import policy_names
+
+DIRECT = "direct"
+DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")
+ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention")
+# A benchmark measures latency, so a queued session waits rather than failing after the
+# proxy's 300 s default deadline (an agent would retry after Retry-After anyway).
+BENCH_DEFAULT_SETS = ("admission.queue_deadline_s=3600",)
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
+                      token_scale: float, tool_time_scale: float, max_turns: int | None,
+                      regimes: str) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", default=None, help="trace file (default: the packaged sample)")
+    g.add_argument("--sessions", type=int, default=sessions, help="sessions per run")
+    g.add_argument("--seed", type=int, default=0, help="seed of sampling and arrivals")
+    g.add_argument(
+        "--regimes", default=regimes,
+        help=f"input-length regimes, comma-separated: {', '.join(REGIMES)}, or 'trace' (as"
+        " recorded)",
+    )
+    g.add_argument("--rates", default=rates,
+                   help="arrival rates (sessions/s; bursts/s for burst), comma-separated: loads")
+    g.add_argument("--arrivals", choices=("poisson", "fixed", "burst"), default="poisson")
+    g.add_argument("--burst-size", type=int, default=8, help="sessions per burst")
+    g.add_argument("--token-scale", type=float, default=token_scale,
+                   help="multiplier on every token count (after the regime)")
+    g.add_argument("--tool-time-scale", type=float, default=tool_time_scale,
+                   help="multiplier on every tool time")
+    g.add_argument("--max-turns", type=int, default=max_turns, help="LLM calls per session at most")
+    g.add_argument("--max-context", type=int, default=None,
+                   help="largest prompt in tokens (default: the engine's context less 1024 for"
+                   " the reply)")
+    q = p.add_argument_group("policies")
+    q.add_argument(
+        "--policies", default=",".join(DEFAULT_POLICIES),
+        help="comma-separated presets to compare ('direct' is always included; 'all' adds the"
+        f" ablations); known: {DIRECT}, {', '.join(policy_names())}",
+    )
+    q.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+        help="proxy config override for every proxied policy, e.g. admission.window_max=16"
+        f" (defaults: {', '.join(BENCH_DEFAULT_SETS)})",
+    )
+    p.add_argument("--out", default=None, help="output folder (default: results/<timestamp>)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    regime: str
+    load: str
+    spec: WorkloadSpec
+
+
+def policies(text: str) -> list[str]:
+    names = _csv(text)
+    if "all" in names:
+        names = [n for n in names if n != "all"] + [*DEFAULT_POLICIES, *ABLATIONS]
+    known = {DIRECT, *policy_names()}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown policy {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    out = [DIRECT]
+    out += [n for n in dict.fromkeys(names) if n != DIRECT]
+    return out
+
+
+def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
+    """One workload per (regime, rate), in that nesting order. Prompts stay within
+    ``--max-context``, by default ``engine_context`` less room for the reply."""
+    max_context = args.max_context or max(16, engine_context - 1024)
+    out = []
+    for regime in _csv(args.regimes) or ["trace"]:
+        if regime != "trace" and regime not in REGIMES:
+            raise ValueError(f"unknown regime {regime!r}; known: trace, {', '.join(REGIMES)}")
+        for rate_text in _csv(args.rates):
+            rate = float(rate_text)
+            arrivals = ArrivalSpec(args.arrivals, rate, args.burst_size)
+            spec = WorkloadSpec(
+                sessions=args.sessions, seed=args.seed,
+                regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
+                token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
+                max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
+            )
+            out.append(Case(regime, arrivals.label(), spec))
+    return out
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``a.b=v`` (v as YAML) → nested overrides; the bench defaults first, the user's win."""
+    tree: dict[str, Any] = {}
+    for item in [*BENCH_DEFAULT_SETS, *sets]:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set needs KEY=VALUE, got {item!r}")
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return tree
+
+
+def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:
+    """The proxy config of ``policy``: preset < ``--set`` overrides; env is not read."""
+    return load_config(None, environ={}, overrides={**sets, "policy": policy, "workers": workers})
+
+
+def out_dir(arg: str | None, kind: str) -> Path:
+    if arg:
+        return Path(arg)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{stamp}-{kind}"

@@ -1,0 +1,167 @@
+"""results.json and report.md of a benchmark or simulation run (one format for both).
+
+Ratios are speed-ups: ``baseline / policy`` for latencies (above 1: the policy is faster) and
+``policy / baseline`` for goodput (above 1: the policy finishes more sessions in time).
+"best other" is the best policy whose name does not start with ``mars`` (``direct``, ``fcfs``,
+``autellix``, ``continuum``): lowest mean latency for the latency ratios, highest goodput for
+the goodput ratio, lowest P95 for the P95 ratio. Every ratio compares runs of the same workload
+(same regime and load) in the same invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from marsproxy.bench.results import RunResult, Summary
+
+DIRECT = "direct"
+
+log = logging.getLogger("marsproxy.bench.report")
+
+
+def is_baseline(policy: str) -> bool:
+    return not policy.startswith("mars")
+
+
+def groups(runs: Iterable[RunResult]) -> dict[tuple[str, str], list[RunResult]]:
+    """Runs by (regime, load), in first-seen order."""
+    out: dict[tuple[str, str], list[RunResult]] = {}
+    for r in runs:
+        out.setdefault((r.regime, r.load), []).append(r)
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    if math.isnan(num) or math.isnan(den) or den == 0:
+        return math.nan
+    return num / den
+
+
+def _best(summaries: dict[str, Summary], key: str, lowest: bool) -> str | None:
+    cands = [(getattr(s, key), p) for p, s in summaries.items()
+             if is_baseline(p) and not math.isnan(getattr(s, key))]
+    if not cands:
+        return None
+    return (min(cands) if lowest else max(cands))[1]
+
+
+def ratios(summaries: dict[str, Summary]) -> dict[str, dict[str, float]]:
+    """Per policy: mean speed-up vs direct and vs the best other; goodput and P95 vs best other."""
+    direct = summaries.get(DIRECT)
+    best_mean = _best(summaries, "mean_s", lowest=True)
+    best_good = _best(summaries, "goodput_per_s", lowest=False)
+    best_p95 = _best(summaries, "p95_s", lowest=True)
+    out: dict[str, dict[str, float]] = {}
+    for p, s in summaries.items():
+        out[p] = {
+            "mean_vs_direct": _ratio(direct.mean_s, s.mean_s) if direct else math.nan,
+            "mean_vs_best_other": (
+                _ratio(summaries[best_mean].mean_s, s.mean_s) if best_mean else math.nan),
+            "goodput_vs_best_other": (
+                _ratio(s.goodput_per_s, summaries[best_good].goodput_per_s)
+                if best_good else math.nan),
+            "p95_vs_best_other": (
+                _ratio(summaries[best_p95].p95_s, s.p95_s) if best_p95 else math.nan),
+        }
+    return out
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "–" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _g(x: float) -> str:
+    """Rates: enough significant digits for 0.0042/s as well as 3.1/s."""
+    return "–" if math.isnan(x) else f"{x:.3g}"
+
+
+def table(group: Sequence[RunResult]) -> list[str]:
+    summaries = {r.policy: r.summary() for r in group}
+    rs = ratios(summaries)
+    best_mean = _best(summaries, "mean_s", lowest=True)
+    head = ("| policy | done | mean s | P50 s | P90 s | P95 s | goodput /s | throughput /s "
+            "| TTFT P50 s | TTFT P95 s | warm resume | rejected | mean ×direct "
+            "| mean ×best other | goodput ×best other | P95 ×best other |")
+    lines = [head, "|" + "---|" * 16]
+    for p, s in summaries.items():
+        r = rs[p]
+        lines.append(
+            f"| {p} | {s.finished}/{s.sessions} | {_f(s.mean_s)} | {_f(s.p50_s)} | "
+            f"{_f(s.p90_s)} | {_f(s.p95_s)} | {_g(s.goodput_per_s)} | "
+            f"{_g(s.throughput_per_s)} | {_f(s.ttft_p50_s, 2)} | {_f(s.ttft_p95_s, 2)} | "
+            f"{_f(100 * s.warm_resume_rate, 0)} % | {s.rejected} | "
+            f"{_f(r['mean_vs_direct'], 2)} | {_f(r['mean_vs_best_other'], 2)} | "
+            f"{_f(r['goodput_vs_best_other'], 2)} | {_f(r['p95_vs_best_other'], 2)} |"
+        )
+    if best_mean:
+        lines.append("")
+        lines.append(f"Best other policy by mean latency: `{best_mean}`.")
+    pre = [f"{r.policy} {r.extra['stats']['preemptions']:.0f}" for r in group
+           if "preemptions" in r.extra.get("stats", {})]
+    if pre:
+        lines.append(f"Engine preemptions: {', '.join(pre)}.")
+    return lines
+
+
+def render(runs: Sequence[RunResult], title: str, meta: dict[str, Any],
+           plots: dict[tuple[str, str], list[str]] | None = None) -> str:
+    out = [f"# {title}", ""]
+    for k, v in meta.items():
+        out.append(f"- {k}: {v}")
+    out.append("")
+    out.append("Latency: end-to-end session time (arrival to last response, tool phases and "
+               "admission waits included). Goodput: sessions per second finishing within 3× "
+               "their ideal time, the ideal computed from the engine profile and the tool times "
+               "(the session alone on an idle system). Ratios are speed-ups (> 1: better than "
+               "the baseline).")
+    for (regime, load), group in groups(runs).items():
+        out += ["", f"## regime {regime or '-'}, load {load or '-'}", ""]
+        out += table(group)
+        for path in (plots or {}).get((regime, load), []):
+            out += ["", f"![{Path(path).stem}]({path})"]
+    return "\n".join(out) + "\n"
+
+
+def _clean(x: Any) -> Any:
+    # JSON has no NaN; null says "not defined" (no finished session, no baseline).
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def results_json(runs: Sequence[RunResult], meta: dict[str, Any]) -> dict[str, Any]:
+    figures = []
+    for (regime, load), group in groups(runs).items():
+        summaries = {r.policy: r.summary() for r in group}
+        figures.append({"regime": regime, "load": load, "ratios": ratios(summaries),
+                        "summaries": {p: s.to_dict() for p, s in summaries.items()}})
+    out: dict[str, Any] = _clean(
+        {"meta": meta, "figures": figures, "runs": [r.to_dict() for r in runs]})
+    return out
+
+
+def write(out_dir: Path, runs: Sequence[RunResult], title: str, meta: dict[str, Any],
+          make_plots: bool = True) -> Path:
+    """Writes results.json, report.md and (with matplotlib) the PNG plots; returns report.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots: dict[tuple[str, str], list[str]] = {}
+    if make_plots:
+        try:
+            from marsproxy.bench.plots import plot_all
+        except ImportError:  # the bench extra is not installed: numbers without pictures
+            log.warning("no plots: matplotlib is missing (pip install 'marsproxy[bench]')")
+        else:
+            plots = plot_all(out_dir, runs)
+    (out_dir / "results.json").write_text(json.dumps(results_json(runs, meta), indent=1))
+    report = out_dir / "report.md"
+    report.write_text(render(runs, title, meta, plots))
+    return report

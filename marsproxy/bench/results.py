@@ -1,0 +1,175 @@
+"""What a benchmark run produces, and the figures computed from it (shared by live and sim).
+
+Times are seconds from the start of the run (the first planned arrival is at 0): wall seconds
+for the live benchmark, modelled seconds for the simulator.
+
+Definitions (docs/benchmarks.md repeats them):
+- end-to-end latency of a session: from its planned arrival to the end of its last response,
+  including admission waits and tool phases; only sessions that finished every turn count;
+- goodput: sessions per second that finished within ``goodput_factor`` (3) × their ideal time
+  (:mod:`marsproxy.bench.ideal`), over the makespan (first arrival to last session end);
+- throughput: finished sessions per second over the same makespan;
+- warm resume: a continuation (turn ≥ 2) whose cached prefix covers at least 90 % of the
+  previous call's prompt, i.e. the session's KV survived its tool phase;
+- rejections: sessions that got a 429 or 503 from the proxy (the replay stops there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GOODPUT_FACTOR = 3.0
+WARM_FRACTION = 0.9
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    sent_s: float
+    ttft_s: float | None
+    latency_s: float
+    status: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SessionOutcome:
+    id: str
+    arrival_s: float
+    ideal_s: float
+    planned_turns: int
+    end_s: float | None = None
+    turns: list[TurnOutcome] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (self.end_s is not None and len(self.turns) == self.planned_turns
+                and all(t.status == 200 for t in self.turns))
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if not self.ok or self.end_s is None else self.end_s - self.arrival_s
+
+    @property
+    def rejected(self) -> bool:
+        return any(t.status in (429, 503) for t in self.turns)
+
+    def warm_resumes(self) -> tuple[int, int]:
+        """(warm continuations, continuations)."""
+        warm = total = 0
+        for prev, cur in zip(self.turns, self.turns[1:], strict=False):
+            if cur.status != 200 or prev.prompt_tokens <= 0:
+                continue
+            total += 1
+            warm += cur.cached_tokens >= WARM_FRACTION * prev.prompt_tokens
+        return warm, total
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN when empty."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    sessions: int
+    finished: int
+    rejected: int
+    failed: int
+    mean_s: float
+    p50_s: float
+    p90_s: float
+    p95_s: float
+    goodput_per_s: float
+    within_slo: int
+    throughput_per_s: float
+    makespan_s: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    warm_resume_rate: float
+    slowdown_mean: float
+    """Mean of e2e / ideal over finished sessions."""
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize(outcomes: Sequence[SessionOutcome], factor: float = GOODPUT_FACTOR) -> Summary:
+    done = [o for o in outcomes if o.ok]
+    e2e = [o.e2e_s for o in done if o.e2e_s is not None]
+    ends = [o.end_s for o in outcomes if o.end_s is not None]
+    start = min((o.arrival_s for o in outcomes), default=0.0)
+    makespan = (max(ends) - start) if ends else 0.0
+    within = sum(1 for o in done if o.e2e_s is not None and o.e2e_s <= factor * o.ideal_s)
+    ttfts = [t.ttft_s for o in outcomes for t in o.turns
+             if t.status == 200 and t.ttft_s is not None]
+    warm = total = 0
+    for o in outcomes:
+        w, n = o.warm_resumes()
+        warm += w
+        total += n
+    rejected = sum(1 for o in outcomes if o.rejected)
+
+    def rate(n: int) -> float:
+        return n / makespan if makespan > 0 else math.nan
+
+    return Summary(
+        sessions=len(outcomes),
+        finished=len(done),
+        rejected=rejected,
+        failed=len(outcomes) - len(done) - rejected,
+        mean_s=_mean(e2e),
+        p50_s=percentile(e2e, 50),
+        p90_s=percentile(e2e, 90),
+        p95_s=percentile(e2e, 95),
+        goodput_per_s=rate(within),
+        within_slo=within,
+        throughput_per_s=rate(len(done)),
+        makespan_s=makespan,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p95_s=percentile(ttfts, 95),
+        warm_resume_rate=warm / total if total else math.nan,
+        slowdown_mean=_mean([o.e2e_s / o.ideal_s for o in done
+                             if o.e2e_s is not None and o.ideal_s > 0]),
+    )
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One policy on one workload (a regime at a load)."""
+
+    policy: str
+    regime: str
+    load: str
+    outcomes: list[SessionOutcome]
+    timeline: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> Summary:
+        return summarize(self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy, "regime": self.regime, "load": self.load,
+            "summary": self.summary().to_dict(),
+            "sessions": [
+                {**asdict(o), "ok": o.ok, "e2e_s": o.e2e_s} for o in self.outcomes
+            ],
+            "timeline": {k: [list(p) for p in v] for k, v in self.timeline.items()},
+            "extra": self.extra,
+        }

@@ -1,0 +1,365 @@
+"""One policy on one workload, in virtual time: agents, the proxy's core, engines and tool CPUs.
+
+Drivers of the same pure code the gateway drives:
+- admission: :class:`marsproxy.aimd.admission.AdmissionCore` (``on_request``,
+  ``on_response_end``, ``tick`` every ``admission.control_interval_s``) with the policy preset's
+  config, fed the engines' KV state and the tool tracker's CPU signals, as the gateway's probes
+  would (sampled at each control tick);
+- tool phases: :class:`marsproxy.probes.tool_phases.ToolPhaseTracker` (explicit tool events
+  when the agent reports them, else inferred), for the backlog ratio and tool-time predictions;
+- scheduling: :class:`marsproxy.sim.scheduling.SchedulerAdapter` (priority, retention, ledger);
+- engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to back while it has work;
+- tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus`` cores.
+
+``direct`` has no proxy: each session goes straight to one worker (round robin), FCFS.
+
+Agents replay sessions as the live benchmark does: append-only prompts (a shared system prompt,
+then the session's own tokens, every reply included), ``max_tokens`` = the planned output with
+``ignore_eos``, the final flag on the last call, a tool phase of the planned CPU seconds after
+every call but the last. A rejected first call (429/503) ends the session as rejected.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
+from marsproxy.aimd.kvfit import free_blocks_from_usage, kv_budget
+from marsproxy.bench.ideal import ideal_seconds
+from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
+from marsproxy.bench.timeline import timeline
+from marsproxy.bench.workload import PlannedSession, Workload
+from marsproxy.config import MarsConfig
+from marsproxy.core.events import Event, PressureSample, event_to_dict
+from marsproxy.core.lifecycle import EndReason
+from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
+from marsproxy.emulator.profiles import EngineProfile
+from marsproxy.emulator.tokenizer import filler_token_id
+from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.sim.cpu import ProcessorSharing
+from marsproxy.sim.scheduling import CallDone, SchedulerAdapter
+
+_TENANT = "bench"
+_SYSTEM_BASE = 100  # token ids of the shared system prompt start here
+_SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
+_FILL = 7  # the rest of a session's new tokens (the hash chain keeps them apart)
+_TIMELINE_TYPES = frozenset(
+    {"window_change", "pressure_sample", "session_queued", "session_admitted", "rejected",
+     "session_end"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSetup:
+    profile: EngineProfile
+    workers: int = 1
+    tool_cpus: float = 16.0
+    system_prompt_tokens: int = 600
+    report_tools: bool = True
+    """Agents report tool_start/tool_end with the tool kind (else the tracker infers phases)."""
+    pressure_every: int = 5
+    """A pressure_sample event every this many control ticks (the gateway: every 5th scrape)."""
+    time_scale: float = 1.0
+    """Seconds of the run per modelled engine second (as the emulator's --time-scale), so a
+    simulation can mirror a live run on slowed-down emulated workers."""
+    horizon_s: float = 1e7
+    """Give up at this virtual time (a policy that deadlocks must not hang the run)."""
+
+
+@dataclass(slots=True)
+class _Agent:
+    plan: PlannedSession
+    seq: int
+    outcome: SessionOutcome
+    turn: int = 0
+    worker: str | None = None
+    context: int = 0  # tokens in KV after the previous call: its prompt and reply
+    tokens: list[int] = field(default_factory=list)
+    sent_s: float = 0.0
+    first_token_s: float | None = None
+    done: bool = False
+
+
+class Simulation:
+    def __init__(
+        self, workload: Workload, policy: str, setup: SimSetup, cfg: MarsConfig | None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.policy = policy
+        self.setup = setup
+        self.cfg = cfg
+        self.workers = [f"w{i}" for i in range(setup.workers)]
+        self.adapter = SchedulerAdapter(cfg.scheduler, setup.profile.block_size) if cfg else None
+        engine_policy: Policy = (
+            "priority" if self.adapter and self.adapter.engine_priority else "fcfs")
+        self.engines = {w: Engine(setup.profile, engine_policy) for w in self.workers}
+        self.core = AdmissionCore(cfg.admission, self.workers) if cfg else None
+        self.tracker = ToolPhaseTracker(ToolTrackerSettings(
+            ema_alpha=cfg.tools.ema_alpha if cfg else 0.2,
+            quantile=cfg.tools.quantile if cfg else 0.9,
+            history=cfg.tools.history if cfg else 64,
+            tool_cpus=setup.tool_cpus,
+            inferred_min_s=cfg.tools.inferred_min_s if cfg else 0.5,
+        ))
+        self.cpu = ProcessorSharing(setup.tool_cpus)
+        self._progress = progress
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._busy = dict.fromkeys(self.workers, False)
+        self._agents: dict[str, _Agent] = {}
+        self._by_request: dict[str, _Agent] = {}
+        self._held: dict[str, _Agent] = {}
+        self._cpu_version = 0
+        self._unfinished = 0
+        self._ticks = 0
+        self.events: list[dict[str, Any]] = []
+        self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0}
+        self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
+        self._reply: list[int] = []
+
+    # -- the event loop ----------------------------------------------------------------------
+    def _push(self, t: float, kind: str, payload: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    def run(self) -> RunResult:
+        prof = self.setup.profile
+        for i, plan in enumerate(self.workload.sessions):
+            llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
+            agent = _Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
+                                                   len(plan.turns)))
+            self._agents[plan.id] = agent
+            self._push(plan.arrival_s, "arrive", agent)
+        self._unfinished = len(self._agents)
+        if self.core is not None:
+            self._push(0.0, "tick")
+        handlers: dict[str, Callable[[float, Any], None]] = {
+            "arrive": self._on_arrive, "step": self._on_step_done, "cpu": self._on_cpu,
+            "tick": self._on_tick,
+        }
+        now = 0.0
+        while self._heap and self._unfinished > 0:
+            now, _, kind, payload = heapq.heappop(self._heap)
+            if now > self.setup.horizon_s:
+                break
+            handlers[kind](now, payload)
+        for agent in self._agents.values():
+            if not agent.done and not agent.outcome.error:
+                agent.outcome.error = "unfinished at the simulation horizon"
+        self.stats["preemptions"] = sum(e.num_preemptions for e in self.engines.values())
+        return RunResult(
+            policy=self.policy, regime="", load="",
+            outcomes=[a.outcome for a in self._agents.values()],
+            timeline=timeline(self.events, 0.0),
+            extra={"stats": dict(self.stats), "sim_end_s": now},
+        )
+
+    # -- agents ------------------------------------------------------------------------------
+    def _on_arrive(self, now: float, agent: _Agent) -> None:
+        self._request(now, agent)
+
+    def _request(self, now: float, agent: _Agent) -> None:
+        """The agent sends its next call (through the proxy, or straight to a worker)."""
+        agent.sent_s = now
+        prompt = agent.plan.turns[agent.turn].input_tokens
+        final = agent.turn == len(agent.plan.turns) - 1
+        if self.core is None:
+            self._dispatch(now, agent, self.workers[agent.seq % len(self.workers)])
+            return
+        d = self.core.on_request(now, agent.plan.id, _TENANT, max(prompt, agent.context + 1),
+                                 final=final)
+        self._carry(now, d.actions)
+        if d.kind is DecisionKind.ADMITTED and d.worker is not None:
+            self._dispatch(now, agent, d.worker)
+        elif d.kind is DecisionKind.WAIT:
+            self._held[agent.plan.id] = agent
+        else:
+            self._fail(now, agent, d.status or 429, d.reason)
+
+    def _prompt_tokens(self, agent: _Agent) -> list[int]:
+        turn = agent.plan.turns[agent.turn]
+        if not agent.tokens:
+            agent.tokens = [*self._system, _SESSION_BASE + agent.seq]
+        grow = max(1, turn.input_tokens - len(agent.tokens))
+        agent.tokens.extend(itertools.repeat(_FILL, grow))
+        return agent.tokens
+
+    def _reply_ids(self, n: int) -> list[int]:
+        while len(self._reply) < n:
+            self._reply.append(filler_token_id(len(self._reply)))
+        return self._reply[:n]
+
+    def _dispatch(self, now: float, agent: _Agent, worker: str) -> None:
+        if agent.worker is not None and agent.worker != worker:
+            agent.context = 0  # moved: its prefix is on the other worker
+        agent.worker = worker
+        tokens = self._prompt_tokens(agent)
+        turn = agent.plan.turns[agent.turn]
+        priority = 0
+        if self.adapter is not None:
+            self.adapter.on_return(agent.plan.id)
+            priority = self.adapter.dispatch_priority(
+                now, agent.plan.id, agent.seq, len(tokens), agent.context)
+        rid = f"{agent.plan.id}#{agent.turn}"
+        try:
+            self.engines[worker].add_request(rid, tokens, turn.output_tokens, ignore_eos=True,
+                                             priority=priority, now=now)
+        except RequestError as exc:
+            self._fail(now, agent, 400, str(exc))
+            return
+        self._by_request[rid] = agent
+        self._kick(worker, now)
+
+    def _fail(self, now: float, agent: _Agent, status: int, reason: str) -> None:
+        agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
+        agent.outcome.error = reason
+        if self.core is not None and status not in (429, 503):
+            self._carry(now, self.core.on_session_end(now, agent.plan.id, EndReason.DELETED))
+        self._finish(agent)
+
+    def _finish(self, agent: _Agent) -> None:
+        agent.done = True
+        agent.tokens = []
+        self._unfinished -= 1
+        self.tracker.session_ended(agent.plan.id)
+        if self.adapter is not None:
+            self.adapter.forget(agent.plan.id)
+        if self._progress is not None:
+            self._progress(1)
+
+    def _call_done(self, now: float, fin: FinishedEvent) -> None:
+        agent = self._by_request.pop(fin.req_id)
+        sid = agent.plan.id
+        agent.outcome.turns.append(TurnOutcome(
+            sent_s=agent.sent_s,
+            ttft_s=None if agent.first_token_s is None else agent.first_token_s - agent.sent_s,
+            latency_s=now - agent.sent_s, status=200, prompt_tokens=fin.prompt_tokens,
+            cached_tokens=fin.cached_tokens, completion_tokens=fin.completion_tokens))
+        agent.first_token_s = None
+        agent.tokens.extend(self._reply_ids(fin.completion_tokens))
+        agent.context = fin.prompt_tokens + fin.completion_tokens
+        final = agent.turn == len(agent.plan.turns) - 1
+        if self.core is not None:
+            self._carry(now, self.core.on_response_end(
+                now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
+                usual_tool_s=self.tracker.predicted_duration(sid)))
+        if self.adapter is not None and agent.worker is not None:
+            tool = agent.plan.turns[agent.turn].tool
+            predicted = self.tracker.predicted_duration(
+                sid, tool if self.setup.report_tools else None)
+            for ev in self.adapter.on_call_done(now, CallDone(
+                sid, agent.worker, fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens,
+                fin.prefill_time * self.setup.time_scale,
+                fin.e2e_latency * self.setup.time_scale,
+            ), predicted, final):
+                self.stats["retained" if getattr(ev, "retain", False) else "not_retained"] += 1
+        if final:
+            agent.outcome.end_s = now
+            self._finish(agent)
+            return
+        turn = agent.plan.turns[agent.turn]
+        if self.setup.report_tools:
+            self.tracker.explicit_event(sid, "tool_start", turn.tool, now, None)
+        else:
+            self.tracker.response_ended(sid, now)
+        self.cpu.add(now, sid, turn.tool_s or 0.0)
+        self._schedule_cpu()
+
+    # -- tools -------------------------------------------------------------------------------
+    def _schedule_cpu(self) -> None:
+        self._cpu_version += 1
+        t = self.cpu.next_completion()
+        if t is not None:
+            self._push(t, "cpu", self._cpu_version)
+
+    def _on_cpu(self, now: float, version: int) -> None:
+        if version != self._cpu_version:
+            return  # superseded by a later start or end
+        for sid in self.cpu.pop_done(now):
+            agent = self._agents[sid]
+            if self.setup.report_tools:
+                self.tracker.explicit_event(sid, "tool_end", agent.plan.turns[agent.turn].tool,
+                                            now, None)
+            else:
+                self.tracker.request_started(sid, now)
+            agent.turn += 1
+            self._request(now, agent)
+        self._schedule_cpu()
+
+    # -- engines -----------------------------------------------------------------------------
+    def _kick(self, worker: str, now: float) -> None:
+        if self._busy[worker]:
+            return
+        eng = self.engines[worker]
+        if not eng.has_work():
+            return
+        result = eng.step(now)
+        if result.batch.num_tokens == 0:
+            return  # nothing schedulable; a finish or a new request kicks it again
+        self._busy[worker] = True
+        self._push(now + result.duration * self.setup.time_scale, "step", (worker, result))
+
+    def _on_step_done(self, now: float, payload: tuple[str, StepResult]) -> None:
+        worker, result = payload
+        self._busy[worker] = False
+        for rid in result.first_token:
+            self._by_request[rid].first_token_s = now
+        for fin in result.finished:
+            self._call_done(now, fin)
+        self._kick(worker, now)
+
+    # -- the proxy's control loop ------------------------------------------------------------
+    def _signals(self, w: str, now: float) -> WorkerSignals:
+        eng = self.engines[w]
+        prof = self.setup.profile
+        usage = eng.kv.usage
+        retained = self.adapter.retained_blocks(w) if self.adapter else 0
+        return WorkerSignals(
+            kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
+            total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
+            tools_in_flight=self.tracker.in_flight, backlog_ratio=self.tracker.backlog_ratio(now),
+            tool_wait_ema_s=self.tracker.queue_wait_ema, tool_cpus=self.setup.tool_cpus,
+        )
+
+    def _on_tick(self, now: float, _: Any) -> None:
+        assert self.core is not None and self.cfg is not None
+        signals = {}
+        for w in self.workers:
+            s = self._signals(w, now)
+            if self.adapter is not None and s.free_blocks is not None:
+                budget = kv_budget(s.free_blocks, s.total_blocks or 0,
+                                   self.cfg.admission.kv_reserve_frac, s.retained_blocks)
+                self.adapter.maintain(now, w, budget)
+                s = self._signals(w, now)
+            signals[w] = s
+        self._carry(now, self.core.tick(now, signals))
+        self._ticks += 1
+        if self._ticks % self.setup.pressure_every == 0:
+            for w, s in signals.items():
+                eng = self.engines[w].stats()
+                self._record(PressureSample(
+                    ts=now, worker=w, kv_usage=s.kv_usage, running=eng.running,
+                    waiting=eng.waiting, tools_in_flight=s.tools_in_flight,
+                    backlog_ratio=s.backlog_ratio))
+        if self._unfinished > 0:
+            self._push(now + self.cfg.admission.control_interval_s, "tick")
+
+    def _record(self, ev: Event) -> None:
+        if ev.type in _TIMELINE_TYPES:
+            self.events.append(event_to_dict(ev))
+
+    def _carry(self, now: float, actions: Actions) -> None:
+        for ev in actions.events:
+            self._record(ev)
+        for a in actions.admitted:
+            agent = self._held.pop(a.entry.session, None)
+            if agent is not None:
+                self._dispatch(now, agent, a.worker)
+        for exp in actions.expired:
+            agent = self._held.pop(exp.session, None)
+            if agent is not None:
+                self._fail(now, agent, exp.status, exp.reason)

@@ -1,0 +1,110 @@
+"""``marsproxy sim``: every policy on every (regime, load) workload, in virtual time; writes the
+same results.json / report.md / plots as ``marsproxy bench live``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from marsproxy.bench import options, report
+from marsproxy.bench.progress import Progress
+from marsproxy.bench.results import RunResult
+from marsproxy.bench.trace import load_trace
+from marsproxy.bench.workload import build_workload
+from marsproxy.emulator.profiles import get_profile, profile_names
+from marsproxy.sim.harness import SimSetup, Simulation
+
+
+@dataclass(frozen=True, slots=True)
+class SimRun:
+    cases: list[options.Case]
+    policies: list[str]
+    setup: SimSetup
+    sets: dict[str, object]
+
+
+def run_cases(
+    run: SimRun, trace: str | None, out: TextIO | None = None,
+    on_case: Callable[[list[RunResult]], None] | None = None,
+) -> list[RunResult]:
+    """Every policy on every case; ``on_case`` gets the results so far after each case (a
+    long matrix keeps what it has if it is stopped)."""
+    traces = load_trace(trace)
+    results: list[RunResult] = []
+    workers = [f"http://w{i}" for i in range(run.setup.workers)]
+    for case in run.cases:
+        wl = build_workload(traces, case.spec)
+        for policy in run.policies:
+            cfg = None if policy == options.DIRECT else options.proxy_config(
+                policy, dict(run.sets), workers)
+            bar = Progress(f"{case.regime} {case.load} {policy}", len(wl.sessions), out)
+            t0 = time.perf_counter()
+            res = Simulation(wl, policy, run.setup, cfg, progress=bar.update).run()
+            bar.close()
+            res.regime, res.load = case.regime, case.load
+            res.extra["cpu_s"] = round(time.perf_counter() - t0, 2)
+            res.extra["workload"] = wl.describe()
+            results.append(res)
+        if on_case is not None:
+            on_case(results)
+    return results
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    options.add_workload_args(p, sessions=300, rates="0.05,0.2,0.5", token_scale=1.0,
+                              tool_time_scale=1.0, max_turns=None, regimes="8k,32k,64k,128k")
+    e = p.add_argument_group("system")
+    e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
+    e.add_argument("--workers", type=int, default=1, help="emulated engines")
+    e.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: profile)")
+    e.add_argument("--time-scale", type=float, default=1.0,
+                   help="seconds per modelled engine second (mirror a live run's emulators)")
+    e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
+    e.add_argument("--horizon", type=float, default=1e7,
+                   help="stop at this virtual time (s); sessions not done by then count as failed")
+    e.add_argument("--infer-tools", action="store_true",
+                   help="agents do not report tool events; the proxy infers tool phases")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        profile = get_profile(args.profile, num_blocks=args.num_blocks)
+        cases = options.cases(args, profile.effective_max_model_len)
+        pols = options.policies(args.policies)
+        sets = options.parse_sets(args.sets)
+    except ValueError as exc:
+        sys.stderr.write(f"marsproxy sim: {exc}\n")
+        return 2
+    setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
+                     system_prompt_tokens=max(1, round(600 * args.token_scale)),
+                     report_tools=not args.infer_tools, time_scale=args.time_scale,
+                     horizon_s=args.horizon)
+    run = SimRun(cases, pols, setup, sets)
+    t0 = time.perf_counter()
+    out = options.out_dir(args.out, "sim")
+
+    def meta() -> dict[str, object]:
+        return {
+            "kind": "simulation (virtual time)", "profile": profile.name,
+            "workers": args.workers, "time_scale": args.time_scale,
+            "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+            "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
+            "arrivals": args.arrivals, "token_scale": args.token_scale,
+            "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
+            "overrides": sets, "agents report tool events": not args.infer_tools,
+            "horizon_s": args.horizon,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+
+    def partial(results: list[RunResult]) -> None:
+        report.write(out, results, "marsproxy sim (partial)", meta(), make_plots=False)
+
+    results = run_cases(run, args.trace, sys.stderr, partial)
+    path = report.write(out, results, "marsproxy sim", meta(), make_plots=not args.no_plots)
+    sys.stdout.write(f"{path}\n")
+    return 0

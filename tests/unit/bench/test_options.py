@@ -1,0 +1,62 @@
+"""Shared options of `bench live` and `sim`: policies, overrides, workload cases, CLI errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from marsproxy.bench import options
+
+
+def _args(**over: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    options.add_workload_args(p, sessions=8, rates="0.5", token_scale=1.0, tool_time_scale=1.0,
+                              max_turns=None, regimes="trace")
+    ns = p.parse_args([])
+    for k, v in over.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def test_direct_is_always_first_and_all_adds_ablations() -> None:
+    assert options.policies("mars,fcfs,mars") == ["direct", "mars", "fcfs"]
+    assert options.policies("direct") == ["direct"]
+    everything = options.policies("all")
+    assert everything[0] == "direct" and "mars-no-retention" in everything
+    assert len(everything) == len(set(everything)) == 8
+    with pytest.raises(ValueError, match="unknown policy bogus"):
+        options.policies("mars,bogus")
+
+
+def test_overrides_nest_parse_yaml_and_win_over_bench_defaults() -> None:
+    sets = options.parse_sets(["admission.window_max=8", "admission.window_init=8",
+                               "admission.queue_deadline_s=100",
+                               "scheduler.level_thresholds=[1, 2, 3]"])
+    assert sets["admission"] == {"queue_deadline_s": 100, "window_max": 8, "window_init": 8}
+    assert sets["scheduler"]["level_thresholds"] == [1, 2, 3]
+    cfg = options.proxy_config("continuum", sets, ["http://w0"])
+    assert cfg.admission.window_max == 8 and cfg.scheduler.priority_policy == "session_fcfs"
+    assert options.parse_sets([])["admission"]["queue_deadline_s"] == 3600
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        options.parse_sets(["window_max"])
+
+
+def test_cases_nest_regimes_over_rates_and_cap_the_context() -> None:
+    cases = options.cases(_args(regimes="8k,32k", rates="0.1,1"), engine_context=8192)
+    assert [(c.regime, c.load) for c in cases] == [
+        ("8k", "poisson 0.1/s"), ("8k", "poisson 1/s"), ("32k", "poisson 0.1/s"),
+        ("32k", "poisson 1/s")]
+    assert all(c.spec.max_context_tokens == 8192 - 1024 for c in cases)
+    assert cases[0].spec.regime_peak_tokens == 8192 and cases[2].spec.regime_peak_tokens == 32768
+    with pytest.raises(ValueError, match="unknown regime"):
+        options.cases(_args(regimes="16k"), engine_context=8192)
+
+
+def test_cli_refuses_bad_options_clearly() -> None:
+    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "sim", "--policies", "nope",
+                        "--no-plots"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    assert "marsproxy sim: unknown policy nope" in r.stderr

@@ -1,0 +1,100 @@
+"""Report figures on a hand-made result set, worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from marsproxy.bench import report
+from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, percentile, summarize
+
+
+def _session(sid: str, arrival: float, ideal: float, end: float | None, ttfts: list[float],
+             cached: list[int], status: int = 200) -> SessionOutcome:
+    o = SessionOutcome(sid, arrival, ideal, planned_turns=len(ttfts))
+    for i, (t, c) in enumerate(zip(ttfts, cached, strict=True)):
+        o.turns.append(TurnOutcome(arrival + i, t, 1.0, status, prompt_tokens=1000 * (i + 1),
+                                   cached_tokens=c, completion_tokens=10))
+    o.end_s = end
+    return o
+
+
+def _runs() -> list[RunResult]:
+    # direct: e2e 10, 20, 30, 40 (ideal 10 each → within 3×: 10, 20, 30); makespan 0 → 40.
+    direct = [
+        _session("a", 0, 10, 10, [0.1, 0.2], [0, 900]),   # warm (900 ≥ 0.9 × 1000)
+        _session("b", 0, 10, 20, [0.3, 0.4], [0, 100]),   # cold
+        _session("c", 0, 10, 30, [0.5, 0.6], [0, 950]),   # warm
+        _session("d", 0, 10, 40, [0.7, 0.8], [0, 0]),     # cold
+    ]
+    # mars: e2e 5, 10, 15 and one rejected (429); makespan 0 → 15.
+    mars = [
+        _session("a", 0, 10, 5, [0.1, 0.1], [0, 1000]),
+        _session("b", 0, 10, 10, [0.1, 0.1], [0, 1000]),
+        _session("c", 0, 10, 15, [0.1, 0.1], [0, 1000]),
+        _session("d", 0, 10, None, [0.1], [0], status=429),
+    ]
+    mars[3].planned_turns = 2
+    # fcfs: e2e 8 for all four; makespan 8.
+    fcfs = [_session(s, 0, 10, 8, [1.0, 1.0], [0, 0]) for s in "abcd"]
+    return [RunResult("direct", "32k", "heavy", direct), RunResult("fcfs", "32k", "heavy", fcfs),
+            RunResult("mars", "32k", "heavy", mars)]
+
+
+def test_summary_by_hand() -> None:
+    direct, fcfs, mars = (r.summary() for r in _runs())
+    assert (direct.finished, direct.rejected, direct.failed) == (4, 0, 0)
+    assert direct.mean_s == 25.0
+    assert direct.p50_s == 25.0  # between 20 and 30
+    assert direct.p90_s == pytest.approx(37.0)  # 30 + 0.7 × 10
+    assert direct.p95_s == pytest.approx(38.5)
+    assert direct.makespan_s == 40.0
+    assert direct.within_slo == 3
+    assert direct.goodput_per_s == pytest.approx(3 / 40)
+    assert direct.throughput_per_s == pytest.approx(4 / 40)
+    assert direct.warm_resume_rate == 0.5
+    assert direct.ttft_p50_s == pytest.approx(0.45)
+    assert direct.slowdown_mean == pytest.approx(2.5)
+    assert (mars.finished, mars.rejected, mars.failed) == (3, 1, 0)
+    assert mars.mean_s == 10.0 and mars.makespan_s == 15.0
+    assert mars.goodput_per_s == pytest.approx(3 / 15)
+    assert mars.warm_resume_rate == 1.0
+    assert fcfs.mean_s == 8.0 and fcfs.goodput_per_s == pytest.approx(4 / 8)
+
+
+def test_ratios_against_direct_and_the_best_other() -> None:
+    summaries = {r.policy: r.summary() for r in _runs()}
+    rs = report.ratios(summaries)
+    # best other by mean: fcfs (8 s); by goodput: fcfs (0.5/s); by P95: fcfs (8 s).
+    assert rs["mars"]["mean_vs_direct"] == pytest.approx(25 / 10)
+    assert rs["mars"]["mean_vs_best_other"] == pytest.approx(8 / 10)
+    assert rs["mars"]["goodput_vs_best_other"] == pytest.approx(0.2 / 0.5)
+    assert rs["mars"]["p95_vs_best_other"] == pytest.approx(8 / percentile([5, 10, 15], 95))
+    assert rs["fcfs"]["mean_vs_best_other"] == 1.0
+    assert rs["direct"]["mean_vs_direct"] == 1.0
+
+
+def test_percentile_and_empty_sets() -> None:
+    assert percentile([3, 1, 2], 50) == 2
+    assert math.isnan(percentile([], 50))
+    empty = summarize([])
+    assert empty.sessions == 0 and math.isnan(empty.mean_s) and math.isnan(empty.goodput_per_s)
+
+
+def test_written_report_and_json(tmp_path: Path) -> None:
+    runs = _runs()
+    md = report.write(tmp_path, runs, "test run", {"kind": "unit"}, make_plots=True)
+    text = md.read_text()
+    assert "## regime 32k, load heavy" in text
+    assert "| mars | 3/4 | 10.0 | 10.0 |" in text
+    assert "| 2.50 | 0.80 | 0.40 |" in text  # mars: ×direct, ×best other, goodput ×best other
+    assert "Best other policy by mean latency: `fcfs`." in text
+    data = json.loads((tmp_path / "results.json").read_text())
+    fig = data["figures"][0]
+    assert fig["summaries"]["direct"]["mean_s"] == 25.0
+    assert len(data["runs"]) == 3 and len(data["runs"][2]["sessions"]) == 4
+    assert data["runs"][2]["sessions"][3]["e2e_s"] is None  # NaN-free JSON
+    assert (tmp_path / "cdf-32k-heavy.png").stat().st_size > 1000
