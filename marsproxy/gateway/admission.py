@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -533,6 +534,8 @@ class AdmissionShell:
 
     def _publish(self, events: list[Event]) -> None:
         # Rejections are published by the relay when it answers; admissions once confirmed.
+        # The core's clock is monotonic; published events carry wall time, as every other event.
+        to_wall = self.telemetry.wall() - self.now()
         for ev in events:
             if isinstance(ev, Rejected | SessionAdmitted):
                 continue
@@ -540,7 +543,7 @@ class AdmissionShell:
                 # FINAL: the session table forgets it next and publishes that end; MOVED: it
                 # did not end, another replica serves it now.
                 continue
-            self.telemetry.publish(ev)
+            self.telemetry.publish(replace(ev, ts=ev.ts + to_wall))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
