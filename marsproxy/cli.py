@@ -98,6 +98,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         tool_cpus=args.tool_cpus,
         compare=args.compare,
         replicas=args.replicas,
+        policy=args.policy,
     )
     return asyncio.run(run_demo(opts))
 
@@ -217,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, choices=(1, 2, 3),
         help="proxy replicas; more than 1 shares one window through a redis-server of the"
         " demo's own (needs redis-server installed)",
+    )
+    d.add_argument(
+        "--policy", default="mars", choices=policy_names(),
+        help="policy preset of the main run (the comparison run is fcfs, without admission)",
     )
     d.add_argument("--trace", default=None, help="trace file (default: packaged sample)")
     d.add_argument("--seed", type=int, default=1, help="seed for picking sessions")

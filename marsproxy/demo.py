@@ -42,6 +42,7 @@ from marsproxy.emulator.server import create_app as create_worker_app
 from marsproxy.gateway.app import GATEWAY_KEY
 from marsproxy.gateway.app import create_app as create_gateway_app
 from marsproxy.gateway.service import Gateway
+from marsproxy.policies import policy_preset
 from marsproxy.telemetry.bus import Subscription
 
 
@@ -69,6 +70,8 @@ class DemoOptions:
     compare: bool = True
     """Run the same load without admission first, for the side-by-side preemptions."""
     replicas: int = 1
+    policy: str = "mars"
+    """Policy preset of the main run (the comparison run is always ``fcfs``: no admission)."""
     sample_s: float = 0.5
     proxy_port: int = 0
     linger_s: float = 0.0
@@ -188,7 +191,7 @@ def _renamed(traces: list[SessionTrace], prefix: str) -> list[SessionTrace]:
 
 
 async def _run_once(
-    opts: DemoOptions, label: str, admission: bool, redis_url: str | None, announce: bool
+    opts: DemoOptions, label: str, policy: str, redis_url: str | None, announce: bool
 ) -> RunResult:
     all_traces = load_trace(opts.trace)
     burst = _renamed(sample_sessions(all_traces, opts.sessions, opts.seed), "burst")
@@ -207,8 +210,9 @@ async def _run_once(
         "workers": [{"url": u, "name": f"w{i}"} for i, u in enumerate(urls)],
         "health": {"interval_s": 0.5},
         "probes": {"cpu": {"tool_cpus": opts.tool_cpus}, "nvml": {"enabled": False}},
+        "policy": policy,
         # Growth needs a used window (app-limited guard): the calm phase is small on purpose.
-        "admission": {"enabled": admission, "app_limited_frac": 0.25},
+        "admission": {"app_limited_frac": 0.25},
     }
     if redis_url is not None:
         overrides["store"] = {"backend": "redis", "redis_url": redis_url, "pool": "demo",
@@ -458,9 +462,12 @@ async def run_demo(opts: DemoOptions) -> int:
     try:
         runs = []
         if opts.compare:
-            runs.append(await _run_once(opts, "without admission", False, None, True))
+            runs.append(await _run_once(opts, "without admission", "fcfs", None, True))
         url = None if redis is None else redis.url
-        runs.append(await _run_once(opts, "with admission", True, url, not opts.compare))
+        admits = policy_preset(opts.policy).get("admission", {}).get("enabled", True)
+        label = "with admission" if opts.policy == "mars" else (
+            f"policy {opts.policy}" + (" (admission on)" if admits else " (admission off)"))
+        runs.append(await _run_once(opts, label, opts.policy, url, not opts.compare))
     finally:
         if redis is not None:
             redis.kill()

@@ -78,3 +78,14 @@ def test_demo_replicas_without_redis_server_says_why_and_stops() -> None:
     assert r.returncode == 0, r.stderr
     assert "needs redis-server" in r.stdout and "skipped" in r.stdout
     assert "sessions finished" not in r.stdout
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "autellix", "continuum", "mars-no-retention"])
+def test_demo_runs_with_a_policy_preset(policy: str) -> None:
+    # The main run uses the preset; tests/e2e/test_policy_presets.py checks each preset's
+    # behaviour on the same replay path in-process.
+    out = _demo("--no-compare", "--policy", policy)
+    assert "sessions finished: 6/6" in out and "LLM calls: 18 ok, 0 failed" in out
+    assert f"policy {policy}" in out
+    admits = policy == "mars-no-retention"
+    assert ("(admission on)" in out) is admits and ("(admission off)" in out) is not admits
