@@ -6,7 +6,16 @@ code, error kind, worker label. Never a session id.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import asyncio
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -86,8 +95,22 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        # Leak checks (fault tests, soak, operators): tasks of the event loop, and the standard
+        # process_* metrics (open fds, resident memory, CPU) of this process.
+        Gauge(
+            "marsproxy_event_loop_tasks", "asyncio tasks alive in the gateway's event loop.",
+            registry=r,
+        ).set_function(_loop_tasks)
+        ProcessCollector(registry=r)
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
         # counts) come from a collector over the state document: see telemetry.prometheus.
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _loop_tasks() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # rendered outside the event loop: nothing to count
+        return 0.0
