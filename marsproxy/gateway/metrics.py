@@ -27,6 +27,13 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Leak checks (fault tests, soak, operators): tasks of the event loop, and the standard
+        # process_* metrics (open fds, resident memory, CPU) of this process.
+        Gauge(
+            "marsproxy_event_loop_tasks", "asyncio tasks alive in the gateway's event loop.",
+            registry=r,
+        ).set_function(_loop_tasks)
+        ProcessCollector(registry=r)
         self.requests = Counter(
             "marsproxy_requests",
             "Requests answered, by route and status code.",
@@ -95,13 +102,6 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
-        # Leak checks (fault tests, soak, operators): tasks of the event loop, and the standard
-        # process_* metrics (open fds, resident memory, CPU) of this process.
-        Gauge(
-            "marsproxy_event_loop_tasks", "asyncio tasks alive in the gateway's event loop.",
-            registry=r,
-        ).set_function(_loop_tasks)
-        ProcessCollector(registry=r)
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
         # counts) come from a collector over the state document: see telemetry.prometheus.
 
