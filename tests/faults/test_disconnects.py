@@ -15,6 +15,7 @@ import resource
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 import redis
 
@@ -65,9 +66,19 @@ async def _upstream_running(lab: Lab, p: Proxy) -> float:
     return total
 
 
-async def _footprint(p: Proxy) -> dict[str, Any]:
+def _store_conns(p: Proxy, redis_port: int | None) -> int:
+    """The proxy's connections to Redis: the client's pool keeps what a peak opened."""
+    if redis_port is None:
+        return 0
+    conns = psutil.Process(p.svc.pid).net_connections(kind="tcp")
+    return sum(1 for c in conns if c.raddr and c.raddr.port == redis_port)
+
+
+async def _footprint(p: Proxy, redis_port: int | None = None) -> dict[str, Any]:
+    store = _store_conns(p, redis_port)
     return {
-        "fds": p.svc.fds(),
+        "fds": p.svc.fds() - store,
+        "store_conns": store,
         "tasks": int(await p.metric("marsproxy_event_loop_tasks")),
         "rss": p.svc.rss_bytes(),
         "in_flight": int(await p.metric("marsproxy_requests_in_flight")),
@@ -109,8 +120,10 @@ async def test_a_thousand_clients_disconnect_at_once(lab: Lab, backend: str) -> 
     extra = ("--max-num-seqs", "1024", "--num-blocks", "65536")
     workers = {w: lab.emulator(w, time_scale=20.0, extra=extra) for w in WORKERS}
     store: dict[str, Any] = {"backend": "memory"}
+    redis_port = None
     if backend == "redis":
         rs = lab.redis()
+        redis_port = rs.port
         store = {"backend": "redis", "redis_url": rs.url, "pool": "disconnects",
                  "lease_ttl_s": 5.0, "heartbeat_interval_s": 1.0}
     p = lab.proxy(lab.config(workers, {
@@ -123,16 +136,18 @@ async def test_a_thousand_clients_disconnect_at_once(lab: Lab, backend: str) -> 
     }))
     for i in range(20):  # warm the pools, then take the baseline
         assert (await call(p.http, p.url, f"warm-{i}", final=True)).status == 200
-    base = await _footprint(p)
+    base = await _footprint(p, redis_port)
 
     rss: list[int] = []
     for burst in ("b1", "b2"):
         await bounded(_burst(lab, p, burst), 70, f"burst {burst}")
-        now = await until(lambda: _footprint(p), lambda f: f["in_flight"] == 0,
-                          f"{burst}: proxy handlers finished", 5)
-        # Sockets and tasks are back at the baseline: none kept per client or per session.
-        assert now["fds"] <= base["fds"] + 8, (base, now)
-        assert now["tasks"] <= base["tasks"] + 3, (base, now)
+        # Sockets and tasks back at the baseline (closing transports may take a moment):
+        # none kept per client or per session; Redis connections are a pool, not per client.
+        now = await until(
+            lambda: _footprint(p, redis_port),
+            lambda f: f["in_flight"] == 0 and f["fds"] <= base["fds"] + 8
+            and f["tasks"] <= base["tasks"] + 3 and f["store_conns"] <= 64,
+            f"{burst}: proxy back at its baseline {base}", 10)
         rss.append(now["rss"])
         print(f"{burst}: baseline {base} after {now}")  # pytest -s shows the counts
     # Memory: the first burst may grow the heap; the second one must not grow it further.
@@ -143,8 +158,9 @@ async def test_a_thousand_clients_disconnect_at_once(lab: Lab, backend: str) -> 
     await until(p.state, lambda st: _admitted(st) == 0 and st["sessions"]["total"] == 0,
                 "every slot released, every session forgotten", IDLE_TTL_S + 5)
     if backend == "redis":  # the shared store agrees: no lease, nobody in the global queue
-        assert await asyncio.to_thread(redis_leases, rs.url, "disconnects", WORKERS) == {
-            w: {} for w in WORKERS}
+        # Sooner than the lease TTL (5 s): released, not merely expired.
+        await until(lambda: asyncio.to_thread(redis_leases, rs.url, "disconnects", WORKERS),
+                    lambda got: got == {w: {} for w in WORKERS}, "no lease left in Redis", 2)
         assert await asyncio.to_thread(_redis_queue_len, rs.url, "disconnects") == 0
     assert (await call(p.http, p.url, "after", final=True)).status == 200
 
