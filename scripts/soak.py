@@ -329,6 +329,14 @@ def _report(
     ]
     for name, b, a, pk, e, unit in rows:
         print(f"{name:24}{b / unit:>12.0f}{a / unit:>15.0f}{pk / unit:>12.0f}{e / unit:>12.0f}")
+    print()
+    print("over time (every ~minute; all replicas together):")
+    print(f"{'t (s)':>8}{'fds':>6}{'tasks':>7}{'RSS MiB':>9}{'in flight':>11}{'admitted':>10}"
+          f"{'queued':>8}")
+    step = max(1, round(60 / args.sample_every_s))
+    for smp in [*samples[::step], end]:
+        print(f"{smp.t:>8.0f}{smp.fds:>6}{smp.tasks:>7}{smp.rss / MiB:>9.1f}{smp.in_flight:>11}"
+              f"{smp.admitted:>10}{smp.queued:>8}")
     print(f"RSS slope after warm-up: {slope:+.2f} MiB/min; "
           f"median {statistics.median(s.rss for s in warm) / MiB:.0f} MiB")
     print(f"workers: {upstream:.0f} requests running or waiting at the end")
