@@ -295,10 +295,9 @@ class AdmissionShell:
         if p is None:
             return False
         self._spawn(self.store.dequeue(key))
-        if p.queued:
-            # The store may have granted it while the answer was lost (a confirmation pass
-            # cancelled with its client's request): hand the slot back now, not a TTL later.
-            self._spawn(self.store.release(p.worker, key))
+        # The store may have granted it while the answer was lost (a confirmation pass
+        # cancelled with its client's request): hand the slot back now, not a TTL later.
+        self._spawn(self.store.release(p.worker, key))
         return True
 
     async def _confirm_pending(self) -> None:
