@@ -1,9 +1,10 @@
 """A proxy replica is SIGKILLed while holding sessions (two replicas, one private Redis).
 
-Documented outcome (docs/admission.md "Leases", docs/operations.md): the dead replica's leases
-are not renewed and expire within one ``store.lease_ttl_s``; the surviving replica's waiting
-sessions then take the freed slots. A session of the dead replica that calls the survivor
-goes on there; today it is admitted there as a new session (it queues like any newcomer).
+Documented outcome (docs/admission.md, docs/operations.md): the dead replica's leases are not
+renewed and expire within one ``store.lease_ttl_s``; the surviving replica's waiting sessions
+then take the freed slots. A session of the dead replica that calls the survivor while its
+lease is live is adopted there at once (the survivor claims the lease on the same worker);
+after the lease expired it is admitted there as a new session.
 """
 
 from __future__ import annotations
@@ -80,13 +81,6 @@ async def test_killed_replica_slots_come_back_within_a_lease_ttl(lab: Lab) -> No
     await until(b.admitted, lambda adm: sum(adm.values()) == 0, "B's slots released", 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="session adoption across replicas is not on main yet: the survivor admits a dead "
-    "replica's session as a new one, after the dead leases expire, instead of taking over its "
-    "live lease at once",
-)
 async def test_killed_replica_sessions_continue_on_another_replica_at_once(lab: Lab) -> None:
     rs, a, b = await _pair(lab, "replica-adopt")
     holders = await _fill(a)

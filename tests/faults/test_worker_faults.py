@@ -49,16 +49,20 @@ async def _stream_until_first_event(
 
 
 async def _sessions_by_worker(p: Proxy, sessions: list[str]) -> dict[str, str]:
-    return {s: await p.worker_of(s) for s in sessions}
+    rows = (await p.state(sessions=True))["sessions"]["details"]
+    placed = {str(r["id"]): str(r["worker"]) for r in rows}
+    return {s: placed[s] for s in sessions}
 
 
 async def test_worker_killed_mid_stream(lab: Lab) -> None:
-    workers = {"w0": lab.emulator("w0"), "w1": lab.emulator("w1")}
+    # KV room for every long stream: a preempted one would go silent (and be cut) on its own.
+    big = ("--num-blocks", "4096")
+    workers = {"w0": lab.emulator("w0", extra=big), "w1": lab.emulator("w1", extra=big)}
     p = lab.proxy(lab.config(workers, _pinned(WINDOW)))
     sessions = [f"kill-{i}" for i in range(6)]
     started = {s: asyncio.Event() for s in sessions}
     streams = {
-        s: asyncio.create_task(_stream_until_first_event(p, s, started[s], tokens=1500))
+        s: asyncio.create_task(_stream_until_first_event(p, s, started[s], tokens=4000))
         for s in sessions
     }
     await bounded(asyncio.gather(*(e.wait() for e in started.values())), 15, "first events")
