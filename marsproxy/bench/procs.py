@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 CLI = (sys.executable, "-m", "marsproxy.cli")
 
@@ -44,17 +48,108 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) ->
     raise TimeoutError(f"{url} did not come up in {timeout_s} s")
 
 
-class RedisServer:
-    """A redis-server of one's own on a free loopback port, without persistence.
+def _signal(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, sig)
 
-    For the demo's replica mode and the end-to-end tests: never the shared Redis. ``kill``
-    drops its data (like a crashed pod); ``start`` again reuses the port.
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time (a paused process is resumed first)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Service:
+    """A marsproxy subprocess (``serve`` or ``emulate``) on a port of its own, with its stderr
+    in ``log_path``. Fault tests and the soak kill, pause and count it."""
+
+    def __init__(self, args: list[str], port: int, ready_path: str, log_path: Path) -> None:
+        self.args, self.port, self.ready_path, self.log_path = args, port, ready_path, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def emulator(
+        cls, log_dir: Path, name: str, *, profile: str = "tiny", time_scale: float = 1.0,
+        extra: tuple[str, ...] = (),
+    ) -> Service:
+        port = free_port()
+        args = [*CLI, "emulate", "--profile", profile, "--port", str(port),
+                "--time-scale", str(time_scale), *extra]
+        return cls(args, port, "/health", log_dir / f"{name}.log")
+
+    @classmethod
+    def proxy(cls, log_dir: Path, name: str, config: Path) -> Service:
+        port = free_port()
+        args = [*CLI, "serve", "--config", str(config), "--port", str(port)]
+        return cls(args, port, "/healthz", log_dir / f"{name}.log")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 30.0) -> Service:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        wait_up(self.url + self.ready_path, self.proc, timeout_s)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: a crash; nothing is cleaned up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the kernel still accepts connections, nobody answers them."""
+        _signal(self.proc, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        _signal(self.proc, signal.SIGCONT)
+
+    def terminate(self) -> None:
+        """SIGTERM: a graceful stop begins."""
+        _signal(self.proc, signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is not None:
+            _stop(self.proc, timeout_s)
+
+    def fds(self) -> int:
+        """Open file descriptors of the process (Linux /proc)."""
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the process (Linux /proc)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class RedisServer:
+    """A private redis-server (own port, own directory, no persistence) for the demo's replica
+    mode, the end-to-end and fault tests and the soak: never the shared one. It may be killed
+    (its data is gone, like a crashed pod), paused, slowed and started again on the same port.
     """
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str | Path) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = workdir
+        self._dir = str(workdir)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -64,7 +159,9 @@ class RedisServer:
     def start(self, timeout_s: float = 5.0) -> None:
         self._proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir],
+             "--appendonly", "no", "--dir", self._dir,
+             # DEBUG SLEEP slows the server down on purpose (fault tests); off by default.
+             *(["--enable-debug-command", "local"] if _redis_major() >= 7 else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
@@ -79,7 +176,20 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not listen on {self.port}")
 
     def kill(self) -> None:
+        """SIGKILL: the data is gone (no persistence), like a crashed Redis pod."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+    def pause(self) -> None:
+        _signal(self._proc, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        _signal(self._proc, signal.SIGCONT)
+
+
+def _redis_major() -> int:
+    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"v=(\d+)\.", out)
+    return int(m.group(1)) if m else 0

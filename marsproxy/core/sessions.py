@@ -171,6 +171,11 @@ class SessionTable:
             key, sess = next(iter(self._sessions.items()))
             if now - sess.last_seen < self._ttl:
                 break
+            if sess.in_flight:
+                # Not idle: a request of it is held for admission or still streaming.
+                sess.last_seen = now
+                self._sessions.move_to_end(key)
+                continue
             self.forget(key)
         while len(self._sessions) > self._max:
             self.forget(next(iter(self._sessions)))

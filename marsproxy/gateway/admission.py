@@ -453,9 +453,13 @@ class AdmissionShell:
                                      any_owner=reason is EndReason.DELETED)
 
     def _drop_pending(self, key: str) -> bool:
-        if self._pending.pop(key, None) is None:
+        p = self._pending.pop(key, None)
+        if p is None:
             return False
         self._spawn(self.store.dequeue(self._store_key(key)))
+        # The store may have granted it while the answer was lost (a confirmation pass
+        # cancelled with its client's request): hand the slot back now, not a TTL later.
+        self._spawn(self.store.release(p.worker, self._store_key(key)))
         return True
 
     async def _confirm_pending(self) -> None:

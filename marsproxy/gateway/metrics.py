@@ -6,9 +6,17 @@ code, error kind, worker label. Never a session id.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 
 class Labelled:
@@ -38,6 +46,13 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # Leak checks (fault tests, soak, operators): tasks of the event loop, and the standard
+        # process_* metrics (open fds, resident memory, CPU) of this process.
+        Gauge(
+            "marsproxy_event_loop_tasks", "asyncio tasks alive in the gateway's event loop.",
+            registry=r,
+        ).set_function(_loop_tasks)
+        ProcessCollector(registry=r)
         self.requests = Labelled(
             Counter(
                 "marsproxy_requests",
@@ -164,3 +179,10 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _loop_tasks() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # rendered outside the event loop: nothing to count
+        return 0.0

@@ -375,12 +375,15 @@ class RedisStore:
         self.gen += 1
         mode = self.cfg.on_store_failure
         share = max(1, limit // max(1, self.replicas))
+        # Asked before admitting: the local admission takes the session out of the queue.
+        queued = self.local.rank_sync(session) is not None
         if mode == "local":
             ok = self.local.admit_ranked_sync(session, free_slots, worker, share, now_ms)
         else:
             ok = self._fallback_admit(worker, session, limit, now_ms)
-        if ok and self.local.dequeue_sync(session):
-            self.q_gone.add(session)
+        if ok and queued:
+            self.local.dequeue_sync(session)
+            self.q_gone.add(session)  # resync removes its Redis queue entry
         return ok
 
     # -- wake-ups -------------------------------------------------------------------------------

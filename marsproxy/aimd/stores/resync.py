@@ -58,6 +58,12 @@ async def _one_pass(store: RedisStore) -> int:
         if deleted:
             pipe.delete(*(keys.session(k) for k in deleted))
         results = await store.io(pipe.execute())
+    # A session queued at the snapshot may have been admitted or dequeued since (ops go on
+    # meanwhile; once the link is up they go straight to Redis, before this pipeline): the
+    # ZADD above then re-added an entry nobody would remove, ranking ahead of every newcomer.
+    left = [s for s, _ in queued if store.local.rank_sync(s) is None]
+    if left:
+        await store.io(store.redis.zrem(keys.queue, *left))
     store.replicas = int(results[0])
     moved = 0
     for w, gone in zip(workers, results[1 : 1 + len(workers)], strict=True):

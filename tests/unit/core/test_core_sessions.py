@@ -143,6 +143,22 @@ def test_idle_sessions_expire() -> None:
     assert forgotten == [a.session] and len(t) == 1
 
 
+def test_a_session_with_a_request_in_flight_is_not_idle() -> None:
+    # Held for admission or streaming longer than the TTL: still in use, never forgotten.
+    forgotten: list[str] = []
+    t = table(ttl=10.0, on_forget=forgotten.append)
+    busy = start(t, None, sid="busy", now=0)
+    idle = start(t, None, sid="idle", now=1)
+    t.finish(idle, ok=True, reply=None, now=2)
+    t.expire(now=15)
+    assert forgotten == [idle.session] and t.get(busy.session) is not None
+    t.finish(busy, ok=True, reply=None, now=30)
+    t.expire(now=39)
+    assert t.get(busy.session) is not None  # idle since its request ended: 9 s < 10 s
+    t.expire(now=41)
+    assert forgotten == [idle.session, busy.session]
+
+
 def test_lru_cap_forgets_least_recently_seen() -> None:
     forgotten: list[str] = []
     t = table(cap=2, on_forget=forgotten.append)

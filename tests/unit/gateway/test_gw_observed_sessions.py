@@ -29,8 +29,9 @@ def test_reasons_final_idle_evicted_deleted() -> None:
 
     for sid, now in (("b", 4.0), ("c", 5.0)):
         t.finish(_start(t, sid, now), ok=True, reply=None, now=now)
-    _start(t, "d", 6.0)  # over the cap of 2: the least recently seen goes
+    d = _start(t, "d", 6.0)  # over the cap of 2: the least recently seen goes
     assert ended[-1][:2] == ("t/id/b", "evicted")
+    t.finish(d, ok=True, reply=None, now=6.0)  # a session with a request in flight is not idle
     t.expire(30.0)  # c and d unseen for longer than the TTL
     assert [e[:2] for e in ended[-2:]] == [("t/id/c", "idle"), ("t/id/d", "idle")]
 

@@ -40,8 +40,9 @@ def test_tenant_cap_counts_every_way_a_session_ends() -> None:
     assert t.tenant_sessions("t") == 1
     assert t.end("t/id/b", 2.0)  # deleted
     assert t.tenant_sessions("t") == 0
-    _start(t, "t", "d", now=3.0)
-    _start(t, "t", "e", now=3.0)
+    for sid in ("d", "e"):  # served, so nothing is in flight when they go idle
+        turn = t.start(tenant="t", explicit_id=sid, history=None, final=False, now=3.0)
+        t.finish(turn, ok=True, reply=None, now=3.0)
     _start(t, "v", "f", now=3.0)  # over max_sessions=3: the least recently seen is evicted
     assert t.tenant_sessions("u") == 0 and t.tenant_sessions("t") == 2
     _start(t, "w", "g", now=20.0)  # all idle past the TTL
