@@ -354,3 +354,43 @@ def test_image_runs_healthy_with_a_policy(image: str) -> None:
     finally:
         for n in names:
             _docker("rm", "-f", n, check=False)
+
+
+def _compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True,
+                                 timeout=30).returncode == 0:
+        return [docker, "compose"]
+    exe = shutil.which("docker-compose")
+    return None if exe is None else [exe]
+
+
+def test_emulated_compose_stack_runs(image: str) -> None:
+    """`docker compose -f docker-compose.emulated.yaml up` with the built image: two emulated
+    workers, Redis, marsproxy (healthy once /readyz answers) and the example agent, whose
+    sessions all finish (it exits 0)."""
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("neither `docker compose` nor docker-compose is installed")
+    doc = _compose(REPO, COMPOSE[1])
+    for other in (doc["services"]["redis"]["image"], doc["services"]["agent"]["image"]):
+        if subprocess.run(["docker", "image", "inspect", other], capture_output=True,
+                          timeout=30).returncode != 0 and subprocess.run(
+                ["docker", "pull", other], capture_output=True, timeout=600).returncode != 0:
+            pytest.skip(f"image {other} is not available and cannot be pulled")
+    repo_name, tag = image.split(":")
+    assert repo_name == "marsproxy"  # the compose file names marsproxy:${MARSPROXY_TAG}
+    project = f"mptest{os.getpid()}"
+    base = [*cli, "-f", str(REPO / COMPOSE[1]), "-p", project]
+    env = {**os.environ, "MARSPROXY_TAG": tag, "MARSPROXY_PORT": str(_free_port()),
+           "AGENT_SESSIONS": "3", "AGENT_TURNS": "2"}
+    try:
+        out = subprocess.run([*base, "up", "--no-build", "--abort-on-container-exit",
+                              "--exit-code-from", "agent"],
+                             capture_output=True, text=True, timeout=600, env=env)
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log[-4000:]
+        assert log.count("turns done") == 3, log[-4000:]
+        assert "Traceback" not in log, log[-4000:]
+    finally:
+        subprocess.run([*base, "down", "-t", "5"], capture_output=True, timeout=120, env=env)
