@@ -12,17 +12,27 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # -- build: a wheel of marsproxy (package data included: sample trace, py.typed, Redis Lua
-#    scripts under marsproxy/aimd/stores/), installed with its dependencies into /opt/venv.
+#    scripts under marsproxy/aimd/stores/, policy presets under marsproxy/data/policies/),
+#    installed with its dependencies and the `fast` extra (uvloop) into /opt/venv.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY marsproxy ./marsproxy
+# The asserts fail the build when the installed wheel lacks package data the proxy reads at
+# run time (-I: the installed package, not the sources in the working directory).
 RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/venv/bin/pip install /wheels/marsproxy-*.whl \
- && /opt/venv/bin/python -c "import importlib.resources as r; \
-assert r.files('marsproxy.aimd.stores').joinpath('admit.lua').is_file(), 'Lua scripts missing'"
+ && WHEEL="$(ls /wheels/marsproxy-*.whl)" \
+ && /opt/venv/bin/pip install "${WHEEL}[fast]" \
+ && /opt/venv/bin/python -I -c "import glob, os, importlib.resources as r, uvloop, marsproxy; \
+from marsproxy.policies import policy_names; \
+assert marsproxy.__file__.startswith('/opt/venv/'), marsproxy.__file__; \
+lua = {os.path.basename(f) for f in glob.glob('/src/marsproxy/aimd/stores/*.lua')}; \
+got = {f.name for f in r.files('marsproxy.aimd.stores').iterdir()}; \
+assert lua and lua <= got, f'Lua scripts missing: {lua - got}'; \
+want = {os.path.basename(f)[:-5] for f in glob.glob('/src/marsproxy/data/policies/*.yaml')}; \
+assert want and want <= set(policy_names()), f'policy presets missing: {want - set(policy_names())}'"
 
 # -- runtime: the venv only; no compiler, no pip cache, no sources.
 FROM ${PYTHON_IMAGE}
@@ -32,7 +42,8 @@ LABEL org.opencontainers.image.title="marsproxy" \
 RUN useradd --system --uid 10001 --gid 0 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin marsproxy
 COPY --from=build /opt/venv /opt/venv
-COPY configs/marsproxy.yaml /etc/marsproxy/marsproxy.yaml
+# An empty config: a file with every key set would pin them against the policy presets.
+COPY deploy/image/marsproxy.yaml /etc/marsproxy/marsproxy.yaml
 ENV PATH=/opt/venv/bin:$PATH \
     MARSPROXY_CONFIG=/etc/marsproxy/marsproxy.yaml \
     MARSPROXY_SERVER__HOST=0.0.0.0 \

@@ -18,6 +18,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from marsproxy.gateway.sessions import END_REASONS
+
 
 class Labelled:
     """A labelled metric on the request path, its children looked up once per label values.
@@ -39,6 +41,8 @@ class Labelled:
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Agent sessions run from a one-shot request (seconds) to hours of tool-heavy turns.
+_SESSION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
@@ -120,6 +124,17 @@ class GatewayMetrics:
             buckets=_TOOL_BUCKETS,
             registry=r,
         )
+        self.session_duration = Histogram(
+            "marsproxy_session_duration_seconds",
+            "Sessions from their first request to the end of their last good response, observed"
+            " once as each ends, by end reason (final, idle, evicted, deleted); sessions that"
+            " never got a response are not observed.",
+            ["reason"],
+            buckets=_SESSION_BUCKETS,
+            registry=r,
+        )
+        for reason in END_REASONS:  # every reason's series exists from the start, at zero
+            self.session_duration.labels(reason)
         self.admission_wait = Histogram(
             "marsproxy_admission_wait_seconds",
             "Time a new session waited in the admission queue before a slot was confirmed.",
@@ -174,6 +189,15 @@ class GatewayMetrics:
             ["worker", "reason"],
             registry=r,
         )
+        # The bounded label sets of the scheduler's counters exist from the start, at zero,
+        # so a dashboard's ratios of them have data before the first warm resume.
+        for outcome in ("warm", "cold"):
+            for retained in ("true", "false"):
+                self.resumes.labels(outcome, retained)
+        for kind in ("cached", "prompt"):
+            self.resume_tokens.labels(kind)
+        for retain in ("true", "false"):
+            self.retention_decisions.labels(retain)
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
         # counts) come from a collector over the state document: see telemetry.prometheus.
 

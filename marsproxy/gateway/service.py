@@ -123,7 +123,13 @@ class Gateway:
         tel = self.telemetry
         tel.publish_tools(tel.tracker.response_ended(turn.session, tel.wall()))
 
-    def _session_ended(self, sess: Session, reason: EndReason, duration_s: float) -> None:
+    def _session_ended(
+        self, sess: Session, reason: EndReason, duration_s: float, served_s: float | None
+    ) -> None:
+        # The one place every session of this replica ends (the table's forget): its latency
+        # is observed here, once per session, never per request.
+        if served_s is not None:
+            self.metrics.session_duration.labels(reason).observe(served_s)
         self.telemetry.tracker.session_ended(sess.key)
         self.scheduler.session_ended(sess.key)
         if self.admission is not None:

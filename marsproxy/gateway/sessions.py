@@ -17,8 +17,14 @@ from marsproxy.core.canon import History, Reply
 from marsproxy.core.sessions import Session, SessionTable, Turn
 
 EndReason = Literal["final", "idle", "evicted", "deleted"]
-EndCallback = Callable[[Session, EndReason, float], None]
-"""Called with (session, reason, seconds since it began) after it was forgotten."""
+END_REASONS: tuple[EndReason, ...] = ("final", "idle", "evicted", "deleted")
+EndCallback = Callable[[Session, EndReason, float, float | None], None]
+"""Called with (session, reason, seconds since it began, served seconds) as it is forgotten.
+
+Served seconds: from its first request to the end of its last good response (``None`` when no
+response of it ended well), the session's latency as its agent saw it, without the idle time
+before an idle or eviction end.
+"""
 
 
 class SessionRefused(Exception):
@@ -75,6 +81,7 @@ class ObservedSessions(SessionTable):
         self._idle_ttl = idle_ttl_s
         self._on_end = on_end
         self._born: dict[str, float] = {}
+        self._answered: dict[str, float] = {}  # session → end of its last good response
         self._now = 0.0  # clock of the call into the table that is forgetting
         self._reason: EndReason | None = None  # set by callers whose forgets have one reason
 
@@ -133,6 +140,8 @@ class ObservedSessions(SessionTable):
     def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
         # finish only forgets a session on its last turn (final flag, or a one-shot request).
         self._now, self._reason = now, "final"
+        if ok and turn.session in self._born:  # not one forgotten while this request ran
+            self._answered[turn.session] = now
         try:
             super().finish(turn, ok=ok, reply=reply, now=now)
         finally:
@@ -157,6 +166,7 @@ class ObservedSessions(SessionTable):
         sess = self.get(key)
         if sess is not None:
             born = self._born.pop(key, self._now)
+            answered = self._answered.pop(key, None)
             reason = self._reason
             if reason is None:
                 # expire() forgets the idle ones first, then the least recently seen over the cap.
@@ -167,5 +177,6 @@ class ObservedSessions(SessionTable):
             else:
                 del self._per_tenant[sess.tenant]
             # Before the table lets go, so the callback still sees the session's worker.
-            self._on_end(sess, reason, max(0.0, self._now - born))
+            self._on_end(sess, reason, max(0.0, self._now - born),
+                         None if answered is None else max(0.0, answered - born))
         super().forget(key)

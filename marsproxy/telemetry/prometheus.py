@@ -146,6 +146,16 @@ _ADMISSION_GAUGES: tuple[tuple[str, str, str], ...] = (
         " store enforces it (the leader's published limit with several replicas).",
     ),
     (
+        "marsproxy_admission_kv_cap",
+        "kv_cap",
+        "Sessions the worker's KV budget fits now (the KV cap on the window).",
+    ),
+    (
+        "marsproxy_admission_cpu_cap",
+        "cpu_cap",
+        "Sessions the tool CPUs carry now (the CPU cap on the window).",
+    ),
+    (
         "marsproxy_admission_admitted",
         "admitted",
         "Sessions this replica holds admitted on the worker (sum over replicas for the total).",

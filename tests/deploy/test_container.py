@@ -1,25 +1,31 @@
-"""The image (Dockerfile, .dockerignore) and the compose stacks, checked without a Docker
-engine: the Dockerfile's instructions, what the build context holds, the wheel's package data,
-the compose files against the Compose Specification schema (check-jsonschema's vendored copy)
-and with `docker-compose config` when it is installed, and their marsproxy config through the
-real `marsproxy config check`."""
+"""The image (Dockerfile, .dockerignore) and the compose stacks: without a Docker engine, the
+Dockerfile's instructions, what the build context holds, the wheel's package data, the compose
+files against the Compose Specification schema (check-jsonschema's vendored copy) and with
+`docker-compose config` when it is installed, and their marsproxy config through the real
+`marsproxy config check`; where an engine answers, the image built and run."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from marsproxy.config import load_config
 
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE = ("deploy/compose/docker-compose.yaml", "deploy/compose/docker-compose.emulated.yaml")
 
 
@@ -129,6 +135,30 @@ def test_build_carries_lua_scripts_and_sample_data(repo: Path, tmp_path: Path) -
     for lua in (repo / "marsproxy/aimd/stores").glob("*.lua"):
         assert (built / "aimd/stores" / lua.name).is_file(), lua.name
     assert list((built / "data").glob("*.jsonl"))
+    presets = sorted((repo / "marsproxy/data/policies").glob("*.yaml"))
+    assert presets, "policy presets expected under marsproxy/data/policies"
+    for f in presets:
+        assert (built / "data/policies" / f.name).is_file(), f.name
+
+
+def test_image_config_leaves_the_policy_preset_in_charge(repo: Path) -> None:
+    """The config baked into the image sets no key, so `serve --policy fcfs` decides."""
+    ins = _instructions((repo / "Dockerfile").read_text())
+    (src,) = [rest.split()[0] for op, rest in ins
+              if op == "COPY" and rest.endswith(" /etc/marsproxy/marsproxy.yaml")]
+    assert yaml.safe_load((repo / src).read_text()) == {}
+    cfg = load_config(repo / src, environ={}, overrides={"policy": "fcfs"})
+    assert not cfg.admission.enabled and cfg.scheduler.priority_policy == "off"
+
+
+def test_dockerfile_installs_the_fast_extra_and_asserts_package_data(repo: Path) -> None:
+    """The build stage installs marsproxy[fast] (uvloop) and fails without Lua scripts or
+    policy presets in the installed wheel."""
+    stages = _stages(_instructions((repo / "Dockerfile").read_text()))
+    runs = " ".join(rest for op, rest in stages[0] if op == "RUN")
+    assert "[fast]" in runs and "uvloop" in runs
+    assert "aimd/stores/*.lua" in runs and "data/policies/*.yaml" in runs
+    assert "python -I" in runs  # the installed package, not the sources in WORKDIR
 
 
 def test_compose_marsproxy_config_passes_config_check(repo: Path) -> None:
@@ -188,10 +218,14 @@ def test_emulated_compose_worker_env_parses(repo: Path) -> None:
     env = _compose(repo, COMPOSE[1])["services"]["marsproxy"]["environment"]
     environ = {k: str(v) for k, v in env.items() if k.startswith("MARSPROXY_")}
     environ["MARSPROXY_SERVER__LOG_LEVEL"] = "info"  # `${...:-info}` as compose expands it
+    environ["MARSPROXY_POLICY"] = "fcfs"  # `${MARSPROXY_POLICY:-mars}` with the variable set
     environ.pop("MARSPROXY_CONFIG")
     cfg = load_config(repo / "deploy/compose/marsproxy.yaml", environ=environ)
     assert [(w.url, w.name) for w in cfg.workers] == [
         ("http://vllm:8000", "vllm"), ("http://vllm-b:8000", "vllm-b")]
+    # The preset takes effect: the mounted file sets none of the keys it decides.
+    assert cfg.policy == "fcfs" and not cfg.admission.enabled
+    assert cfg.admission.window_max == 30  # the file's own tuning stays
     emu = _compose(repo, COMPOSE[1])["services"]["vllm"]["command"]
     # Every flag the emulated workers get exists in `marsproxy emulate`.
     help_text = subprocess.run(
@@ -227,3 +261,136 @@ def test_docker_compose_config(repo: Path, rel: str) -> None:
     out = subprocess.run([*cmd, "-f", str(repo / rel), "config", "-q"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- the image, built and run by a real Docker engine --------------------------------------------
+
+BASE_IMAGE_ENV = "MARSPROXY_TEST_PYTHON_IMAGE"
+DEFAULT_BASE = "python:3.11-slim-bookworm"
+
+
+def _docker(*args: str, timeout: float = 60, check: bool = True) -> str:
+    out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args[:3])}: {out.stdout}{out.stderr}")
+    return out.stdout.strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[str]:
+    """The repository's Dockerfile built by the local engine (host network for pip), or a skip
+    that says why: no docker CLI, no engine answering, or no base image reachable (set
+    MARSPROXY_TEST_PYTHON_IMAGE to a local python:3.11 Debian image when offline)."""
+    if shutil.which("docker") is None:
+        pytest.skip("no docker CLI on PATH")
+    info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                          capture_output=True, text=True, timeout=30)
+    if info.returncode != 0 or not info.stdout.strip():
+        pytest.skip(f"no Docker engine answers (docker info: {info.stderr.strip()[-200:]})")
+    base = os.environ.get(BASE_IMAGE_ENV, DEFAULT_BASE)
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True,
+                      timeout=30).returncode != 0:
+        pulled = subprocess.run(["docker", "pull", base], capture_output=True, text=True,
+                                timeout=600)
+        if pulled.returncode != 0:
+            pytest.skip(f"base image {base} is not available and cannot be pulled"
+                        f" ({pulled.stderr.strip()[-200:]}); set {BASE_IMAGE_ENV}")
+    tag = f"marsproxy:test-{os.getpid()}"
+    _docker("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag,
+            str(REPO), timeout=1800)
+    yield tag
+    _docker("image", "rm", "-f", tag, check=False)
+
+
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_image_runs_healthy_with_a_policy(image: str) -> None:
+    """The built image: non-root, uvloop, the emulated worker from the same image, `serve
+    --policy fcfs` taken, the HEALTHCHECK passing, /healthz 200, a request relayed."""
+    cfg = json.loads(_docker("image", "inspect", image))[0]["Config"]
+    assert cfg["User"] == "10001" and cfg["Entrypoint"] == ["marsproxy", "serve"]
+    emu_port, port = _free_port(), _free_port()
+    names = [f"mp-emu-{emu_port}", f"mp-gw-{port}"]
+    try:
+        _docker("run", "-d", "--name", names[0], "--network", "host", "--entrypoint",
+                "marsproxy", image, "emulate", "--host", "127.0.0.1", "--port", str(emu_port),
+                "--served-model-name", "coder", "--time-scale", "0.01")
+        _docker("run", "-d", "--name", names[1], "--network", "host",
+                "-e", f"MARSPROXY_SERVER__PORT={port}",
+                "-e", f"MARSPROXY_WORKERS=[http://127.0.0.1:{emu_port}]",
+                "-e", "MARSPROXY_SERVER__EVENT_LOOP=uvloop",  # fails to start without uvloop
+                image, "--policy", "fcfs")
+
+        def health() -> str:
+            return _docker("inspect", "-f", "{{.State.Health.Status}}", names[1])
+
+        _wait(lambda: health() == "healthy", 90, "the HEALTHCHECK never passed: "
+              + _docker("logs", names[1], check=False))
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        _wait(lambda: httpx.get(f"{base}/readyz", timeout=5).status_code == 200, 30,
+              "the gateway never saw its worker healthy")
+        doc = httpx.get(f"{base}/mars/v1/state", timeout=5).json()
+        # The fcfs preset: no admission, no priority levels, no retention.
+        assert "admission" not in doc
+        assert doc["scheduler"]["priority_policy"] == "off"
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=30,
+                       headers={"x-session-id": "docker", "x-session-final": "true"},
+                       json={"model": "coder", "max_tokens": 4,
+                             "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert _docker("exec", names[1], "id", "-u") == "10001"
+    finally:
+        for n in names:
+            _docker("rm", "-f", n, check=False)
+
+
+def _compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True,
+                                 timeout=30).returncode == 0:
+        return [docker, "compose"]
+    exe = shutil.which("docker-compose")
+    return None if exe is None else [exe]
+
+
+def test_emulated_compose_stack_runs(image: str) -> None:
+    """`docker compose -f docker-compose.emulated.yaml up` with the built image: two emulated
+    workers, Redis, marsproxy (healthy once /readyz answers) and the example agent, whose
+    sessions all finish (it exits 0)."""
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("neither `docker compose` nor docker-compose is installed")
+    doc = _compose(REPO, COMPOSE[1])
+    for other in (doc["services"]["redis"]["image"], doc["services"]["agent"]["image"]):
+        if subprocess.run(["docker", "image", "inspect", other], capture_output=True,
+                          timeout=30).returncode != 0 and subprocess.run(
+                ["docker", "pull", other], capture_output=True, timeout=600).returncode != 0:
+            pytest.skip(f"image {other} is not available and cannot be pulled")
+    repo_name, tag = image.split(":")
+    assert repo_name == "marsproxy"  # the compose file names marsproxy:${MARSPROXY_TAG}
+    project = f"mptest{os.getpid()}"
+    base = [*cli, "-f", str(REPO / COMPOSE[1]), "-p", project]
+    env = {**os.environ, "MARSPROXY_TAG": tag, "MARSPROXY_PORT": str(_free_port()),
+           "AGENT_SESSIONS": "3", "AGENT_TURNS": "2"}
+    try:
+        out = subprocess.run([*base, "up", "--no-build", "--abort-on-container-exit",
+                              "--exit-code-from", "agent"],
+                             capture_output=True, text=True, timeout=600, env=env)
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log[-4000:]
+        assert log.count("turns done") == 3, log[-4000:]
+        assert "Traceback" not in log, log[-4000:]
+    finally:
+        subprocess.run([*base, "down", "-t", "5"], capture_output=True, timeout=120, env=env)

@@ -6,6 +6,7 @@ helm binary, no cluster) when that package is installed."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ def _check_marsproxy_container(c: dict[str, Any]) -> None:
     assert c["securityContext"]["runAsNonRoot"] is True
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MARSPROXY_CONFIG"] == "/etc/marsproxy/marsproxy.yaml"
+    assert all("TOKEN" not in e["name"] or "valueFrom" in e for e in c["env"])  # never inline
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert "/etc/marsproxy" in mounts
 
@@ -87,6 +89,17 @@ def test_manifests_validate(kv: Any, repo: Path, name: str) -> None:
     _validate(kv, docs)
 
 
+@pytest.mark.parametrize("name", ["sidecar.yaml", "gateway.yaml"])
+def test_manifest_admin_token_from_optional_secret(repo: Path, name: str) -> None:
+    docs = _load(repo / "deploy/kubernetes" / name)
+    dep = next(d for d in _by_kind(docs, "Deployment")
+               if any(c["name"] == "marsproxy"
+                      for c in d["spec"]["template"]["spec"]["containers"]))
+    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in _container(dep, "marsproxy")["env"]
+              if e["name"] == "MARSPROXY_AUTH__ADMIN_TOKEN"]
+    assert ref == {"name": "marsproxy-admin", "key": "admin-token", "optional": True}
+
+
 def test_sidecar_pod(repo: Path, tmp_path: Path) -> None:
     docs = _load(repo / "deploy/kubernetes/sidecar.yaml")
     (cm,) = _by_kind(docs, "ConfigMap")
@@ -95,6 +108,7 @@ def test_sidecar_pod(repo: Path, tmp_path: Path) -> None:
     cfg = _config_of(cm, tmp_path)
     assert [w.url for w in cfg.workers] == ["http://127.0.0.1:8000"]
     assert cfg.server.host == "0.0.0.0" and cfg.server.port == 8080
+    assert cfg.policy == "mars"
     vllm = _container(dep, "vllm")
     assert "--scheduling-policy=priority" in vllm["args"]
     assert "--enable-prefix-caching" in vllm["args"]
@@ -133,7 +147,8 @@ def test_chart_files(repo: Path) -> None:
     assert chart["apiVersion"] == "v2" and chart["name"] == "marsproxy"
     values = yaml.safe_load((repo / CHART / "values.yaml").read_text())
     assert values["mode"] in ("sidecar", "gateway")
-    for key in ("replicas", "redis", "serviceMonitor", "workers", "vllm", "config"):
+    for key in ("replicas", "redis", "serviceMonitor", "workers", "vllm", "config", "policy",
+                "auth"):
         assert key in values, key
 
 
@@ -182,8 +197,12 @@ def test_helm_sidecar_mode(helm: Any, kv: Any, repo: Path, tmp_path: Path) -> No
     cfg = _config_of(cm, tmp_path)
     assert [w.url for w in cfg.workers] == ["http://127.0.0.1:8000"]
     assert cfg.store.backend == "memory"
+    assert cfg.policy == "mars" and cfg.scheduler.priority_policy == "mars"
     (dep,) = _by_kind(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
+    # No admin token configured: no Secret, no token variable.
+    env = {e["name"] for e in _container(dep, "marsproxy")["env"]}
+    assert "MARSPROXY_AUTH__ADMIN_TOKEN" not in env
     vllm = _container(dep, "vllm")
     assert "--scheduling-policy=priority" in vllm["args"]
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -226,3 +245,45 @@ def test_helm_external_redis_and_errors(helm: Any, repo: Path, tmp_path: Path) -
         _render(helm, repo, {"mode": "gateway"})
     with pytest.raises(helm.HelmError, match="sidecar or gateway"):
         _render(helm, repo, {"mode": "bogus"})
+
+
+def _token_ref(dep: dict[str, Any]) -> dict[str, Any] | None:
+    for e in _container(dep, "marsproxy")["env"]:
+        if e["name"] == "MARSPROXY_AUTH__ADMIN_TOKEN":
+            ref: dict[str, Any] = e["valueFrom"]["secretKeyRef"]
+            return ref
+    return None
+
+
+def test_helm_policy_and_admin_token(helm: Any, kv: Any, repo: Path, tmp_path: Path) -> None:
+    """`policy` reaches the config; the admin token comes from a Secret (the chart's own from
+    auth.adminToken, or auth.existingSecret), never from the ConfigMap."""
+    docs = _render(helm, repo, {**GATEWAY, "policy": "fcfs",
+                                "auth": {"adminToken": "s3cret-token"},
+                                "config": {"auth": {"protect_metrics": True}}})
+    _validate(kv, docs)
+    (cm,) = _by_kind(docs, "ConfigMap")
+    assert "s3cret-token" not in cm["data"]["marsproxy.yaml"]
+    cfg = _config_of(cm, tmp_path)
+    assert cfg.policy == "fcfs"
+    assert cfg.admission.enabled is False  # the fcfs preset: a plain session-affine proxy
+    assert cfg.scheduler.priority_policy == "off" and cfg.scheduler.retention_policy == "off"
+    (secret,) = _by_kind(docs, "Secret")
+    assert secret["metadata"]["name"] == "rel-marsproxy-auth"
+    assert base64.b64decode(secret["data"]["admin-token"]) == b"s3cret-token"
+    gw = next(d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-marsproxy")
+    assert _token_ref(gw) == {"name": "rel-marsproxy-auth", "key": "admin-token"}
+    # The token reaches the config as the environment gives it.
+    env_cfg = load_config(tmp_path / "marsproxy.yaml",
+                          environ={"MARSPROXY_AUTH__ADMIN_TOKEN": "s3cret-token"})
+    assert env_cfg.auth.admin_token.get_secret_value() == "s3cret-token"
+    (sm,) = _by_kind(docs, "ServiceMonitor")  # protect_metrics: Prometheus sends the token
+    assert sm["spec"]["endpoints"][0]["authorization"]["credentials"] == {
+        "name": "rel-marsproxy-auth", "key": "admin-token"}
+
+    docs = _render(helm, repo, {"auth": {"existingSecret": "ops-token", "adminToken": "ignored",
+                                         "existingSecretKey": "token"}})
+    _validate(kv, docs)
+    assert not _by_kind(docs, "Secret")  # the existing one wins; the chart makes none
+    (dep,) = _by_kind(docs, "Deployment")
+    assert _token_ref(dep) == {"name": "ops-token", "key": "token"}

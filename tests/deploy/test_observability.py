@@ -30,6 +30,7 @@ NO_DATA_IN_DEMO = {
     "marsproxy_upstream_errors",  # no worker failed
     "marsproxy_cpu_pressure_some_avg10",  # no PSI on some hosts
     "marsproxy_rejections",  # admission refused nothing
+    "marsproxy_kv_ledger_released",  # retained sessions came back or ended before expiry
 }
 
 
@@ -84,8 +85,11 @@ async def _demo_scrape() -> str:
         async with httpx.AsyncClient(timeout=10) as c:
             for sid in ("a", "b", "c"):
                 msgs: list[dict[str, str]] = [{"role": "user", "content": f"task {sid}"}]
-                for _ in range(2):  # the gap between the two calls is an (inferred) tool phase
-                    r = await c.post(f"{url}/v1/chat/completions", headers={"x-session-id": sid},
+                for turn in range(2):  # the gap between the two calls is an (inferred) tool phase
+                    headers = {"x-session-id": sid}
+                    if sid == "c" and turn == 1:  # one session ends: its latency is observed
+                        headers["x-session-final"] = "true"
+                    r = await c.post(f"{url}/v1/chat/completions", headers=headers,
                                      json={"model": "m", "messages": msgs, "max_tokens": 8,
                                            "stream": True,
                                            "stream_options": {"include_usage": True}})
@@ -93,6 +97,8 @@ async def _demo_scrape() -> str:
                     msgs += [{"role": "assistant", "content": "ok"},
                              {"role": "user", "content": "exit 0"}]
             await c.get(f"{url}/v1/models")  # pass-through
+            bad = await c.post(f"{url}/v1/chat/completions", content=b"{not json")
+            assert bad.status_code == 400  # a refusal for the refusals panel
             return (await c.get(f"{url}/metrics")).text
     finally:
         await gw.stop()
@@ -133,7 +139,11 @@ def test_dashboard_is_valid_grafana_json() -> None:
     # The panels the deployment issue asks for.
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
     for want in ("window", "kv cache", "cpu pressure", "tools in flight", "queue length",
-                 "admission wait", "rejections", "latency", "first token", "proxy overhead"):
+                 "admission wait", "rejections", "latency", "first token", "proxy overhead",
+                 # caps, session latency, warm resumes, the scheduler, refusals
+                 "caps per worker", "session latency", "warm-resume", "mlfq level",
+                 "dispatch queue", "dispatch wait", "kv ledger", "retention decisions",
+                 "priority mode", "refused"):
         assert want in titles, want
 
 
@@ -233,6 +243,8 @@ async def test_dashboard_panels_show_data_in_real_prometheus(
                     msgs += [{"role": "assistant", "content": "ok"},
                              {"role": "user", "content": "exit 0"}]
                     await asyncio.sleep(0.05)
+                bad = await c.post(f"{stack.url}/v1/chat/completions", content=b"{not json")
+                assert bad.status_code == 400  # a refusal for the refusals panel
             await asyncio.sleep(2.5)  # two more scrapes
             dash = json.loads(DASHBOARD.read_text())
             empty = []

@@ -188,6 +188,11 @@ async def test_state_and_metrics_show_admission(make_stack: _Factory) -> None:
         text = await r.text()
     for name in ("marsproxy_admission_window{", "marsproxy_admission_limit{",
                  "marsproxy_admission_admitted{", "marsproxy_admission_queue_length ",
+                 # The caps as the state shows them (stable here: low KV use, fixed CPUs).
+                 f'marsproxy_admission_kv_cap{{worker="w0"}} '
+                 f'{float(adm["workers"]["w0"]["kv_cap"])}',
+                 f'marsproxy_admission_cpu_cap{{worker="w1"}} '
+                 f'{float(adm["workers"]["w1"]["cpu_cap"])}',
                  "marsproxy_admission_wait_seconds_count", "marsproxy_store_up 1.0"):
         assert name in text, name
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.gateway.app import Running, start
@@ -371,3 +372,36 @@ async def test_sse_keepalive_and_shutdown_ends_open_streams(
         resp.close()  # (if stop hung: the client leaving lets the rest of the shutdown finish)
         if not stopped:
             await g.stop()
+
+
+def _samples(page: str, name: str) -> dict[str, float]:
+    """reason label → value of ``name``'s samples on a /metrics page."""
+    return {s.labels["reason"]: s.value
+            for f in text_string_to_metric_families(page) for s in f.samples if s.name == name}
+
+
+async def test_session_duration_is_observed_once_per_session(
+    fake: Any, http: aiohttp.ClientSession, until: Any
+) -> None:
+    g = await start(config([fake.url], sessions={"idle_ttl_s": 1.0}))
+    try:
+        loop = asyncio.get_running_loop()
+        async with Events(http, g, "&type=session_end") as ev:
+            t0 = loop.time()
+            await chat(http, g, "two", stream=True)
+            await asyncio.sleep(0.3)  # the tool phase between the turns
+            await chat(http, g, "two", final=True)
+            span = loop.time() - t0
+            await chat(http, g, "sleepy")  # goes idle: ends after idle_ttl_s unseen
+            await until(lambda: len(ev.got) == 2)
+        async with http.get(url(g, "/metrics")) as r:
+            page = await r.text()
+        count = _samples(page, "marsproxy_session_duration_seconds_count")
+        total = _samples(page, "marsproxy_session_duration_seconds_sum")
+        assert count == {"final": 1.0, "idle": 1.0, "evicted": 0.0, "deleted": 0.0}
+        # First request to the end of the last response, as the client saw it.
+        assert 0.3 <= total["final"] <= span
+        # The idle one: its one request, not the idle time before it was forgotten.
+        assert total["idle"] < 1.0
+    finally:
+        await g.stop()

@@ -220,7 +220,7 @@ async def test_retention_keeps_a_prefix_warm_across_a_short_tool_phase_only() ->
     # of A and C count as cold resumes too: one prompt block is never cached).
     assert resumes[("warm", "true")] == 1
     assert resumes[("cold", "false")] >= 1
-    assert ("cold", "true") not in resumes
+    assert resumes.get(("cold", "true"), 0) == 0  # the series exists from the start, at 0
 
 
 def _tenant() -> str:

@@ -95,6 +95,9 @@ def test_collector_exports_admission() -> None:
                 for s in fams["marsproxy_admission_admitted"].samples}
     assert admitted == {"w0": 5.0, "w1": 1.0}
     assert fams["marsproxy_admission_window"].samples[0].value == 8
+    kv = {s.labels["worker"]: s.value for s in fams["marsproxy_admission_kv_cap"].samples}
+    cpu = {s.labels["worker"]: s.value for s in fams["marsproxy_admission_cpu_cap"].samples}
+    assert kv == {"w0": 6.0, "w1": 6.0} and cpu == {"w0": 30.0, "w1": 30.0}
     assert fams["marsproxy_admission_queue_length"].samples[0].value == 4  # queued + pending
     assert fams["marsproxy_store_up"].samples[0].value == 1
     assert "marsproxy_admission_window" not in _families(_doc(False))

@@ -6,9 +6,12 @@ from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.sessions import ObservedSessions, keys_for, unscoped_id
 
 
-def _table(ended: list[tuple[str, str, int, float]], **kw: object) -> ObservedSessions:
-    def on_end(sess: Session, reason: str, duration: float) -> None:
+def _table(ended: list[tuple[str, str, int, float]], served: list[float | None] | None = None,
+           **kw: object) -> ObservedSessions:
+    def on_end(sess: Session, reason: str, duration: float, served_s: float | None) -> None:
         ended.append((sess.key, reason, sess.turns, duration))
+        if served is not None:
+            served.append(served_s)
 
     args: dict[str, object] = {"max_sessions": 100, **kw}
     return ObservedSessions(idle_ttl_s=10.0, on_end=on_end, **args)
@@ -46,3 +49,26 @@ def test_ids_and_keys() -> None:
     assert unscoped_id("abc/chain/3") == "chain/3"
     assert keys_for("abc", "x") == ("abc/id/x",)
     assert keys_for("abc", "chain/3") == ("abc/id/chain/3", "abc/chain/3")
+
+
+def test_served_span_ends_with_the_last_good_response() -> None:
+    ended: list[tuple[str, str, int, float]] = []
+    served: list[float | None] = []
+    t = _table(ended, served)
+    # Two turns, the second final: first request (0.5) to the end of the last response (3.0).
+    t.finish(_start(t, "a", 0.5), ok=True, reply=None, now=1.0)
+    t.finish(_start(t, "a", 2.0, final=True), ok=True, reply=None, now=3.0)
+    assert ended[-1][1] == "final" and served == [2.5]
+    # Idle: the time unseen afterwards is not part of it; a failed last turn does not count.
+    t.finish(_start(t, "b", 10.0), ok=True, reply=None, now=12.0)
+    t.finish(_start(t, "b", 13.0), ok=False, reply=None, now=14.0)
+    t.expire(40.0)
+    assert ended[-1][1:] == ("idle", 2, 30.0) and served[-1] == 2.0
+    # Never answered: no served span.
+    t.finish(_start(t, "c", 50.0), ok=False, reply=None, now=51.0)
+    assert t.end("t/id/c", 52.0) and served[-1] is None
+    # Deleted while its request runs: the late finish leaves nothing behind.
+    turn = _start(t, "d", 60.0)
+    assert t.end("t/id/d", 61.0) and served[-1] is None
+    t.finish(turn, ok=True, reply=None, now=62.0)
+    assert t._answered == {} and t._born == {}

@@ -49,6 +49,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if include "marsproxy.useRedis" . -}}
 {{- $store = dict "backend" "redis" "redis_url" (include "marsproxy.redisUrl" .) "pool" (include "marsproxy.fullname" .) -}}
 {{- end -}}
-{{- $cfg := dict "server" (dict "host" "0.0.0.0" "port" 8080) "workers" $workers "store" $store "probes" (dict "nvml" (dict "enabled" false)) -}}
+{{- $cfg := dict "policy" .Values.policy "server" (dict "host" "0.0.0.0" "port" 8080) "workers" $workers "store" $store "probes" (dict "nvml" (dict "enabled" false)) -}}
 {{- toYaml (mustMergeOverwrite $cfg (deepCopy .Values.config)) -}}
+{{- end -}}
+
+
+{{/* The Secret and key of the admin token, "" when none is configured. */}}
+{{- define "marsproxy.authSecret" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecret -}}
+{{- else if .Values.auth.adminToken -}}
+{{- printf "%s-auth" (include "marsproxy.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "marsproxy.authSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecretKey -}}
+{{- else -}}
+admin-token
+{{- end -}}
 {{- end -}}
