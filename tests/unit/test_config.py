@@ -105,6 +105,13 @@ def test_example_config_is_complete_and_valid() -> None:
     assert len(cfg.workers) == 2
 
 
+def test_example_config_leaves_the_policy_keys_to_the_preset() -> None:
+    example = REPO / "configs" / "marsproxy.yaml"
+    cfg = load_config(example, environ={}, overrides={"policy": "fcfs"})
+    assert not cfg.admission.enabled and cfg.scheduler.priority_policy == "off"
+    assert cfg.server.port == 8080  # the rest still comes from the file
+
+
 def test_reference_doc_matches_the_code() -> None:
     from marsproxy.config import reference_table
 
