@@ -14,7 +14,7 @@ flight are sampled all along. At the end it checks and prints:
   queue entry left in Redis, no request left running in the workers, fds and tasks back at
   their warm-up level, resident memory flat after warm-up.
 
-Exit status 0 when every check passes. Usage (docs/operations.md has the recorded run):
+Exit status 0 when every check passes. Usage (docs/reliability.md has the recorded run):
 
     .venv/bin/python scripts/soak.py --sessions 10000 --duration-s 600 --redis --replicas 2
 """
@@ -60,6 +60,8 @@ class Sample:
     admitted: int
     queued: int
     sessions: int
+    ledger_blocks: int = 0  # KV blocks reserved in the scheduler's ledger (retained sessions)
+    dispatch_queued: int = 0  # continuations held in the gated dispatch queues
 
 
 @dataclass
@@ -103,7 +105,7 @@ async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
 
 
 async def _sample(http: aiohttp.ClientSession, proxies: list[Service], t0: float) -> Sample:
-    fds = rss = tasks = in_flight = admitted = queued = sessions = 0
+    fds = rss = tasks = in_flight = admitted = queued = sessions = ledger = dispatch = 0
     for p in proxies:
         st = await _get_json(http, p.url + "/mars/v1/state")
         adm = st["admission"]
@@ -114,7 +116,11 @@ async def _sample(http: aiohttp.ClientSession, proxies: list[Service], t0: float
         admitted += sum(int(w["admitted"]) for w in adm["workers"].values())
         queued += int(adm["queue"]["length"]) + int(adm["queue"]["pending"])
         sessions += int(st["sessions"]["total"])
-    return Sample(time.monotonic() - t0, fds, rss, tasks, in_flight, admitted, queued, sessions)
+        for w in st["workers"]:
+            ledger += int(w["scheduler"]["retained_blocks"])
+            dispatch += int(w["scheduler"]["queue_length"])
+    return Sample(time.monotonic() - t0, fds, rss, tasks, in_flight, admitted, queued, sessions,
+                  ledger, dispatch)
 
 
 def _classify(res: SessionResult, tally: Tally) -> None:
@@ -194,7 +200,7 @@ async def _stall_redis(url: str, args: argparse.Namespace) -> int:
 def _debug_sleep(url: str, seconds: float) -> None:
     r = redis.Redis.from_url(url, socket_timeout=seconds + 10)
     try:
-        r.execute_command("DEBUG", "SLEEP", str(seconds))
+        r.execute_command("DEBUG", "SLEEP", str(seconds))  # type: ignore[no-untyped-call]
     finally:
         r.close()
 
@@ -275,7 +281,8 @@ async def soak(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + args.idle_ttl_s + 15
             while True:
                 end = await _sample(http, proxies, t0)
-                if (end.sessions == 0 and end.admitted == 0 and end.in_flight == 0) or (
+                if (end.sessions == 0 and end.admitted == 0 and end.in_flight == 0
+                        and end.ledger_blocks == 0) or (
                     time.monotonic() > deadline
                 ):
                     break
@@ -326,6 +333,10 @@ def _report(
          end.queued, 1),
         ("session records", baseline.sessions, after_warm.sessions,
          max(s.sessions for s in warm), end.sessions, 1),
+        ("KV ledger blocks", baseline.ledger_blocks, after_warm.ledger_blocks,
+         max(s.ledger_blocks for s in warm), end.ledger_blocks, 1),
+        ("dispatch queued", baseline.dispatch_queued, after_warm.dispatch_queued,
+         max(s.dispatch_queued for s in warm), end.dispatch_queued, 1),
     ]
     for name, b, a, pk, e, unit in rows:
         print(f"{name:24}{b / unit:>12.0f}{a / unit:>15.0f}{pk / unit:>12.0f}{e / unit:>12.0f}")
@@ -348,7 +359,8 @@ def _report(
         "every session accounted": tally.completed + sum(tally.refused.values())
         + len(tally.lost) == args.sessions,
         "admitted back to 0": end.admitted == 0,
-        "queue empty": end.queued == 0,
+        "queue empty": end.queued == 0 and end.dispatch_queued == 0,
+        "KV ledger empty": end.ledger_blocks == 0,
         "session tables empty": end.sessions == 0,
         "nothing in flight": end.in_flight == 0 and upstream == 0,
         "fds back at warm-up level": end.fds <= after_warm.fds + 4 * args.replicas,

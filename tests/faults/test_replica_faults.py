@@ -1,6 +1,6 @@
 """A proxy replica is SIGKILLed while holding sessions (two replicas, one private Redis).
 
-Documented outcome (docs/admission.md, docs/operations.md): the dead replica's leases are not
+Documented outcome (docs/admission.md, docs/reliability.md): the dead replica's leases are not
 renewed and expire within one ``store.lease_ttl_s``; the surviving replica's waiting sessions
 then take the freed slots. A session of the dead replica that calls the survivor while its
 lease is live is adopted there at once (the survivor claims the lease on the same worker);

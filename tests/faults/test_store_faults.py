@@ -1,7 +1,7 @@
 """Redis killed and restarted, then slowed (``DEBUG SLEEP``), under load, in each
 ``store.on_store_failure`` mode; two replicas share a private redis-server.
 
-Documented outcome (docs/admission.md, docs/operations.md): ``local`` and ``open`` keep
+Documented outcome (docs/admission.md, docs/reliability.md): ``local`` and ``open`` keep
 admitting while Redis is away, ``closed`` answers new sessions 503 ``store_unavailable``;
 in every mode the sessions already admitted go on (no admitted session is lost), and after
 recovery the store's lease ZSETs hold exactly the sessions the replicas hold (no slot leaked,

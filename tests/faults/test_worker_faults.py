@@ -1,6 +1,6 @@
 """A worker dies (SIGKILL) or hangs (SIGSTOP: it accepts connections and never answers).
 
-Documented outcome (docs/operations.md): streams on the dead or silent worker end with an SSE
+Documented outcome (docs/reliability.md): streams on the dead or silent worker end with an SSE
 ``error`` event (``upstream_error`` / ``upstream_timeout``), buffered calls with 502 / 504; the
 worker is ejected by health checking; the sessions' next calls go to a healthy worker; their
 admission slots stay counted on the worker they were admitted to until they end, then are
