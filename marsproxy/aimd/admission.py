@@ -299,12 +299,25 @@ class AdmissionCore:
     def _control_signals(self, w: str) -> ControlSignals:
         s = self._signals[w]
         return ControlSignals(
-            kv_usage=s.kv_usage, stale=s.stale, free_blocks=s.free_blocks,
+            kv_usage=self.kv_signal(w), stale=s.stale, free_blocks=s.free_blocks,
             budget_blocks=self.budget(w), tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
             admitted=self.sessions.admitted_on(w),
         )
+
+    def kv_signal(self, worker: str) -> float | None:
+        """The KV usage the AIMD controller reads: vLLM's gauge, or with ``kv_count_retained``
+        max(gauge, (used + retained blocks) / total). vLLM counts the cached blocks of a
+        session in its tool phase as free; the ledger knows they will be wanted back."""
+        s = self._signals[worker]
+        u = s.kv_usage
+        if u is None or not self.cfg.kv_count_retained or s.retained_blocks <= 0:
+            return u
+        if not s.total_blocks or s.free_blocks is None:
+            return u
+        used = s.total_blocks - s.free_blocks
+        return max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
 
     def _views(self) -> list[WorkerView]:
         out = []

@@ -34,6 +34,12 @@ class AdmissionConfig(_Section):
     kv_leave: float = Field(
         0.85, ge=0, lt=1, description="KV usage at or below which KV overload ends."
     )
+    kv_count_retained: bool = Field(
+        True,
+        description="KV overload reads the effective usage max(vLLM usage, (used blocks +"
+        " blocks the KV ledger retains for dormant sessions) / total): vLLM counts a dormant"
+        " session's cached blocks as free, so tool phases would read as spare capacity.",
+    )
     cpu_backlog_enter: float = Field(
         2.0, gt=0,
         description="Tool backlog ratio (tools in flight / tool CPUs) at or above which CPU"

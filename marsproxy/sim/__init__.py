@@ -1,2 +1,2 @@
-"""Discrete-event simulator: the admission core and scheduler pieces, the emulated engine model
+"""Discrete-event simulator: the admission and scheduler cores, the emulated engine model
 and a processor-sharing model of the tool CPUs, in virtual time."""

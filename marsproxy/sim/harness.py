@@ -7,7 +7,12 @@ Drivers of the same pure code the gateway drives:
   would (sampled at each control tick);
 - tool phases: :class:`marsproxy.probes.tool_phases.ToolPhaseTracker` (explicit tool events
   when the agent reports them, else inferred), for the backlog ratio and tool-time predictions;
-- scheduling: :class:`marsproxy.sim.scheduling.SchedulerAdapter` (priority, retention, ledger);
+- scheduling: :class:`marsproxy.sched.core.SchedulerCore`, fed as the gateway's
+  ``SchedulerShell`` feeds it: ``arrive`` when an admitted call goes to its worker (then the
+  call goes at once with its level as the engine priority, or waits in the core's dispatch gate
+  on ``gated`` workers), ``end`` with the call's usage, ``tick`` every ``scheduler.tick_s`` with
+  the worker's facts (KV usage, block counts, the prefill speed a scraper would compute), and
+  ``session_ended``; the ledger's retained blocks go into the admission signals;
 - engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to back while it has work;
 - tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus`` cores.
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.kvfit import free_blocks_from_usage, kv_budget
+from marsproxy.aimd.kvfit import free_blocks_from_usage
 from marsproxy.bench.ideal import ideal_seconds
 from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.bench.timeline import timeline
@@ -40,8 +45,9 @@ from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestErro
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
 from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.sched.core import Mode, SchedulerCore, WorkerFacts
 from marsproxy.sim.cpu import ProcessorSharing
-from marsproxy.sim.scheduling import CallDone, SchedulerAdapter
+from marsproxy.sim.prefill import PrefillRate
 
 _TENANT = "bench"
 _SYSTEM_BASE = 100  # token ids of the shared system prompt start here
@@ -59,6 +65,10 @@ class SimSetup:
     workers: int = 1
     tool_cpus: float = 16.0
     system_prompt_tokens: int = 600
+    worker_mode: Mode = "priority"
+    """How workers order continuations (with a priority policy): ``priority`` — engines
+    schedule by the body's ``priority`` (vLLM ``--scheduling-policy priority``); ``gated`` —
+    FCFS engines, the scheduler core's dispatch gate releases continuations in level order."""
     report_tools: bool = True
     """Agents report tool_start/tool_end with the tool kind (else the tracker infers phases)."""
     pressure_every: int = 5
@@ -78,6 +88,7 @@ class _Agent:
     turn: int = 0
     worker: str | None = None
     context: int = 0  # tokens in KV after the previous call: its prompt and reply
+    call: int | None = None  # the scheduler core's ticket of the call in the gate or running
     tokens: list[int] = field(default_factory=list)
     sent_s: float = 0.0
     first_token_s: float | None = None
@@ -94,10 +105,12 @@ class Simulation:
         self.setup = setup
         self.cfg = cfg
         self.workers = [f"w{i}" for i in range(setup.workers)]
-        self.adapter = SchedulerAdapter(cfg.scheduler, setup.profile.block_size) if cfg else None
-        engine_policy: Policy = (
-            "priority" if self.adapter and self.adapter.engine_priority else "fcfs")
+        self.sched = self._scheduler(cfg, setup)
+        engine_policy: Policy = "fcfs"
+        if self.sched is not None and self.sched.enabled and setup.worker_mode == "priority":
+            engine_policy = "priority"
         self.engines = {w: Engine(setup.profile, engine_policy) for w in self.workers}
+        self.prefill = {w: PrefillRate() for w in self.workers}
         self.core = AdmissionCore(cfg.admission, self.workers) if cfg else None
         self.tracker = ToolPhaseTracker(ToolTrackerSettings(
             ema_alpha=cfg.tools.ema_alpha if cfg else 0.2,
@@ -114,13 +127,28 @@ class Simulation:
         self._agents: dict[str, _Agent] = {}
         self._by_request: dict[str, _Agent] = {}
         self._held: dict[str, _Agent] = {}
+        self._gated: dict[int, _Agent] = {}  # call → agent whose call waits in the dispatch gate
         self._cpu_version = 0
         self._unfinished = 0
         self._ticks = 0
         self.events: list[dict[str, Any]] = []
-        self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0}
+        self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
+                                      "gate_waits": 0}
         self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
         self._reply: list[int] = []
+
+    def _scheduler(self, cfg: MarsConfig | None, setup: SimSetup) -> SchedulerCore | None:
+        """The scheduler core, as the gateway's shell builds it; None where the shell is passive
+        (the fcfs preset: a plain session-affine proxy) or there is no proxy."""
+        if cfg is None:
+            return None
+        s = cfg.scheduler
+        if s.priority_policy == "off" and s.retention_policy == "off" and s.hint_encoder == "none":
+            return None
+        core = SchedulerCore(s, self.workers)
+        for w in self.workers:
+            core.set_mode(w, setup.worker_mode)
+        return core
 
     # -- the event loop ----------------------------------------------------------------------
     def _push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -137,9 +165,11 @@ class Simulation:
         self._unfinished = len(self._agents)
         if self.core is not None:
             self._push(0.0, "tick")
+        if self.sched is not None:
+            self._push(0.0, "sched_tick")
         handlers: dict[str, Callable[[float, Any], None]] = {
             "arrive": self._on_arrive, "step": self._on_step_done, "cpu": self._on_cpu,
-            "tick": self._on_tick,
+            "tick": self._on_tick, "sched_tick": self._on_sched_tick,
         }
         now = 0.0
         while self._heap and self._unfinished > 0:
@@ -170,6 +200,10 @@ class Simulation:
         if self.core is None:
             self._dispatch(now, agent, self.workers[agent.seq % len(self.workers)])
             return
+        if self.sched is not None:
+            # As the gateway: the ledger as it is now, not as of the last control tick.
+            for w in self.workers:
+                self.core.set_retained(w, self.sched.retained_blocks(w))
         d = self.core.on_request(now, agent.plan.id, _TENANT, max(prompt, agent.context + 1),
                                  final=final)
         self._carry(now, d.actions)
@@ -198,17 +232,44 @@ class Simulation:
             agent.context = 0  # moved: its prefix is on the other worker
         agent.worker = worker
         tokens = self._prompt_tokens(agent)
-        turn = agent.plan.turns[agent.turn]
-        priority = 0
-        if self.adapter is not None:
-            self.adapter.on_return(agent.plan.id)
-            priority = self.adapter.dispatch_priority(
-                now, agent.plan.id, agent.seq, len(tokens), agent.context)
+        if self.sched is None:
+            self._send(now, agent, worker, 0)
+            return
+        sid = agent.plan.id
+        t = self.sched.arrive(
+            now, sid, worker, len(tokens),
+            max_new_tokens=agent.plan.turns[agent.turn].output_tokens,
+            predicted_tool_s=self.tracker.predicted_duration(sid),
+        )
+        agent.call = t.call
+        if not t.gated:
+            self._send(now, agent, worker, t.priority or 0)
+            return
+        self._gated[t.call] = agent
+        self._release(now, [worker])
+        if not t.dispatched:
+            self.stats["gate_waits"] += 1
+
+    def _release(self, now: float, workers: list[str] | None = None) -> None:
+        """Send what the scheduler core's dispatch gate lets go now."""
+        assert self.sched is not None
+        for t in self.sched.release(now, workers):
+            agent = self._gated.pop(t.call, None)
+            if agent is not None:
+                self._send(now, agent, t.worker, t.priority or 0)
+
+    def _send(self, now: float, agent: _Agent, worker: str, priority: int) -> None:
+        """The call reaches the worker's engine."""
         rid = f"{agent.plan.id}#{agent.turn}"
+        turn = agent.plan.turns[agent.turn]
         try:
-            self.engines[worker].add_request(rid, tokens, turn.output_tokens, ignore_eos=True,
-                                             priority=priority, now=now)
+            self.engines[worker].add_request(rid, agent.tokens, turn.output_tokens,
+                                             ignore_eos=True, priority=priority, now=now)
         except RequestError as exc:
+            if self.sched is not None and agent.call is not None:
+                self.sched.cancel(agent.call)
+                agent.call = None
+                self._release(now, [worker])
             self._fail(now, agent, 400, str(exc))
             return
         self._by_request[rid] = agent
@@ -226,8 +287,8 @@ class Simulation:
         agent.tokens = []
         self._unfinished -= 1
         self.tracker.session_ended(agent.plan.id)
-        if self.adapter is not None:
-            self.adapter.forget(agent.plan.id)
+        if self.sched is not None:
+            self.sched.session_ended(agent.plan.id)
         if self._progress is not None:
             self._progress(1)
 
@@ -247,16 +308,21 @@ class Simulation:
             self._carry(now, self.core.on_response_end(
                 now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
                 usual_tool_s=self.tracker.predicted_duration(sid)))
-        if self.adapter is not None and agent.worker is not None:
-            tool = agent.plan.turns[agent.turn].tool
-            predicted = self.tracker.predicted_duration(
-                sid, tool if self.setup.report_tools else None)
-            for ev in self.adapter.on_call_done(now, CallDone(
-                sid, agent.worker, fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens,
-                fin.prefill_time * self.setup.time_scale,
-                fin.e2e_latency * self.setup.time_scale,
-            ), predicted, final):
-                self.stats["retained" if getattr(ev, "retain", False) else "not_retained"] += 1
+        if agent.worker is not None:
+            self.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
+                                               fin.prefill_time * self.setup.time_scale)
+        if self.sched is not None and agent.call is not None:
+            res = self.sched.end(
+                now, agent.call, ok=True, prompt_tokens=fin.prompt_tokens,
+                completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
+                engine_s=fin.e2e_latency * self.setup.time_scale,
+                predicted_tool_s=self.tracker.predicted_duration(sid), session_continues=not final,
+            )
+            agent.call = None
+            if res.retention is not None and self.sched.cfg.retention_policy != "off":
+                self.stats["retained" if res.retention.retain else "not_retained"] += 1
+            if res.ticket is not None:
+                self._release(now, [res.ticket.worker])
         if final:
             agent.outcome.end_s = now
             self._finish(agent)
@@ -317,7 +383,7 @@ class Simulation:
         eng = self.engines[w]
         prof = self.setup.profile
         usage = eng.kv.usage
-        retained = self.adapter.retained_blocks(w) if self.adapter else 0
+        retained = self.sched.retained_blocks(w) if self.sched else 0
         return WorkerSignals(
             kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
             total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
@@ -327,15 +393,7 @@ class Simulation:
 
     def _on_tick(self, now: float, _: Any) -> None:
         assert self.core is not None and self.cfg is not None
-        signals = {}
-        for w in self.workers:
-            s = self._signals(w, now)
-            if self.adapter is not None and s.free_blocks is not None:
-                budget = kv_budget(s.free_blocks, s.total_blocks or 0,
-                                   self.cfg.admission.kv_reserve_frac, s.retained_blocks)
-                self.adapter.maintain(now, w, budget)
-                s = self._signals(w, now)
-            signals[w] = s
+        signals = {w: self._signals(w, now) for w in self.workers}
         self._carry(now, self.core.tick(now, signals))
         self._ticks += 1
         if self._ticks % self.setup.pressure_every == 0:
@@ -347,6 +405,21 @@ class Simulation:
                     backlog_ratio=s.backlog_ratio))
         if self._unfinished > 0:
             self._push(now + self.cfg.admission.control_interval_s, "tick")
+
+    def _on_sched_tick(self, now: float, _: Any) -> None:
+        """The scheduler shell's tick: fresh worker facts, expiries and drops, then releases."""
+        assert self.sched is not None
+        prof = self.setup.profile
+        for w in self.workers:
+            self.sched.set_facts(w, WorkerFacts(
+                max_num_seqs=prof.max_num_seqs, total_blocks=prof.num_blocks,
+                block_size=prof.block_size, prefill_tokens_per_s=self.prefill[w].sample(),
+                kv_usage=self.engines[w].kv.usage,
+            ))
+        self.sched.tick(now)
+        self._release(now)
+        if self._unfinished > 0:
+            self._push(now + self.sched.cfg.tick_s, "sched_tick")
 
     def _record(self, ev: Event) -> None:
         if ev.type in _TIMELINE_TYPES:

@@ -66,6 +66,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
     e.add_argument("--horizon", type=float, default=1e7,
                    help="stop at this virtual time (s); sessions not done by then count as failed")
+    e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
+                   help="engines schedule by the body priority, or FCFS behind the proxy's"
+                   " dispatch gate")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
     p.set_defaults(func=main)
@@ -82,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
-                     report_tools=not args.infer_tools, time_scale=args.time_scale,
+                     report_tools=not args.infer_tools, worker_mode=args.worker_mode,
+                     time_scale=args.time_scale,
                      horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
@@ -91,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
     def meta() -> dict[str, object]:
         return {
             "kind": "simulation (virtual time)", "profile": profile.name,
-            "workers": args.workers, "time_scale": args.time_scale,
+            "workers": args.workers, "worker_mode": args.worker_mode,
+            "time_scale": args.time_scale,
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
             "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
             "arrivals": args.arrivals, "token_scale": args.token_scale,

@@ -41,3 +41,19 @@ def test_a_ledger_change_counts_before_the_next_tick() -> None:
     core.set_retained("w0", 0)
     actions = core.tick(0.3, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.3))
     assert [(a.entry.session, a.forced) for a in actions.admitted] == [("big", False)]
+
+
+def test_retained_blocks_reach_the_kv_overload_signal() -> None:
+    # The gauge says 0.30 (dormant sessions' blocks count as free to vLLM); the ledger retains
+    # 6,500 of 10,000 blocks: the controller sees 0.95 and stays KV-overloaded.
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.30, block_size=16, num_gpu_blocks=10_000)
+    pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
+    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+    core = AdmissionCore(AdmissionConfig(), ["w0"])
+    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0,
+                               retained={"w0": 6_500}))
+    assert core.kv_signal("w0") == 0.95
+    assert core.controllers["w0"].kv_overloaded
+    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2))
+    assert core.kv_signal("w0") == 0.30
+    assert not core.controllers["w0"].kv_overloaded

@@ -13,7 +13,6 @@ from marsproxy.bench.workload import Workload, WorkloadSpec, build_workload
 from marsproxy.config import MarsConfig
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.sim.harness import SimSetup, Simulation
-from marsproxy.sim.scheduling import CallDone, SchedulerAdapter
 
 SETUP = SimSetup(profile=get_profile("tiny", num_blocks=384), tool_cpus=2, system_prompt_tokens=60)
 
@@ -62,24 +61,47 @@ def test_tools_contend_for_the_tool_cpus() -> None:
     assert one.summary().mean_s > 1.5 * many.summary().mean_s
 
 
-def test_adapter_priorities_per_policy() -> None:
-    cfgs = {p: _cfg(p) for p in ("fcfs", "autellix", "continuum", "mars")}
-    adapters = {p: SchedulerAdapter(c.scheduler, 16) for p, c in cfgs.items() if c}
-    assert not adapters["fcfs"].engine_priority
-    assert adapters["continuum"].dispatch_priority(0, "s", 7, 100, 0) == 7  # arrival order
-    mars = adapters["mars"]
-    assert mars.dispatch_priority(0, "s", 0, 40_000, 0) == 3  # long uncached prefill
-    assert mars.dispatch_priority(0, "t", 1, 1_000, 0) == 0
-    # prefill measured at 3k tokens/s: re-prefilling 30k tokens (10 s) beats a 5 s tool → retain
-    mars.on_call_done(0.0, CallDone("u", "w0", 30_000, 0, 10, 10.0, 10.2), 5.0, final=False)
-    assert mars.ledger.reservation("u") is not None
-    # a retained prefix counts only the new tokens
-    # bucket 0 for 490 new tokens, demoted twice for 30k attained (past 2048 and 8192)
-    assert mars.dispatch_priority(1.0, "u", 2, 30_500, 30_010) == 2
-    assert mars.dispatch_priority(1.0, "x", 3, 30_500, 30_010) == 2  # cold: bucket 2, no service
-    # a quick tool is not worth a reservation
-    mars.on_call_done(0.0, CallDone("v", "w0", 30_000, 0, 10, 10.0, 10.2), 20.0, final=False)
-    assert mars.ledger.reservation("v") is None
+def test_scheduling_goes_through_the_scheduler_core() -> None:
+    wl = _workload()
+    fcfs = Simulation(wl, "fcfs", SETUP, _cfg("fcfs"))
+    assert fcfs.sched is None  # the gateway's shell is passive for the fcfs preset
+    assert fcfs.engines["w0"].policy == "fcfs"
+    mars = Simulation(wl, "mars", SETUP, _cfg("mars"))
+    assert mars.sched is not None and mars.sched.modes["w0"] == "priority"
+    assert mars.engines["w0"].policy == "priority"
+    res = mars.run()
+    core = mars.sched
+    # every call went through the core: levels for each, resumes counted at each call's end
+    calls = sum(len(p.turns) for p in wl.sessions)
+    assert sum(core.levels_total.values()) == calls == core.dispatched_total["w0"]
+    assert core.resumes.resumes == calls - len(wl.sessions)
+    assert core.resumes.warm[True] > 0  # retained prefixes came back warm
+    assert res.extra["stats"]["retained"] > 0
+    assert core.retained_blocks("w0") == 0 and core.in_flight("w0") == 0  # all forgotten
+
+
+def test_continuum_orders_continuations_by_session_arrival() -> None:
+    sim = Simulation(_workload(sessions=4), "continuum", SETUP, _cfg("continuum"))
+    assert sim.sched is not None
+    sim.run()
+    # session_fcfs: the body priority is the session's arrival number at the scheduler
+    assert sim.sched.levels_total == dict.fromkeys(sim.sched.levels_total, 0)  # no MLFQ levels
+    assert sim.engines["w0"].policy == "priority"
+
+
+def test_gated_workers_order_continuations_in_the_proxy() -> None:
+    gated = dataclasses.replace(SETUP, worker_mode="gated")
+    wl = _workload()
+    sim = Simulation(wl, "mars", gated, _cfg("mars"))
+    assert sim.engines["w0"].policy == "fcfs"  # the engine is FCFS; the gate orders
+    res = sim.run()
+    assert all(o.ok for o in res.outcomes), [o.error for o in res.outcomes]
+    assert sim.sched is not None
+    assert sim.sched.dispatched_total["w0"] == sum(len(p.turns) for p in wl.sessions)
+    assert sim.sched.queue_length("w0") == 0
+    assert res.extra["stats"]["gate_waits"] > 0  # the 384-block cache made the gate hold some
+    again = Simulation(wl, "mars", gated, _cfg("mars")).run()
+    assert [o.end_s for o in res.outcomes] == [o.end_s for o in again.outcomes]
 
 
 def test_time_scale_stretches_llm_time_only() -> None:
