@@ -6,6 +6,13 @@
   hash (stay cached) until a new allocation takes them, which evicts them.
 - A prompt hit is capped at ``num_tokens - 1`` tokens rounded down to blocks: the last prompt
   token must be computed to produce logits (vLLM's ``max_cache_hit_length``).
+
+Speed (the simulator steps this model millions of times at 64k–128k-token contexts): block state
+lives in two flat lists rather than per-block objects, per-block work over a whole prompt runs in
+C where it can (``map``/``zip`` instead of Python loops), and the hit of the request at the head
+of the waiting queue is remembered across steps (:class:`_HitMemo`), so a prompt that cannot be
+admitted yet is not re-walked block by block every step. None of this changes a result; the
+straightforward model is kept as a test oracle (tests/unit/emulator/reference_engine.py).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 
 class KVSeq:
@@ -38,10 +46,28 @@ class PrefixCacheStats:
     hits: int = 0
 
 
-@dataclass
-class _Block:
-    ref_cnt: int = 0
-    block_hash: int | None = None
+class _HitMemo:
+    """The cached blocks matching the start of one sequence's hash chain, kept up to date.
+
+    Valid as long as every block in ``hit`` still holds its hash in the cache map; an eviction
+    of one of them truncates ``hit`` there (``on_evict``). New cache entries never invalidate it:
+    a lookup resumes at the end of ``hit``, where the chain first missed.
+    """
+
+    __slots__ = ("hit", "pos", "seq")
+
+    def __init__(self, seq: KVSeq) -> None:
+        self.seq = seq
+        self.hit: list[int] = []
+        self.pos: dict[int, int] = {}  # block id -> its first index in ``hit``
+
+    def on_evict(self, block: int) -> None:
+        i = self.pos.get(block)
+        if i is not None:
+            for b in self.hit[i:]:
+                if self.pos.get(b, -1) >= i:
+                    del self.pos[b]
+            del self.hit[i:]
 
 
 @dataclass
@@ -51,10 +77,12 @@ class KVCache:
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
-        self._blocks = [_Block() for _ in range(self.num_blocks)]
+        self._ref = [0] * self.num_blocks  # block id -> number of sequences holding it
+        self._hash: list[int | None] = [None] * self.num_blocks  # block id -> hash, if cached
         # Insertion order = LRU order; evict from the front, release to the back.
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._memo: _HitMemo | None = None
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -81,71 +109,104 @@ class KVCache:
     def extend_hashes(self, seq: KVSeq, token_ids: Sequence[int]) -> None:
         """Hash every full block of ``token_ids`` not hashed yet (token ids only ever grow)."""
         bs = self.block_size
-        for i in range(len(seq.block_hashes), len(token_ids) // bs):
-            parent = seq.block_hashes[i - 1] if i else 0
-            seq.block_hashes.append(hash((parent, tuple(token_ids[i * bs : (i + 1) * bs]))))
+        hashes = seq.block_hashes
+        start, end = len(hashes), len(token_ids) // bs
+        if start >= end:
+            return
+        parent = hashes[-1] if hashes else 0
+        append = hashes.append
+        # zip over one iterator cuts the tokens into block tuples in C.
+        for block in zip(*[iter(token_ids[start * bs : end * bs])] * bs, strict=True):
+            parent = hash((parent, block))
+            append(parent)
 
     # -- prefix lookup ---------------------------------------------------------------------
     def find_prefix(self, seq: KVSeq, num_tokens: int) -> list[int]:
         """Cached blocks matching the start of ``seq``'s hash chain, capped so that at least one
         token is left to compute."""
         limit = (num_tokens - 1) // self.block_size
-        hit: list[int] = []
-        for h in seq.block_hashes[:limit]:
-            block_id = self._cached.get(h)
-            if block_id is None:
-                break
-            hit.append(block_id)
-        return hit
+        memo = self._memo
+        if memo is None or memo.seq is not seq:
+            memo = self._memo = _HitMemo(seq)
+        hit = memo.hit
+        if len(hit) > limit:  # asked with a shorter prompt than last time
+            memo.on_evict(hit[limit])
+        start = len(hit)
+        if start < limit:
+            found = list(map(self._cached.get, seq.block_hashes[start:limit]))
+            if None in found:  # the chain breaks here; otherwise all of it is cached
+                del found[found.index(None) :]
+            new = cast(list[int], found)
+            setdefault = memo.pos.setdefault
+            for i, b in enumerate(new, start):
+                setdefault(b, i)
+            hit.extend(new)
+        return hit[:]
 
     # -- allocation ------------------------------------------------------------------------
+    def _evictable(self, hit: Sequence[int]) -> int:
+        """Hit blocks that are free now (they leave the free queue rather than being evicted)."""
+        return list(map(self._ref.__getitem__, hit)).count(0) if hit else 0
+
     def can_allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         need = self.blocks_for(total_tokens) - len(seq.blocks) - len(hit)
-        # Hit blocks that are free now get taken out of the free queue, not evicted.
-        evictable_hits = sum(1 for b in hit if self._blocks[b].ref_cnt == 0)
-        return need <= len(self._free) - evictable_hits
+        free = len(self._free)
+        if need > free:
+            return False
+        return need + len(hit) <= free or need <= free - self._evictable(hit)
 
     def allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         """Give ``seq`` blocks for ``total_tokens`` tokens, reusing the ``hit`` prefix blocks first.
         Returns False (and changes nothing) when there are not enough free blocks."""
         if not self.can_allocate(seq, total_tokens, hit):
             return False
-        for b in hit:
-            blk = self._blocks[b]
-            if blk.ref_cnt == 0:
-                del self._free[b]
-            blk.ref_cnt += 1
-            seq.blocks.append(b)
-        seq.num_cached_blocks = len(seq.blocks) if hit else seq.num_cached_blocks
-        for _ in range(self.blocks_for(total_tokens) - len(seq.blocks)):
-            b, _unused = self._free.popitem(last=False)
-            blk = self._blocks[b]
-            if blk.block_hash is not None:  # evict the least recently used cached block
-                if self._cached.get(blk.block_hash) == b:
-                    del self._cached[blk.block_hash]
-                blk.block_hash = None
-            blk.ref_cnt = 1
-            seq.blocks.append(b)
+        ref, free, blocks = self._ref, self._free, seq.blocks
+        if hit:
+            for b in hit:
+                if ref[b] == 0:
+                    del free[b]
+                ref[b] += 1
+            blocks.extend(hit)
+            seq.num_cached_blocks = len(blocks)
+        n_new = self.blocks_for(total_tokens) - len(blocks)
+        if n_new <= 0:
+            return True
+        hashes, cached, memo = self._hash, self._cached, self._memo
+        popitem, append = free.popitem, blocks.append
+        for _ in range(n_new):
+            b = popitem(last=False)[0]
+            h = hashes[b]
+            if h is not None:  # evict the least recently used cached block
+                if cached.get(h) == b:
+                    del cached[h]
+                    if memo is not None:
+                        memo.on_evict(b)
+                hashes[b] = None
+            ref[b] = 1
+            append(b)
         return True
 
     def cache_full_blocks(self, seq: KVSeq, num_computed_tokens: int) -> None:
         """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them."""
         upto = min(num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.blocks))
-        for i in range(seq.num_cached_blocks, upto):
-            h = seq.block_hashes[i]
-            blk = self._blocks[seq.blocks[i]]
-            if blk.block_hash is None:
-                blk.block_hash = h
+        start = seq.num_cached_blocks
+        if upto <= start:
+            return
+        hashes, setdefault = self._hash, self._cached.setdefault
+        for b, h in zip(seq.blocks[start:upto], seq.block_hashes[start:upto], strict=True):
+            if hashes[b] is None:
+                hashes[b] = h
                 # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
-                self._cached.setdefault(h, seq.blocks[i])
-        seq.num_cached_blocks = max(seq.num_cached_blocks, upto)
+                setdefault(h, b)
+        seq.num_cached_blocks = upto
 
     def free(self, seq: KVSeq) -> None:
         """Drop ``seq``'s references. Tail blocks go to the free queue first, so they are evicted
         before the shared prefix blocks (as vLLM frees in reverse order)."""
+        ref, free = self._ref, self._free
         for b in reversed(seq.blocks):
-            blk = self._blocks[b]
-            blk.ref_cnt -= 1
-            if blk.ref_cnt == 0:
-                self._free[b] = None
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                free[b] = None
         seq.reset()
