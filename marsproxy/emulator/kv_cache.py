@@ -17,9 +17,10 @@ straightforward model is kept as a test oracle (tests/unit/emulator/reference_en
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, repeat
 from typing import cast
 
 
@@ -50,8 +51,8 @@ class _HitMemo:
     """The cached blocks matching the start of one sequence's hash chain, kept up to date.
 
     Valid as long as every block in ``hit`` still holds its hash in the cache map; an eviction
-    of one of them truncates ``hit`` there (``on_evict``). New cache entries never invalidate it:
-    a lookup resumes at the end of ``hit``, where the chain first missed.
+    of one of them cuts ``hit`` there. New cache entries never invalidate it: a lookup resumes at
+    the end of ``hit``, where the chain first missed.
     """
 
     __slots__ = ("hit", "pos", "seq")
@@ -61,13 +62,25 @@ class _HitMemo:
         self.hit: list[int] = []
         self.pos: dict[int, int] = {}  # block id -> its first index in ``hit``
 
-    def on_evict(self, block: int) -> None:
-        i = self.pos.get(block)
-        if i is not None:
-            for b in self.hit[i:]:
-                if self.pos.get(b, -1) >= i:
-                    del self.pos[b]
-            del self.hit[i:]
+    def extend(self, blocks: list[int]) -> None:
+        start = len(self.hit)
+        self.hit.extend(blocks)
+        # Built in C; reversed so that a block listed twice keeps its first index (and one
+        # already listed keeps its earlier index). Twice only happens on a hash collision.
+        end = start + len(blocks)
+        new = dict(zip(reversed(blocks), range(end - 1, start - 1, -1), strict=True))
+        if not self.pos.keys().isdisjoint(new):
+            for b in self.pos.keys() & new.keys():
+                del new[b]
+        self.pos.update(new)
+
+    def cut(self, i: int) -> None:
+        """Forget ``hit[i:]``."""
+        pos = self.pos
+        for b in self.hit[i:]:
+            if pos.get(b, -1) >= i:
+                del pos[b]
+        del self.hit[i:]
 
 
 @dataclass
@@ -82,7 +95,7 @@ class KVCache:
         # Insertion order = LRU order; evict from the front, release to the back.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._memo: _HitMemo | None = None
+        self._memo = _HitMemo(KVSeq())  # remembers nothing until the first lookup
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -126,21 +139,18 @@ class KVCache:
         token is left to compute."""
         limit = (num_tokens - 1) // self.block_size
         memo = self._memo
-        if memo is None or memo.seq is not seq:
+        if memo.seq is not seq:
             memo = self._memo = _HitMemo(seq)
         hit = memo.hit
         if len(hit) > limit:  # asked with a shorter prompt than last time
-            memo.on_evict(hit[limit])
+            memo.cut(limit)
         start = len(hit)
-        if start < limit:
+        # Usually the chain still misses where it missed last step: one lookup, no walk.
+        if start < limit and seq.block_hashes[start] in self._cached:
             found = list(map(self._cached.get, seq.block_hashes[start:limit]))
             if None in found:  # the chain breaks here; otherwise all of it is cached
                 del found[found.index(None) :]
-            new = cast(list[int], found)
-            setdefault = memo.pos.setdefault
-            for i, b in enumerate(new, start):
-                setdefault(b, i)
-            hit.extend(new)
+            memo.extend(cast(list[int], found))
         return hit[:]
 
     # -- allocation ------------------------------------------------------------------------
@@ -171,20 +181,28 @@ class KVCache:
         n_new = self.blocks_for(total_tokens) - len(blocks)
         if n_new <= 0:
             return True
-        hashes, cached, memo = self._hash, self._cached, self._memo
-        popitem, append = free.popitem, blocks.append
-        for _ in range(n_new):
-            b = popitem(last=False)[0]
-            h = hashes[b]
-            if h is not None:  # evict the least recently used cached block
-                if cached.get(h) == b:
-                    del cached[h]
-                    if memo is not None:
-                        memo.on_evict(b)
-                hashes[b] = None
-            ref[b] = 1
-            append(b)
+        taken = list(islice(free, n_new))  # the least recently used free blocks
+        _consume(map(free.__delitem__, taken))
+        hashes = self._hash
+        old = list(map(hashes.__getitem__, taken))
+        if old.count(None) != n_new:
+            self._evict([(h, b) for h, b in zip(old, taken, strict=True) if h is not None])
+            _consume(map(hashes.__setitem__, taken, repeat(None)))
+        _consume(map(ref.__setitem__, taken, repeat(1)))
+        blocks.extend(taken)
         return True
+
+    def _evict(self, entries: list[tuple[int, int]]) -> None:
+        """Drop cached ``(hash, block)`` entries of blocks being reused (a block that was only a
+        duplicate holder of its hash was never findable)."""
+        cached, gone = self._cached, []
+        for h, b in entries:
+            if cached.get(h) == b:
+                del cached[h]
+                gone.append(b)
+        pos = self._memo.pos
+        if not pos.keys().isdisjoint(gone):
+            self._memo.cut(min(pos[b] for b in gone if b in pos))
 
     def cache_full_blocks(self, seq: KVSeq, num_computed_tokens: int) -> None:
         """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them."""
@@ -193,20 +211,38 @@ class KVCache:
         if upto <= start:
             return
         hashes, setdefault = self._hash, self._cached.setdefault
-        for b, h in zip(seq.blocks[start:upto], seq.block_hashes[start:upto], strict=True):
-            if hashes[b] is None:
-                hashes[b] = h
-                # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
-                setdefault(h, b)
+        new_blocks, new_hashes = seq.blocks[start:upto], seq.block_hashes[start:upto]
+        # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
+        if list(map(hashes.__getitem__, new_blocks)).count(None) == len(new_blocks) and len(
+            set(new_blocks)
+        ) == len(new_blocks):  # the usual case, in C: fresh blocks, none listed twice
+            _consume(map(hashes.__setitem__, new_blocks, new_hashes))
+            _consume(map(setdefault, new_hashes, new_blocks))
+        else:
+            for b, h in zip(new_blocks, new_hashes, strict=True):
+                if hashes[b] is None:
+                    hashes[b] = h
+                    setdefault(h, b)
         seq.num_cached_blocks = upto
 
     def free(self, seq: KVSeq) -> None:
         """Drop ``seq``'s references. Tail blocks go to the free queue first, so they are evicted
         before the shared prefix blocks (as vLLM frees in reverse order)."""
-        ref, free = self._ref, self._free
-        for b in reversed(seq.blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                free[b] = None
+        ref, free, blocks = self._ref, self._free, seq.blocks
+        if len(set(blocks)) == len(blocks):  # the usual case, mostly in C: no block listed twice
+            refs = [r - 1 for r in map(ref.__getitem__, blocks)]
+            _consume(map(ref.__setitem__, blocks, refs))
+            released = [b for b, r in zip(reversed(blocks), reversed(refs), strict=True) if not r]
+            _consume(map(free.__setitem__, released, repeat(None)))
+        else:
+            for b in reversed(blocks):
+                r = ref[b] - 1
+                ref[b] = r
+                if r == 0:
+                    free[b] = None
         seq.reset()
+
+
+def _consume(it: Iterable[object]) -> None:
+    """Run an iterator of side effects (``map`` over a setter) to the end, in C."""
+    deque(it, maxlen=0)
