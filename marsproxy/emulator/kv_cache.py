@@ -195,14 +195,13 @@ class KVCache:
     def _evict(self, entries: list[tuple[int, int]]) -> None:
         """Drop cached ``(hash, block)`` entries of blocks being reused (a block that was only a
         duplicate holder of its hash was never findable)."""
-        cached, gone = self._cached, []
-        for h, b in entries:
-            if cached.get(h) == b:
-                del cached[h]
-                gone.append(b)
+        cached = self._cached
+        owners = map(cached.get, [h for h, _ in entries])
+        gone = [(h, b) for (h, b), owner in zip(entries, owners, strict=True) if owner == b]
+        _consume(map(cached.__delitem__, [h for h, _ in gone]))
         pos = self._memo.pos
-        if not pos.keys().isdisjoint(gone):
-            self._memo.cut(min(pos[b] for b in gone if b in pos))
+        if not pos.keys().isdisjoint(b for _, b in gone):
+            self._memo.cut(min(pos[b] for _, b in gone if b in pos))
 
     def cache_full_blocks(self, seq: KVSeq, num_computed_tokens: int) -> None:
         """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them."""
