@@ -161,7 +161,7 @@ class Engine:
             arrival_time=now,
             seq=self._seq,
         )
-        self.kv.extend_hashes(req.kv, req.token_ids)
+        self.kv.hash_prompt(req.kv, req.token_ids)
         self._requests[req_id] = req
         self._waiting.push(req)
         return req
@@ -311,6 +311,7 @@ class Engine:
         for req in finished:
             self._running.remove(req)
             del requests[req.req_id]
+            kv.remember_chain(req.token_ids, req.kv)
             kv.free(req.kv)
             req.finish_time = t_end
             result.finished.append(req.finished_event())

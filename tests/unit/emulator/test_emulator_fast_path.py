@@ -31,12 +31,13 @@ from .reference_engine import ReferenceEngine, RefStepResult
 COEFFS = StepTimeCoeffs(a=1e-3, w=2e-3, b=1e-5, c=1e-4, d_dec=1e-7, d_pf=1e-9)
 
 
-def _profile(rng: random.Random) -> EngineProfile:
+def _profile(rng: random.Random, long: bool) -> EngineProfile:
     return dataclasses.replace(
         get_profile("tiny"),
         step=COEFFS,
-        block_size=rng.choice([2, 4, 16]),
-        num_blocks=rng.randint(24, 160),
+        block_size=rng.choice([1, 2]) if long else rng.choice([2, 4, 16]),
+        # long: conversations past the 64 blocks from which finished chains are reused
+        num_blocks=rng.randint(400, 900) if long else rng.randint(24, 160),
         max_num_seqs=rng.randint(1, 8),
         max_num_batched_tokens=rng.choice([32, 128, 512]),
         natural_output_tokens=rng.randint(2, 24),
@@ -61,10 +62,10 @@ def _same_state(fast: Engine, ref: ReferenceEngine) -> None:
     assert fast.kv.num_free_blocks == ref.kv.num_free_blocks
 
 
-def _lockstep(seed: int, policy: Policy) -> dict[str, int]:
+def _lockstep(seed: int, policy: Policy, long: bool = False) -> dict[str, int]:
     """Drive both engines with one seeded workload; returns counts of what the run exercised."""
     rng = random.Random(seed)
-    prof = _profile(rng)
+    prof = _profile(rng, long)
     fast, ref = Engine(prof, policy), ReferenceEngine(prof, policy)
     system = [rng.randrange(1000) for _ in range(rng.randint(0, 40))]
     histories: dict[int, list[int]] = {}
@@ -130,7 +131,7 @@ def _lockstep(seed: int, policy: Policy) -> dict[str, int]:
 def test_engine_matches_reference_model(policy: Policy) -> None:
     totals = dict.fromkeys(("steps", "preempted", "hits", "finished", "aborted"), 0)
     for seed in range(30):
-        for k, v in _lockstep(seed, policy).items():
+        for k, v in _lockstep(seed, policy, long=seed % 3 == 0).items():
             totals[k] += v
     # The workloads must exercise what the fast paths shortcut: hits, evictions, preemptions.
     assert totals["steps"] > 3000 and totals["finished"] > 500
@@ -152,6 +153,37 @@ def test_hash_chain_extended_in_pieces_matches_reference(
         fast.extend_hashes(f_seq, tokens[:cut])
         ref.extend_hashes(r_seq, tokens[:cut])
         assert f_seq.block_hashes == r_seq.block_hashes
+
+
+def test_next_turn_reuses_the_finished_chain_only_when_tokens_match() -> None:
+    bs = 4
+    fast, ref = KVCache(bs, 4096), RefKVCache(bs, 4096)
+    system = list(range(2000))  # longer than the 64-block lookup key: every session shares it
+    turns = {s: [*system, 10_000 + s, *range(s, s + 300)] for s in range(6)}
+    first: dict[int, KVSeq] = {}
+    for s, tokens in turns.items():
+        seq = KVSeq()
+        fast.hash_prompt(seq, tokens)
+        tokens.extend(range(50, 90))  # the reply, as generated tokens append to token_ids
+        fast.extend_hashes(seq, tokens)
+        fast.remember_chain(list(tokens), seq)
+        first[s] = seq
+    for s, tokens in turns.items():
+        nxt = [*tokens, *range(7, 200)]
+        seq, r_seq = KVSeq(), RefKVSeq()
+        fast.hash_prompt(seq, nxt)
+        ref.extend_hashes(r_seq, nxt)
+        assert seq.block_hashes == r_seq.block_hashes
+        # Sessions 2..5 are among the four kept for the shared key: their chains are reused.
+        reused = seq.block_hashes[500] is first[s].block_hashes[500]
+        assert reused == (s >= 2)
+    # Same first 64 blocks, different later tokens: hashed afresh, not taken from session 5.
+    other = [*turns[5][:2200], 1, *turns[5][2201:]]
+    seq, r_seq = KVSeq(), RefKVSeq()
+    fast.hash_prompt(seq, other)
+    ref.extend_hashes(r_seq, other)
+    assert seq.block_hashes == r_seq.block_hashes
+    assert seq.block_hashes[500] is not first[5].block_hashes[500]
 
 
 _OPS = ("prompt", "find", "find", "find_short", "run", "alloc", "alloc", "free")
