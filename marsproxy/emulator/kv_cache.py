@@ -64,16 +64,24 @@ class _HitMemo:
     the end of ``hit``, where the chain first missed.
     """
 
-    __slots__ = ("hit", "pos", "seq")
+    __slots__ = ("free_hits", "hit", "pos", "ref", "seq")
 
-    def __init__(self, seq: KVSeq) -> None:
+    def __init__(self, seq: KVSeq, ref: list[int]) -> None:
         self.seq = seq
+        self.ref = ref  # the cache's ref counts
         self.hit: list[int] = []
         self.pos: dict[int, int] = {}  # block id -> its first index in ``hit``
+        # Entries of ``hit`` whose block is free (ref count 0), kept current by the cache, so
+        # an admission check need not count them again every step (see ``evictable``).
+        self.free_hits = 0
+
+    def _count_free(self, blocks: list[int]) -> int:
+        return list(map(self.ref.__getitem__, blocks)).count(0)
 
     def extend(self, blocks: list[int]) -> None:
         start = len(self.hit)
         self.hit.extend(blocks)
+        self.free_hits += self._count_free(blocks)
         # Built in C; reversed so that a block listed twice keeps its first index (and one
         # already listed keeps its earlier index). Twice only happens on a hash collision.
         end = start + len(blocks)
@@ -86,10 +94,27 @@ class _HitMemo:
     def cut(self, i: int) -> None:
         """Forget ``hit[i:]``."""
         pos = self.pos
+        listed_twice = len(pos) != len(self.hit)  # then ref_changed may have miscounted
         for b in self.hit[i:]:
             if pos.get(b, -1) >= i:
                 del pos[b]
+        self.free_hits -= self._count_free(self.hit[i:])
         del self.hit[i:]
+        if listed_twice:
+            self.free_hits = self._count_free(self.hit)
+
+    def ref_changed(self, blocks: Iterable[int], delta: int) -> None:
+        """``blocks`` (distinct) just became free (delta 1) or taken (delta -1)."""
+        pos = self.pos
+        if not pos.keys().isdisjoint(blocks):
+            self.free_hits += delta * len(pos.keys() & set(blocks))
+
+    def evictable(self, seq: KVSeq, hit: Sequence[int]) -> int | None:
+        """``free_hits`` if ``hit`` is this memo's hit of ``seq`` and no block is listed twice;
+        None when the caller must count."""
+        if seq is self.seq and len(self.pos) == len(self.hit) and hit == self.hit:
+            return self.free_hits
+        return None
 
 
 @dataclass
@@ -104,7 +129,7 @@ class KVCache:
         # Insertion order = LRU order; evict from the front, release to the back.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._memo = _HitMemo(KVSeq())  # remembers nothing until the first lookup
+        self._memo = _HitMemo(KVSeq(), self._ref)  # remembers nothing until the first lookup
         # key -> (token ids, their chain), most recent last; LRU over keys for the memory bound.
         self._chains: OrderedDict[int, list[tuple[list[int], list[int]]]] = OrderedDict()
         self._chain_tokens = 0
@@ -187,7 +212,7 @@ class KVCache:
         limit = (num_tokens - 1) // self.block_size
         memo = self._memo
         if memo.seq is not seq:
-            memo = self._memo = _HitMemo(seq)
+            memo = self._memo = _HitMemo(seq, self._ref)
         hit = memo.hit
         if len(hit) > limit:  # asked with a shorter prompt than last time
             memo.cut(limit)
@@ -201,16 +226,17 @@ class KVCache:
         return hit[:]
 
     # -- allocation ------------------------------------------------------------------------
-    def _evictable(self, hit: Sequence[int]) -> int:
-        """Hit blocks that are free now (they leave the free queue rather than being evicted)."""
-        return list(map(self._ref.__getitem__, hit)).count(0) if hit else 0
-
     def can_allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         need = self.blocks_for(total_tokens) - len(seq.blocks) - len(hit)
         free = len(self._free)
         if need > free:
             return False
-        return need + len(hit) <= free or need <= free - self._evictable(hit)
+        if need + len(hit) <= free:
+            return True
+        evictable = self._memo.evictable(seq, hit)
+        if evictable is None:
+            evictable = list(map(self._ref.__getitem__, hit)).count(0)
+        return need <= free - evictable
 
     def allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         """Give ``seq`` blocks for ``total_tokens`` tokens, reusing the ``hit`` prefix blocks first.
@@ -219,10 +245,13 @@ class KVCache:
             return False
         ref, free, blocks = self._ref, self._free, seq.blocks
         if hit:
+            reused = []
             for b in hit:
                 if ref[b] == 0:
                     del free[b]
+                    reused.append(b)
                 ref[b] += 1
+            self._memo.ref_changed(reused, -1)
             blocks.extend(hit)
             seq.num_cached_blocks = len(blocks)
         n_new = self.blocks_for(total_tokens) - len(blocks)
@@ -281,11 +310,14 @@ class KVCache:
             released = [b for b, r in zip(reversed(blocks), reversed(refs), strict=True) if not r]
             _consume(map(free.__setitem__, released, repeat(None)))
         else:
+            released = []
             for b in reversed(blocks):
                 r = ref[b] - 1
                 ref[b] = r
                 if r == 0:
                     free[b] = None
+                    released.append(b)
+        self._memo.ref_changed(released, 1)
         seq.reset()
 
 

@@ -186,6 +186,38 @@ def test_next_turn_reuses_the_finished_chain_only_when_tokens_match() -> None:
     assert seq.block_hashes[500] is not first[5].block_hashes[500]
 
 
+def test_remembered_hit_counts_free_blocks_through_admit_and_release() -> None:
+    """A preempted request comes back to the head of the queue: the remembered count of its
+    free hit blocks must follow its own admissions and releases, and a neighbour's that shares
+    its prefix."""
+    bs = 2
+    fast, ref = KVCache(bs, 14), RefKVCache(bs, 14)
+    x, rx, y, ry = KVSeq(), RefKVSeq(), KVSeq(), RefKVSeq()
+    x_tokens = list(range(17))
+    y_tokens = [*x_tokens[:8], 50, 51]  # shares x's first four blocks
+    for kv, seq, tokens in ((fast, x, x_tokens), (ref, rx, x_tokens), (fast, y, y_tokens),
+                            (ref, ry, y_tokens)):
+        kv.extend_hashes(seq, tokens)  # type: ignore[arg-type]
+    for cycle in range(6):
+        if cycle % 2:  # the neighbour takes the shared blocks (not through fast's lookup)
+            y_hit = ref.find_prefix(ry, len(y_tokens))
+            assert ref.allocate(ry, len(y_tokens), y_hit)
+            assert fast.allocate(y, len(y_tokens), y_hit)
+        hit = ref.find_prefix(rx, len(x_tokens))
+        assert fast.find_prefix(x, len(x_tokens)) == hit
+        for total in range(len(hit) * bs, 40):  # every answer near the limit agrees
+            assert fast.can_allocate(x, total, hit) == ref.can_allocate(rx, total, hit)
+        assert fast.allocate(x, len(x_tokens), hit) == ref.allocate(rx, len(x_tokens), hit)
+        fast.cache_full_blocks(x, len(x_tokens))
+        ref.cache_full_blocks(rx, len(x_tokens))
+        fast.free(x)
+        ref.free(rx)
+        if cycle % 2:
+            fast.free(y)
+            ref.free(ry)
+        assert fast.free_queue_order() == ref.free_queue_order()
+
+
 _OPS = ("prompt", "find", "find", "find_short", "run", "alloc", "alloc", "free")
 
 
