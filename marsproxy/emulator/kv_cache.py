@@ -216,13 +216,18 @@ class KVCache:
         hit = memo.hit
         if len(hit) > limit:  # asked with a shorter prompt than last time
             memo.cut(limit)
-        start = len(hit)
-        # Usually the chain still misses where it missed last step: one lookup, no walk.
-        if start < limit and seq.block_hashes[start] in self._cached:
-            found = list(map(self._cached.get, seq.block_hashes[start:limit]))
-            if None in found:  # the chain breaks here; otherwise all of it is cached
+        # Usually the chain still misses where it missed last step: one lookup, no walk. Else
+        # walk on in C, in growing chunks, so a chain that breaks soon is not looked up whole.
+        get, hashes, chunk = self._cached.get, seq.block_hashes, 16
+        while len(hit) < limit and hashes[len(hit)] in self._cached:
+            start = len(hit)
+            found = list(map(get, hashes[start : min(limit, start + chunk)]))
+            if None in found:  # the chain breaks here
                 del found[found.index(None) :]
+                memo.extend(cast(list[int], found))
+                break
             memo.extend(cast(list[int], found))
+            chunk *= 4
         return hit[:]
 
     # -- allocation ------------------------------------------------------------------------
