@@ -9,10 +9,12 @@
 
 Speed (the simulator steps this model millions of times at 64k–128k-token contexts): block state
 lives in two flat lists rather than per-block objects, per-block work over a whole prompt runs in
-C where it can (``map``/``zip`` instead of Python loops), and the hit of the request at the head
-of the waiting queue is remembered across steps (:class:`_HitMemo`), so a prompt that cannot be
-admitted yet is not re-walked block by block every step. None of this changes a result; the
-straightforward model is kept as a test oracle (tests/unit/emulator/reference_engine.py).
+C where it can (``map``/``zip``/``deque`` instead of Python loops), the hit of the request at the
+head of the waiting queue is remembered across steps with its count of free blocks
+(:class:`_HitMemo`), so a prompt that cannot be admitted yet costs O(1) per step, and the next
+turn of a conversation reuses the finished turn's hash chain (:meth:`KVCache.hash_prompt`). None
+of this changes a result; the straightforward model is kept as a test oracle
+(tests/unit/emulator/reference_engine.py) and docs/emulator.md has the numbers.
 """
 
 from __future__ import annotations
