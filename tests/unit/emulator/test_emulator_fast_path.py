@@ -1,11 +1,14 @@
-"""The engine's fast paths (flat block state, C-speed chain walks, the remembered head-of-queue hit)
-give exactly the results of the straightforward model in reference_engine.py.
+"""The engine's fast paths (flat block state, C-speed chain walks, the remembered head-of-queue
+hit, reused hash chains) give exactly the results of the straightforward model in
+reference_engine.py.
 
 Seeded agent-like workloads (append-only prompts sharing a system prefix, replies fed back as
 history, aborts, a KV cache small enough to evict and preempt) run through both engines in
 lockstep; every step must match: duration, batch, tokens, first tokens, finishes with their usage
-and timings, preemptions, stats, free-queue order. A hypothesis property does the same for raw
-cache operations, in any order the engine would never use.
+and timings, preemptions, stats, free-queue order. Seeded random cache operations (in orders the
+engine would never use), a hypothesis property on hash chains extended piece by piece, and
+targeted tests of chain reuse and of the remembered hit's free-block count do the same below the
+engine.
 """
 
 from __future__ import annotations
