@@ -161,7 +161,7 @@ class Engine:
             arrival_time=now,
             seq=self._seq,
         )
-        self.kv.extend_hashes(req.kv, req.token_ids)
+        self.kv.hash_prompt(req.kv, req.token_ids)
         self._requests[req_id] = req
         self._waiting.push(req)
         return req
@@ -264,26 +264,35 @@ class Engine:
 
     def _execute(self, now: float, scheduled: dict[str, int], result: StepResult) -> StepResult:
         batch = result.batch
+        requests = self._requests
         for req_id, num_new in scheduled.items():
-            req = self._requests[req_id]
-            if num_new == 1 and req.num_output > 0 and req.num_computed == req.num_tokens - 1:
-                batch.add_decode(req.num_computed + 1)
+            req = requests[req_id]
+            num_computed = req.num_computed
+            if (
+                num_new == 1
+                and len(req.token_ids) > req.num_prompt_tokens
+                and num_computed == len(req.token_ids) - 1
+            ):
+                batch.add_decode(num_computed + 1)
             else:
-                batch.add_prefill(num_new, req.num_computed)
+                batch.add_prefill(num_new, num_computed)
         result.duration = step_duration(self.profile.step, batch)
         t_end = now + result.duration
 
+        kv, bs = self.kv, self.kv.block_size
         finished: list[EngineRequest] = []
         for req_id, num_new in scheduled.items():
-            req = self._requests[req_id]
+            req = requests[req_id]
             req.num_computed += num_new
-            if req.num_computed < req.num_tokens:
-                self.kv.cache_full_blocks(req.kv, req.num_computed)
+            token_ids = req.token_ids
+            if req.num_computed < len(token_ids):
+                kv.cache_full_blocks(req.kv, req.num_computed)
                 continue  # partial prefill chunk: no token sampled yet
-            tok = filler_token_id(req.num_output)
-            req.token_ids.append(tok)
-            self.kv.extend_hashes(req.kv, req.token_ids)
-            self.kv.cache_full_blocks(req.kv, req.num_computed)
+            tok = filler_token_id(len(token_ids) - req.num_prompt_tokens)
+            token_ids.append(tok)
+            if len(token_ids) % bs == 0:  # the sampled token completed a block
+                kv.extend_hashes(req.kv, token_ids)
+            kv.cache_full_blocks(req.kv, req.num_computed)
             result.new_tokens[req_id] = [tok]
             result.generation_tokens += 1
             if req.pending_preemptions:
@@ -296,13 +305,14 @@ class Engine:
             else:
                 req.token_gaps.append(t_end - req.last_token_time)
             req.last_token_time = t_end
-            if req.num_output >= req.target_output:
+            if len(token_ids) - req.num_prompt_tokens >= req.target_output:
                 finished.append(req)
 
         for req in finished:
             self._running.remove(req)
-            del self._requests[req.req_id]
-            self.kv.free(req.kv)
+            del requests[req.req_id]
+            kv.remember_chain(req.token_ids, req.kv)
+            kv.free(req.kv)
             req.finish_time = t_end
             result.finished.append(req.finished_event())
         return result

@@ -6,13 +6,33 @@
   hash (stay cached) until a new allocation takes them, which evicts them.
 - A prompt hit is capped at ``num_tokens - 1`` tokens rounded down to blocks: the last prompt
   token must be computed to produce logits (vLLM's ``max_cache_hit_length``).
+
+Speed (the simulator steps this model millions of times at 64k–128k-token contexts): block state
+lives in two flat lists rather than per-block objects, per-block work over a whole prompt runs in
+C where it can (``map``/``zip``/``deque`` instead of Python loops), the hit of the request at the
+head of the waiting queue is remembered across steps with its count of free blocks
+(:class:`_HitMemo`), so a prompt that cannot be admitted yet costs O(1) per step, and the next
+turn of a conversation reuses the finished turn's hash chain (:meth:`KVCache.hash_prompt`). None
+of this changes a result; the straightforward model is kept as a test oracle
+(tests/unit/emulator/reference_engine.py) and docs/emulator.md has the numbers.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, repeat
+from typing import cast
+
+# Chains of finished requests are kept so the next turn of the same conversation (its prompt
+# extends the finished one's tokens) hashes only its new blocks. Looked up by the hash of the
+# first _CHAIN_KEY_BLOCKS blocks; at most _CHAINS_PER_KEY per key and _CHAIN_TOKENS_PER_KV_TOKEN
+# token ids per KV-cache token in all (a memory bound: ~45 MB for the H200 profile; a miss only
+# costs hashing).
+_CHAIN_KEY_BLOCKS = 64
+_CHAINS_PER_KEY = 4
+_CHAIN_TOKENS_PER_KV_TOKEN = 8
 
 
 class KVSeq:
@@ -38,10 +58,65 @@ class PrefixCacheStats:
     hits: int = 0
 
 
-@dataclass
-class _Block:
-    ref_cnt: int = 0
-    block_hash: int | None = None
+class _HitMemo:
+    """The cached blocks matching the start of one sequence's hash chain, kept up to date.
+
+    Valid as long as every block in ``hit`` still holds its hash in the cache map; an eviction
+    of one of them cuts ``hit`` there. New cache entries never invalidate it: a lookup resumes at
+    the end of ``hit``, where the chain first missed.
+    """
+
+    __slots__ = ("free_hits", "hit", "pos", "ref", "seq")
+
+    def __init__(self, seq: KVSeq, ref: list[int]) -> None:
+        self.seq = seq
+        self.ref = ref  # the cache's ref counts
+        self.hit: list[int] = []
+        self.pos: dict[int, int] = {}  # block id -> its first index in ``hit``
+        # Entries of ``hit`` whose block is free (ref count 0), kept current by the cache, so
+        # an admission check need not count them again every step (see ``evictable``).
+        self.free_hits = 0
+
+    def _count_free(self, blocks: list[int]) -> int:
+        return list(map(self.ref.__getitem__, blocks)).count(0)
+
+    def extend(self, blocks: list[int]) -> None:
+        start = len(self.hit)
+        self.hit.extend(blocks)
+        self.free_hits += self._count_free(blocks)
+        # Built in C; reversed so that a block listed twice keeps its first index (and one
+        # already listed keeps its earlier index). Twice only happens on a hash collision.
+        end = start + len(blocks)
+        new = dict(zip(reversed(blocks), range(end - 1, start - 1, -1), strict=True))
+        if not self.pos.keys().isdisjoint(new):
+            for b in self.pos.keys() & new.keys():
+                del new[b]
+        self.pos.update(new)
+
+    def cut(self, i: int) -> None:
+        """Forget ``hit[i:]``."""
+        pos = self.pos
+        listed_twice = len(pos) != len(self.hit)  # then ref_changed may have miscounted
+        for b in self.hit[i:]:
+            if pos.get(b, -1) >= i:
+                del pos[b]
+        self.free_hits -= self._count_free(self.hit[i:])
+        del self.hit[i:]
+        if listed_twice:
+            self.free_hits = self._count_free(self.hit)
+
+    def ref_changed(self, blocks: Iterable[int], delta: int) -> None:
+        """``blocks`` (distinct) just became free (delta 1) or taken (delta -1)."""
+        pos = self.pos
+        if not pos.keys().isdisjoint(blocks):
+            self.free_hits += delta * len(pos.keys() & set(blocks))
+
+    def evictable(self, seq: KVSeq, hit: Sequence[int]) -> int | None:
+        """``free_hits`` if ``hit`` is this memo's hit of ``seq`` and no block is listed twice;
+        None when the caller must count."""
+        if seq is self.seq and len(self.pos) == len(self.hit) and hit == self.hit:
+            return self.free_hits
+        return None
 
 
 @dataclass
@@ -51,10 +126,15 @@ class KVCache:
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
-        self._blocks = [_Block() for _ in range(self.num_blocks)]
+        self._ref = [0] * self.num_blocks  # block id -> number of sequences holding it
+        self._hash: list[int | None] = [None] * self.num_blocks  # block id -> hash, if cached
         # Insertion order = LRU order; evict from the front, release to the back.
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._memo = _HitMemo(KVSeq(), self._ref)  # remembers nothing until the first lookup
+        # key -> (token ids, their chain), most recent last; LRU over keys for the memory bound.
+        self._chains: OrderedDict[int, list[tuple[list[int], list[int]]]] = OrderedDict()
+        self._chain_tokens = 0
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -81,71 +161,173 @@ class KVCache:
     def extend_hashes(self, seq: KVSeq, token_ids: Sequence[int]) -> None:
         """Hash every full block of ``token_ids`` not hashed yet (token ids only ever grow)."""
         bs = self.block_size
-        for i in range(len(seq.block_hashes), len(token_ids) // bs):
-            parent = seq.block_hashes[i - 1] if i else 0
-            seq.block_hashes.append(hash((parent, tuple(token_ids[i * bs : (i + 1) * bs]))))
+        hashes = seq.block_hashes
+        start, end = len(hashes), len(token_ids) // bs
+        if start >= end:
+            return
+        parent = hashes[-1] if hashes else 0
+        append = hashes.append
+        # zip over one iterator cuts the tokens into block tuples in C.
+        for block in zip(*[iter(token_ids[start * bs : end * bs])] * bs, strict=True):
+            parent = hash((parent, block))
+            append(parent)
+
+    def hash_prompt(self, seq: KVSeq, token_ids: list[int]) -> None:
+        """``extend_hashes`` for a new prompt, reusing the chain of a finished request whose
+        tokens the prompt starts with (checked token by token, so the chain is the same)."""
+        key_len = _CHAIN_KEY_BLOCKS * self.block_size
+        self.extend_hashes(seq, token_ids[:key_len])
+        if len(seq.block_hashes) == _CHAIN_KEY_BLOCKS and len(seq.block_hashes) < len(
+            token_ids
+        ) // self.block_size:
+            entries = self._chains.get(seq.block_hashes[-1], [])
+            for k in range(len(entries) - 1, -1, -1):
+                tokens, hashes = entries[k]
+                n = min(len(tokens), len(token_ids)) // self.block_size * self.block_size
+                if n > key_len and token_ids[key_len:n] == tokens[key_len:n]:
+                    seq.block_hashes.extend(hashes[_CHAIN_KEY_BLOCKS : n // self.block_size])
+                    break
+        self.extend_hashes(seq, token_ids)
+
+    def remember_chain(self, token_ids: list[int], seq: KVSeq) -> None:
+        """Keep a finished request's tokens and chain for :meth:`hash_prompt`."""
+        if len(seq.block_hashes) <= _CHAIN_KEY_BLOCKS:
+            return
+        key = seq.block_hashes[_CHAIN_KEY_BLOCKS - 1]
+        entries = self._chains.setdefault(key, [])
+        self._chains.move_to_end(key)
+        # An earlier turn of this conversation is a prefix of this one: this one replaces it.
+        kept = [e for e in entries if e[0] != token_ids[: len(e[0])]]
+        kept.append((token_ids, seq.block_hashes))
+        del kept[:-_CHAINS_PER_KEY]
+        self._chain_tokens += sum(len(t) for t, _ in kept) - sum(len(t) for t, _ in entries)
+        entries[:] = kept
+        cap = _CHAIN_TOKENS_PER_KV_TOKEN * self.num_blocks * self.block_size
+        while self._chain_tokens > cap:
+            _, old = self._chains.popitem(last=False)
+            self._chain_tokens -= sum(len(t) for t, _ in old)
 
     # -- prefix lookup ---------------------------------------------------------------------
     def find_prefix(self, seq: KVSeq, num_tokens: int) -> list[int]:
         """Cached blocks matching the start of ``seq``'s hash chain, capped so that at least one
         token is left to compute."""
         limit = (num_tokens - 1) // self.block_size
-        hit: list[int] = []
-        for h in seq.block_hashes[:limit]:
-            block_id = self._cached.get(h)
-            if block_id is None:
+        memo = self._memo
+        if memo.seq is not seq:
+            memo = self._memo = _HitMemo(seq, self._ref)
+        hit = memo.hit
+        if len(hit) > limit:  # asked with a shorter prompt than last time
+            memo.cut(limit)
+        # Usually the chain still misses where it missed last step: one lookup, no walk. Else
+        # walk on in C, in growing chunks, so a chain that breaks soon is not looked up whole.
+        get, hashes, chunk = self._cached.get, seq.block_hashes, 16
+        while len(hit) < limit and hashes[len(hit)] in self._cached:
+            start = len(hit)
+            found = list(map(get, hashes[start : min(limit, start + chunk)]))
+            if None in found:  # the chain breaks here
+                del found[found.index(None) :]
+                memo.extend(cast(list[int], found))
                 break
-            hit.append(block_id)
-        return hit
+            memo.extend(cast(list[int], found))
+            chunk *= 4
+        return hit[:]
 
     # -- allocation ------------------------------------------------------------------------
     def can_allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         need = self.blocks_for(total_tokens) - len(seq.blocks) - len(hit)
-        # Hit blocks that are free now get taken out of the free queue, not evicted.
-        evictable_hits = sum(1 for b in hit if self._blocks[b].ref_cnt == 0)
-        return need <= len(self._free) - evictable_hits
+        free = len(self._free)
+        if need > free:
+            return False
+        if need + len(hit) <= free:
+            return True
+        evictable = self._memo.evictable(seq, hit)
+        if evictable is None:
+            evictable = list(map(self._ref.__getitem__, hit)).count(0)
+        return need <= free - evictable
 
     def allocate(self, seq: KVSeq, total_tokens: int, hit: Sequence[int] = ()) -> bool:
         """Give ``seq`` blocks for ``total_tokens`` tokens, reusing the ``hit`` prefix blocks first.
         Returns False (and changes nothing) when there are not enough free blocks."""
         if not self.can_allocate(seq, total_tokens, hit):
             return False
-        for b in hit:
-            blk = self._blocks[b]
-            if blk.ref_cnt == 0:
-                del self._free[b]
-            blk.ref_cnt += 1
-            seq.blocks.append(b)
-        seq.num_cached_blocks = len(seq.blocks) if hit else seq.num_cached_blocks
-        for _ in range(self.blocks_for(total_tokens) - len(seq.blocks)):
-            b, _unused = self._free.popitem(last=False)
-            blk = self._blocks[b]
-            if blk.block_hash is not None:  # evict the least recently used cached block
-                if self._cached.get(blk.block_hash) == b:
-                    del self._cached[blk.block_hash]
-                blk.block_hash = None
-            blk.ref_cnt = 1
-            seq.blocks.append(b)
+        ref, free, blocks = self._ref, self._free, seq.blocks
+        if hit:
+            reused = []
+            for b in hit:
+                if ref[b] == 0:
+                    del free[b]
+                    reused.append(b)
+                ref[b] += 1
+            self._memo.ref_changed(reused, -1)
+            blocks.extend(hit)
+            seq.num_cached_blocks = len(blocks)
+        n_new = self.blocks_for(total_tokens) - len(blocks)
+        if n_new <= 0:
+            return True
+        taken = list(islice(free, n_new))  # the least recently used free blocks
+        _consume(map(free.__delitem__, taken))
+        hashes = self._hash
+        old = list(map(hashes.__getitem__, taken))
+        if old.count(None) != n_new:
+            self._evict([(h, b) for h, b in zip(old, taken, strict=True) if h is not None])
+            _consume(map(hashes.__setitem__, taken, repeat(None)))
+        _consume(map(ref.__setitem__, taken, repeat(1)))
+        blocks.extend(taken)
         return True
+
+    def _evict(self, entries: list[tuple[int, int]]) -> None:
+        """Drop cached ``(hash, block)`` entries of blocks being reused (a block that was only a
+        duplicate holder of its hash was never findable)."""
+        cached = self._cached
+        owners = map(cached.get, [h for h, _ in entries])
+        gone = [(h, b) for (h, b), owner in zip(entries, owners, strict=True) if owner == b]
+        _consume(map(cached.__delitem__, [h for h, _ in gone]))
+        pos = self._memo.pos
+        if not pos.keys().isdisjoint(b for _, b in gone):
+            self._memo.cut(min(pos[b] for _, b in gone if b in pos))
 
     def cache_full_blocks(self, seq: KVSeq, num_computed_tokens: int) -> None:
         """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them."""
         upto = min(num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.blocks))
-        for i in range(seq.num_cached_blocks, upto):
-            h = seq.block_hashes[i]
-            blk = self._blocks[seq.blocks[i]]
-            if blk.block_hash is None:
-                blk.block_hash = h
-                # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
-                self._cached.setdefault(h, seq.blocks[i])
-        seq.num_cached_blocks = max(seq.num_cached_blocks, upto)
+        start = seq.num_cached_blocks
+        if upto <= start:
+            return
+        hashes, setdefault = self._hash, self._cached.setdefault
+        new_blocks, new_hashes = seq.blocks[start:upto], seq.block_hashes[start:upto]
+        # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
+        if list(map(hashes.__getitem__, new_blocks)).count(None) == len(new_blocks) and len(
+            set(new_blocks)
+        ) == len(new_blocks):  # the usual case, in C: fresh blocks, none listed twice
+            _consume(map(hashes.__setitem__, new_blocks, new_hashes))
+            _consume(map(setdefault, new_hashes, new_blocks))
+        else:
+            for b, h in zip(new_blocks, new_hashes, strict=True):
+                if hashes[b] is None:
+                    hashes[b] = h
+                    setdefault(h, b)
+        seq.num_cached_blocks = upto
 
     def free(self, seq: KVSeq) -> None:
         """Drop ``seq``'s references. Tail blocks go to the free queue first, so they are evicted
         before the shared prefix blocks (as vLLM frees in reverse order)."""
-        for b in reversed(seq.blocks):
-            blk = self._blocks[b]
-            blk.ref_cnt -= 1
-            if blk.ref_cnt == 0:
-                self._free[b] = None
+        ref, free, blocks = self._ref, self._free, seq.blocks
+        if len(set(blocks)) == len(blocks):  # the usual case, mostly in C: no block listed twice
+            refs = [r - 1 for r in map(ref.__getitem__, blocks)]
+            _consume(map(ref.__setitem__, blocks, refs))
+            released = [b for b, r in zip(reversed(blocks), reversed(refs), strict=True) if not r]
+            _consume(map(free.__setitem__, released, repeat(None)))
+        else:
+            released = []
+            for b in reversed(blocks):
+                r = ref[b] - 1
+                ref[b] = r
+                if r == 0:
+                    free[b] = None
+                    released.append(b)
+        self._memo.ref_changed(released, 1)
         seq.reset()
+
+
+def _consume(it: Iterable[object]) -> None:
+    """Run an iterator of side effects (``map`` over a setter) to the end, in C."""
+    deque(it, maxlen=0)

@@ -54,9 +54,16 @@ def filler_chunk(index: int) -> str:
     return FILLER_TEXT[start : start + BYTES_PER_TOKEN]
 
 
+# The filler cycles every _FILLER_LEN / 4 tokens; the engine asks for an id per generated token.
+_FILLER_IDS = tuple(
+    chunk_id(FILLER_TEXT[i : i + BYTES_PER_TOKEN].encode("ascii"))
+    for i in range(0, _FILLER_LEN, BYTES_PER_TOKEN)
+)
+
+
 def filler_token_id(index: int) -> int:
     """Token id of output token number ``index``; equals ``encode_text(filler_chunk(index))[0]``."""
-    return chunk_id(filler_chunk(index).encode("ascii"))
+    return _FILLER_IDS[index % len(_FILLER_IDS)]
 
 
 def filler_text(start: int, count: int) -> str:
