@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-scale", type=float, default=0.1, help="multiplier on the trace's token counts"
     )
     d.add_argument(
-        "--tool-time-scale", type=float, default=0.1, help="multiplier on the trace's tool times"
+        "--tool-time-scale", type=float, default=0.2, help="multiplier on the trace's tool times"
     )
     d.add_argument(
         "--time-scale", type=float, default=4.0,
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep workers and proxy up this many seconds after the replay (for `status`)",
     )
     d.add_argument(
-        "--tool-cpus", type=float, default=6.0,
+        "--tool-cpus", type=float, default=3.0,
         help="CPUs declared for tools (probes.cpu.tool_cpus): the tool backlog's denominator",
     )
     d.add_argument(

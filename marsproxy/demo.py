@@ -31,7 +31,13 @@ from typing import Any, TextIO
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_session
+from marsproxy.bench.agent import (
+    ReplayOptions,
+    SessionResult,
+    filler,
+    plan_from_trace,
+    replay_plan,
+)
 from marsproxy.bench.local import LocalServer, start_local
 from marsproxy.bench.procs import RedisServer
 from marsproxy.bench.trace import SessionTrace, load_trace, sample_sessions
@@ -55,7 +61,7 @@ class DemoOptions:
     token_scale: float = 0.1
     calm_token_scale: float = 0.03
     """Calm sessions are small: their KV use stays below the low mark."""
-    tool_time_scale: float = 0.1
+    tool_time_scale: float = 0.2
     time_scale: float = 4.0
     """Wall seconds per modelled second of the emulated workers: slow enough that the
     burst's sessions overlap."""
@@ -64,9 +70,10 @@ class DemoOptions:
     arrival_gap_s: float = 0.02
     calm_gap_s: float = 0.1
     num_blocks: int | None = None
-    tool_cpus: float = 6.0
-    """CPUs the demo declares for tools (probes.cpu.tool_cpus): sessions between turns count
-    as tools in flight, so the burst raises the tool backlog and the calm phase lowers it."""
+    tool_cpus: float = 3.0
+    """CPUs the demo declares for tools (probes.cpu.tool_cpus). The agents report their tool
+    phases, so the burst raises the tool backlog (CPU overload: the window shrinks) and the
+    calm phase lowers it (the window grows back)."""
     compare: bool = True
     """Run the same load without admission first, for the side-by-side preemptions."""
     replicas: int = 1
@@ -263,7 +270,18 @@ async def _run_once(
             async def one(i: int, trace: SessionTrace, delay: float,
                           scale: float) -> SessionResult:
                 await asyncio.sleep(delay)
-                return await replay_session(http, trace, replay_opts(i, scale), system)
+                ro = replay_opts(i, scale)
+
+                async def report(session: str, kind: str, tool: str) -> None:
+                    # As an agent harness does: tool phases reported, so they count at once.
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.post(f"{ro.base_url}/mars/v1/sessions/{session}/events",
+                                             json={"type": kind, "tool": tool[:64] or "other"}
+                                             ) as r:
+                            await r.read()
+
+                return await replay_plan(http, plan_from_trace(trace, ro), ro, system,
+                                         on_tool=report)
 
             results = list(await asyncio.gather(*(
                 one(i, t, i * opts.arrival_gap_s, opts.token_scale) for i, t in enumerate(burst)

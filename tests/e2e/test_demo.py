@@ -89,3 +89,20 @@ def test_demo_runs_with_a_policy_preset(policy: str) -> None:
     assert f"policy {policy}" in out
     admits = policy == "mars-no-retention"
     assert ("(admission on)" in out) is admits and ("(admission off)" in out) is not admits
+
+
+def test_default_demo_window_shrinks_in_the_burst_and_grows_back() -> None:
+    # The main job on its defaults (~40 s): what the README promises it shows.
+    r = subprocess.run(
+        [sys.executable, "-m", "marsproxy.cli", "demo"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "sessions finished: 30/30" in out
+    rows = re.findall(r"^  window (w\d): (\d+) -> (\d+), lowest (\d+) \(.*(?:cpu|kv)_overload",
+                      out, re.M)
+    assert rows, f"no window shrank under pressure:\n{out}"
+    for _w, _start, end, lowest in rows:
+        assert int(lowest) <= 8 and int(end) > int(lowest), out
+    assert re.search(r"^  waiting\s+.*[1-9]", out, re.M), "no session waited"
