@@ -85,7 +85,18 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
     return ParsedBody(obj, raw, stream, strip)
 
 
-_INCLUDE_USAGE = b',"stream_options":{"include_usage":true}'
+def splice_new_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> bytes:
+    """``raw`` with a top-level ``key`` it does not have yet, set in ``obj`` (its parse) too.
+
+    Spliced in before the object's closing brace: the client's bytes go upstream unchanged
+    otherwise, and nothing is re-serialized (this runs on every request that the proxy edits).
+    """
+    assert key not in obj
+    sep = b"," if obj else b""
+    obj[key] = value
+    end = len(raw.rstrip(b" \t\r\n")) - 1  # the closing brace (parsed as an object)
+    item = json.dumps({key: value}, ensure_ascii=False, separators=(",", ":")).encode()[1:-1]
+    return raw[:end] + sep + item + raw[end:]
 
 
 def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
@@ -97,9 +108,7 @@ def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
     its body serialized again, with the key merged in.
     """
     if "stream_options" not in obj:
-        obj["stream_options"] = {"include_usage": True}
-        end = len(raw.rstrip(b" \t\r\n")) - 1  # the closing brace (parsed as an object)
-        return raw[:end] + _INCLUDE_USAGE + raw[end:]
+        return splice_new_key(raw, obj, "stream_options", {"include_usage": True})
     opts = obj["stream_options"]
     base = opts if isinstance(opts, dict) else {}
     obj["stream_options"] = {**base, "include_usage": True}

@@ -22,6 +22,7 @@ import aiohttp
 
 from marsproxy.aimd.kvfit import PromptEstimator
 from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.gateway.bodies import splice_new_key
 from marsproxy.gateway.metrics import GatewayMetrics
 from marsproxy.gateway.priority_probe import probe_priority
 from marsproxy.gateway.sse import Usage
@@ -186,9 +187,13 @@ class SchedulerShell:
         parts: list[str] = []
         edited = False
         if self.core.modes[t.worker] == "priority" and t.priority is not None:
-            sent = apply_vllm_priority(body, t.priority, self.scfg.priority_override_client)
+            if "priority" in body:  # the client's own: kept or replaced, per config
+                sent = apply_vllm_priority(body, t.priority, self.scfg.priority_override_client)
+                edited = True
+            else:  # the common case: spliced in, the body is not serialized again
+                sent = t.priority
+                raw = splice_new_key(raw, body, "priority", sent)
             parts.append(f"priority={sent}")
-            edited = True
         elif t.gated:
             parts.append("gated")
         name = self.scfg.hint_encoder
@@ -196,7 +201,7 @@ class SchedulerShell:
             encode(name, t.session, t.level, t.retain_s, headers, body)
             parts.append(name)
             edited = edited or name == "dynamo"
-        if edited:
+        if edited:  # a nested or replaced key: serialize the edited parse once
             raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         return Prepared(t, raw, headers, " ".join(parts) or "none", chars)
 

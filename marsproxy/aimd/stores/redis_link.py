@@ -8,7 +8,6 @@ link decides *whether* Redis is usable; the store decides what to do meanwhile
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -141,8 +140,10 @@ class RedisLink:
                 # Data ops detect outages; a broken subscription only needs a new one.
                 log.debug("state store: wake-up subscription lost: %r", exc)
             finally:
-                with contextlib.suppress(Exception):
+                try:
                     await ps.aclose()  # type: ignore[no-untyped-call]
+                except Exception as exc:  # closing a broken subscription; a new one follows
+                    log.debug("state store: closing the wake-up subscription failed: %r", exc)
             raise_if_cancelled(me)
             await asyncio.sleep(self.cfg.reconnect_interval_s)
 

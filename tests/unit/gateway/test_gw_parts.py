@@ -5,7 +5,7 @@ import json
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from marsproxy.gateway.bodies import BodyError, parse_body
+from marsproxy.gateway.bodies import BodyError, parse_body, splice_new_key
 from marsproxy.gateway.errors import error_response, sse_error_event
 from marsproxy.gateway.health import WorkerHealth
 from marsproxy.gateway.upstream import request_headers, response_headers
@@ -116,3 +116,13 @@ def test_hop_by_hop_and_connection_listed_headers_are_not_forwarded() -> None:
     assert list(response_headers(upstream).items()) == [
         ("Content-Type", "text/event-stream"), ("x-request-id", "r"),
     ]
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"model":"m"}', b'{ "model" : "\xc3\xa9" }\n', b"{}", b"{ }\r\n"]
+)
+def test_splice_new_key_keeps_the_client_bytes_and_the_parse_in_step(raw: bytes) -> None:
+    obj = json.loads(raw)
+    out = splice_new_key(raw, obj, "priority", 2)
+    assert json.loads(out) == obj and obj["priority"] == 2
+    assert out.startswith(raw.rstrip()[:-1])  # everything before the brace is untouched
