@@ -33,15 +33,15 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from marsproxy.bench.overhead_report import Measurement, fmt, goals, markdown, summarize
 from marsproxy.bench.procs import free_port, http_status
 
 TARGETS = ("direct", "nginx", "marsproxy-fcfs", "marsproxy-mars", "litellm")
@@ -80,7 +80,6 @@ POINT_SETS: dict[str, tuple[Point, ...]] = {
         Point("sse-max-c2", True, 0, 2),
     ),
 }
-GOAL_POINT = "ns-r200-c4"  # issue 9: "at 200 requests/s, non-streaming, small bodies"
 
 
 @dataclass
@@ -106,28 +105,6 @@ class Target:
     name: str
     url: str  # base URL the client sends to
     proc: subprocess.Popen[bytes] | None  # None for direct
-
-
-@dataclass
-class Measurement:
-    round: int
-    target: str
-    point: str
-    stream: bool
-    offered_rate: float
-    conns: int
-    requests: int
-    errors: int
-    duration_s: float
-    rps: float
-    latency_ms: dict[str, float]
-    proxy_cpu_s: float | None
-    proxy_cpu_s_per_1000: float | None
-    upstream_cpu_s_per_1000: float
-    chunks_per_s: float | None = None
-    # Runnable but waiting for a CPU (other processes had it): noise, not the proxy's cost.
-    proxy_cpu_wait_ms_per_request: float | None = None
-    error_kinds: dict[str, int] = field(default_factory=dict)
 
 
 # -- processes -----------------------------------------------------------------------------------
@@ -397,157 +374,6 @@ def measure(
     )
 
 
-# -- summarizing -----------------------------------------------------------------------------------
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None
-
-
-def summarize(rows: Sequence[Measurement], chunks_per_request: int = 100) -> list[dict[str, Any]]:
-    """Per (point, target): medians over rounds; added latency against direct, per round."""
-    direct = {(m.round, m.point): m for m in rows if m.target == "direct"}
-    keys: list[tuple[str, str]] = []
-    for m in rows:
-        if (m.point, m.target) not in keys:
-            keys.append((m.point, m.target))
-    out = []
-    for point, target in keys:
-        ms = [m for m in rows if m.point == point and m.target == target]
-        added50 = [m.latency_ms["p50"] - direct[m.round, point].latency_ms["p50"]
-                   for m in ms if (m.round, point) in direct]
-        added99 = [m.latency_ms["p99"] - direct[m.round, point].latency_ms["p99"]
-                   for m in ms if (m.round, point) in direct]
-        cpu = [m.proxy_cpu_s_per_1000 for m in ms if m.proxy_cpu_s_per_1000 is not None]
-        waits = [m.proxy_cpu_wait_ms_per_request for m in ms
-                 if m.proxy_cpu_wait_ms_per_request is not None]
-        cpu_med = _median(cpu)
-        chunks = [m.chunks_per_s for m in ms if m.chunks_per_s is not None]
-        out.append({
-            "point": point,
-            "target": target,
-            "stream": ms[0].stream,
-            "offered_rate": ms[0].offered_rate,
-            "conns": ms[0].conns,
-            "rounds": len(ms),
-            "requests": sum(m.requests for m in ms),
-            "errors": sum(m.errors for m in ms),
-            "rps": _median([m.rps for m in ms]),
-            "p50_ms": _median([m.latency_ms["p50"] for m in ms]),
-            "p99_ms": _median([m.latency_ms["p99"] for m in ms]),
-            "added_p50_ms": None if target == "direct" else _median(added50),
-            "added_p99_ms": None if target == "direct" else _median(added99),
-            "proxy_cpu_s_per_1000": cpu_med,
-            # What one core would sustain if the proxy had it to itself: 1000 / CPU per 1000.
-            "req_per_cpu_s": round(1000 / cpu_med, 0) if cpu_med else None,
-            "chunks_per_cpu_s": round(chunks_per_request * 1000 / cpu_med, 0)
-            if cpu_med and ms[0].stream else None,
-            "proxy_cpu_wait_ms_per_request": _median(waits),
-            "upstream_cpu_s_per_1000": _median([m.upstream_cpu_s_per_1000 for m in ms]),
-            "chunks_per_s": _median(chunks),
-        })
-    return out
-
-
-def _row(summary: Sequence[dict[str, Any]], point: str, target: str) -> dict[str, Any] | None:
-    return next((s for s in summary if s["point"] == point and s["target"] == target), None)
-
-
-def goals(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 9's goals as this run measured them; ``met`` is None when a leg is missing."""
-    out: list[dict[str, Any]] = []
-
-    def add(goal: str, value: float | None, limit: float | None,
-            ok: Callable[[float, float], bool], *, added: bool = False) -> None:
-        met = None if value is None or limit is None else ok(value, limit)
-        if added and value is not None and value < 0:
-            met = None  # the proxy "faster" than direct: this round's noise, not a measurement
-        out.append({"goal": goal, "value": value, "limit": limit, "met": met})
-
-    le: Callable[[float, float], bool] = lambda v, lim: v <= lim  # noqa: E731
-    ge: Callable[[float, float], bool] = lambda v, lim: v >= lim  # noqa: E731
-    nginx = _row(summary, GOAL_POINT, "nginx")
-    litellm = _row(summary, GOAL_POINT, "litellm")
-    for name in ("marsproxy-fcfs", "marsproxy-mars"):
-        row = _row(summary, GOAL_POINT, name)
-        added = None if row is None else row["added_p50_ms"]
-        add(f"{name}: added p50 at {GOAL_POINT} ≤ 0.5 ms", added, 0.5, le, added=True)
-        add(f"{name}: added p99 at {GOAL_POINT} ≤ 3 ms",
-            None if row is None else row["added_p99_ms"], 3.0, le, added=True)
-        sse = [s["chunks_per_s"] for s in summary
-               if s["target"] == name and s["stream"] and s["offered_rate"] == 0]
-        add(f"{name}: SSE chunks/s relayed (closed loop, one core) ≥ 20 000",
-            max(sse) if sse else None, 20_000, ge)
-        per_cpu = [s["chunks_per_cpu_s"] for s in summary
-                   if s["target"] == name and s["stream"] and s["offered_rate"] == 0
-                   and s["chunks_per_cpu_s"] is not None]
-        add(f"{name}: SSE chunks relayed per CPU-second of the proxy ≥ 20 000",
-            max(per_cpu) if per_cpu else None, 20_000, ge)
-        add(f"{name}: added p50 ≤ 1/4 of LiteLLM's at {GOAL_POINT}", added,
-            None if litellm is None or litellm["added_p50_ms"] is None
-            else round(litellm["added_p50_ms"] / 4, 3), le, added=True)
-        add(f"{name}: added p50 ≤ 3× nginx's at {GOAL_POINT}", added,
-            None if nginx is None or nginx["added_p50_ms"] is None
-            else round(max(nginx["added_p50_ms"], 0.0) * 3, 3), le, added=True)
-        # The same comparisons in proxy CPU per request: on a shared machine latency is
-        # mostly waiting for a CPU, while CPU time is the proxy's own cost.
-        cpu = None if row is None else row["proxy_cpu_s_per_1000"]
-        add(f"{name}: proxy CPU per request at {GOAL_POINT} ≤ 1/4 of LiteLLM's (ms)", cpu,
-            None if litellm is None or litellm["proxy_cpu_s_per_1000"] is None
-            else round(litellm["proxy_cpu_s_per_1000"] / 4, 3), le)
-        add(f"{name}: proxy CPU per request at {GOAL_POINT} ≤ 3× nginx's (ms)", cpu,
-            None if nginx is None or nginx["proxy_cpu_s_per_1000"] is None
-            else round(nginx["proxy_cpu_s_per_1000"] * 3, 3), le)
-    mars, fcfs = _row(summary, GOAL_POINT, "marsproxy-mars"), _row(summary, GOAL_POINT,
-                                                                    "marsproxy-fcfs")
-    diff = None if mars is None or fcfs is None else round(mars["p50_ms"] - fcfs["p50_ms"], 3)
-    add(f"mars policy p50 over fcfs at {GOAL_POINT} ≤ 0.2 ms", diff, 0.2, le, added=True)
-    cpu_diff = None
-    if mars is not None and fcfs is not None and None not in (
-        mars["proxy_cpu_s_per_1000"], fcfs["proxy_cpu_s_per_1000"]
-    ):
-        cpu_diff = round(mars["proxy_cpu_s_per_1000"] - fcfs["proxy_cpu_s_per_1000"], 3)
-    add(f"mars policy CPU per request over fcfs at {GOAL_POINT} ≤ 0.2 ms", cpu_diff, 0.2, le)
-    return out
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
-
-
-def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        "| point | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms "
-        "| proxy CPU s / 1000 req | req / CPU-s | chunks/s | chunks / CPU-s "
-        "| CPU wait ms / req | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in result["summary"]:
-        lines.append(
-            f"| {s['point']} | {s['target']} | {_fmt(s['rps'], 0)} | {_fmt(s['p50_ms'])} "
-            f"| {_fmt(s['p99_ms'])} | {_fmt(s['added_p50_ms'])} | {_fmt(s['added_p99_ms'])} "
-            f"| {_fmt(s['proxy_cpu_s_per_1000'])} | {_fmt(s['req_per_cpu_s'], 0)} "
-            f"| {_fmt(s['chunks_per_s'], 0)} | {_fmt(s['chunks_per_cpu_s'], 0)} "
-            f"| {_fmt(s['proxy_cpu_wait_ms_per_request'])} | {s['errors']} |"
-        )
-    lines += ["", "| goal | measured | limit | met |", "|---|---:|---:|---|"]
-    for g in result["goals"]:
-        met = {True: "yes", False: "**no**", None: "not measured"}[g["met"]]
-        if g["met"] is None and g["value"] is not None and g["limit"] is not None:
-            met = "noise (negative)"
-        lines.append(f"| {g['goal']} | {_fmt(g['value'])} | {_fmt(g['limit'])} | {met} |")
-    if result["skipped"]:
-        lines += [""] + [f"- skipped {k}: {v}" for k, v in result["skipped"].items()]
-    return "\n".join(lines) + "\n"
-
-
-# -- the run ---------------------------------------------------------------------------------------
-
-
 def _version(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
@@ -628,7 +454,7 @@ def run(opts: Options) -> dict[str, Any]:
                     print(
                         f"round {rnd} {point.name:>14} {target.name:>15}: {m.rps:8.1f} req/s "
                         f"p50 {m.latency_ms['p50']:7.3f} ms p99 {m.latency_ms['p99']:8.3f} ms "
-                        f"cpu/1000 {_fmt(m.proxy_cpu_s_per_1000)} s errors {m.errors}",
+                        f"cpu/1000 {fmt(m.proxy_cpu_s_per_1000)} s errors {m.errors}",
                         flush=True,
                     )
     finally:

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from marsproxy.bench.overhead import Measurement, Point, goals, summarize, tree_cpu_s
+from marsproxy.bench.overhead import Point, tree_cpu_s
+from marsproxy.bench.overhead_report import Measurement, goals, summarize
 
 
 def _m(rnd: int, target: str, point: str, p50: float, p99: float, *, stream: bool = False,
