@@ -146,10 +146,14 @@ class RedisServer:
     (its data is gone, like a crashed pod), paused, slowed and started again on the same port.
     """
 
-    def __init__(self, workdir: str | Path) -> None:
+    def __init__(
+        self, workdir: str | Path, *, host: str = "127.0.0.1", extra: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.host = host
+        self.url = f"redis://{host}:{self.port}/0"
         self._dir = str(workdir)
+        self._extra = extra  # more redis-server flags (fault tests: a replica, protected mode)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -158,16 +162,17 @@ class RedisServer:
 
     def start(self, timeout_s: float = 5.0) -> None:
         self._proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            ["redis-server", "--port", str(self.port), "--bind", self.host, "--save", "",
              "--appendonly", "no", "--dir", self._dir,
              # DEBUG SLEEP slows the server down on purpose (fault tests); off by default.
-             *(["--enable-debug-command", "local"] if _redis_major() >= 7 else [])],
+             *(["--enable-debug-command", "local"] if _redis_major() >= 7 else []),
+             *self._extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                if s.connect_ex((self.host, self.port)) == 0:
                     return
             if self._proc.poll() is not None:
                 break

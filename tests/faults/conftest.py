@@ -188,10 +188,10 @@ class Lab:
         self.services.append(svc)
         return Proxy(svc.start(), self.http)
 
-    def redis(self) -> RedisServer:
+    def redis(self, *, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> RedisServer:
         if shutil.which("redis-server") is None:
             pytest.skip("redis-server is not installed")
-        server = RedisServer(self.tmp)
+        server = RedisServer(self.tmp, host=host, extra=extra)
         server.start()
         self.redis_servers.append(server)
         return server

@@ -14,8 +14,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
+from marsproxy.aimd.stores.redis_errors import refusal
 from marsproxy.aimd.stores.redis_keys import Arg
 
 _MAX_BATCH = 256  # bounds one pipeline's size and the wait of the last call in it
@@ -32,6 +33,15 @@ class ScriptBatcher:
         self._busy = False  # a round trip (inline or the sender task) is in flight
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        try:
+            return await self._run(script, keys, args)
+        except ResponseError as exc:  # a refusing server reads as an outage, like the link's ops
+            refused = refusal(exc)
+            if refused is None:
+                raise
+            raise refused from exc
+
+    async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         if self._busy:  # a round trip is in flight: ride the next one
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._pending.append((script, keys, args, fut))

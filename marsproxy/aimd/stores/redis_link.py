@@ -16,24 +16,18 @@ from urllib.parse import urlsplit
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.redis_batch import ScriptBatcher
+from marsproxy.aimd.stores.redis_errors import FAILURES, refusal
 from marsproxy.aimd.stores.redis_keys import Keys, Scripts
 from marsproxy.aimd.stores.redis_pack import pack_with_hiredis
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# What "Redis is unreachable" looks like; anything else (a script error) is a bug and raises.
-FAILURES: tuple[type[BaseException], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    TimeoutError,
-    OSError,
-)
+__all__ = ["FAILURES", "RedisLink", "raise_if_cancelled"]
 
 
 class RedisLink:
@@ -86,8 +80,14 @@ class RedisLink:
 
     async def io(self, aw: Awaitable[T]) -> T:
         # asyncio.timeout, not wait_for: no extra task per op (a third of an op's cost).
-        async with asyncio.timeout(self.cfg.op_timeout_s):
-            return await aw
+        try:
+            async with asyncio.timeout(self.cfg.op_timeout_s):
+                return await aw
+        except ResponseError as exc:
+            refused = refusal(exc)
+            if refused is None:
+                raise
+            raise refused from exc
 
     def fail(self, exc: BaseException) -> None:
         """Count a failed op; on the first, say so once and start reconnecting."""
@@ -95,11 +95,13 @@ class RedisLink:
         if self.up:
             self.up = False
             where = urlsplit(self.cfg.redis_url)  # never log the password in the URL
+            # redis-py's repr() of its errors drops the message (why it failed): log both.
             log.warning(
-                "state store: Redis at %s:%s unreachable (%r); pool %r continues with "
+                "state store: Redis at %s:%s unusable (%s: %s); pool %r continues with "
                 "on_store_failure=%s until it is back",
                 where.hostname,
                 where.port,
+                type(exc).__name__,
                 exc,
                 self.cfg.pool,
                 self.cfg.on_store_failure,
@@ -114,7 +116,7 @@ class RedisLink:
                 await self.io(self.redis.ping())
                 summary = await self._on_recover()
             except FAILURES as exc:
-                log.debug("state store: Redis still unreachable: %r", exc)
+                log.debug("state store: Redis still unusable: %s: %s", type(exc).__name__, exc)
                 continue
             except Exception:  # a bug must not end reconnecting: this replica would stay local
                 log.exception("state store: resync failed; retrying")
