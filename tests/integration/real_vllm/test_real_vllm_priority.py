@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.bench.procs import free_port
 from marsproxy.config import load_config
@@ -101,24 +102,75 @@ async def _complete(http: aiohttp.ClientSession, base: str, session: str, prompt
     return out
 
 
-async def _order(http: aiohttp.ClientSession, base: str) -> list[str]:
-    """A blocker (a 2000-token decode: seconds on a busy 2-core machine) holds the only slot;
-    a long cold prompt (3000 tokens: level 1) arrives, then three short ones (level 0).
-    Returns the completion order."""
+async def _blocker(http: aiohttp.ClientSession, base: str, prompt: list[int], max_tokens: int,
+                   done: list[str], running: asyncio.Event) -> None:
+    """A streamed decode: its first token proves the engine runs it (its gauges may be stale)."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    async with http.post(f"{base}/v1/completions", json=body,
+                         headers={"x-session-id": "blocker"}) as r:
+        assert r.status == 200, await r.text()
+        async for _ in r.content:
+            running.set()
+    done.append("blocker")
+
+
+async def _engine_queue(http: aiohttp.ClientSession, engine: str) -> tuple[float, float]:
+    """(running, waiting) requests as the engine's own /metrics reports them."""
+    async with http.get(f"{engine}/metrics") as r:
+        text = await r.text()
+    found: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            found[fam.name] = sum(s.value for s in fam.samples)
+    return found.get("vllm:num_requests_running", 0.0), found.get("vllm:num_requests_waiting", 0.0)
+
+
+async def _until_queued(http: aiohttp.ClientSession, engine: str, waiting: int,
+                        blocker: asyncio.Task[Any]) -> bool:
+    """Wait until the engine runs one request and holds ``waiting`` in its queue; False if the
+    blocker finished first (then the engine never had to choose, and the run tells nothing)."""
+    while not blocker.done():
+        if await _engine_queue(http, engine) == (1.0, float(waiting)):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def _order(http: aiohttp.ClientSession, base: str, engine: str) -> list[str]:
+    """A blocker (a long decode) holds the engine's only slot; a long cold prompt (3000 tokens:
+    level 1) queues behind it, then three short ones (level 0). Returns the completion order.
+
+    The engine's own queue is watched, so the order is only read once all four waited while the
+    blocker ran; if the blocker finished too soon (a fast or idle machine) it runs again with a
+    longer decode instead of reporting an order the engine never chose.
+    """
     rng = random.Random()
 
     def ids(n: int) -> list[int]:  # fresh ids: no prefix-cache hit shortens anything
         return [rng.randrange(100, 1000) for _ in range(n)]
 
-    done: list[str] = []
-    blocker = asyncio.create_task(_complete(http, base, "blocker", ids(8), 2000, done))
-    await asyncio.sleep(0.3)
-    long = asyncio.create_task(_complete(http, base, "long", ids(3000), 1, done))
-    await asyncio.sleep(0.2)
-    shorts = [asyncio.create_task(_complete(http, base, f"short{i}", ids(10), 2, done))
-              for i in range(3)]
-    await asyncio.gather(blocker, long, *shorts)
-    return done
+    for decode in (1500, 3000, 3900):  # 8 + 3900 tokens still fit max_model_len 4096
+        done: list[str] = []
+        running = asyncio.Event()
+        blocker = asyncio.create_task(_blocker(http, base, ids(8), decode, done, running))
+        long = shorts = None
+        try:
+            started = asyncio.create_task(running.wait())
+            await asyncio.wait([started, blocker], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            long = asyncio.create_task(_complete(http, base, "long", ids(3000), 1, done))
+            if not await _until_queued(http, engine, 1, blocker):
+                continue
+            shorts = [asyncio.create_task(_complete(http, base, f"short{i}", ids(10), 2, done))
+                      for i in range(3)]
+            if not await _until_queued(http, engine, 4, blocker):
+                continue
+        finally:
+            await asyncio.gather(blocker, *([long] if long else []), *(shorts or []))
+        return done
+    raise AssertionError(f"the blocker's decode ended before four requests queued behind it,"
+                         f" even at {decode} tokens")
 
 
 async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
@@ -126,7 +178,7 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
 ) -> None:
     proxy = await _proxy(vllm_priority, "mars-no-admission", True)
     try:
-        order = await _order(http, f"http://127.0.0.1:{proxy.port}")
+        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
     finally:
         await proxy.stop()
     assert order[0] == "blocker" and order[-1] == "long", order
@@ -134,7 +186,7 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
     # engine serves in arrival order.
     proxy = await _proxy(vllm_priority, "fcfs", True)
     try:
-        order = await _order(http, f"http://127.0.0.1:{proxy.port}")
+        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
     finally:
         await proxy.stop()
     assert order[:2] == ["blocker", "long"], order
