@@ -54,6 +54,13 @@ class StoreConfig(_Section):
     op_timeout_s: float = Field(
         0.5, gt=0, description="Timeout of one Redis operation; a timeout counts as a failure."
     )
+    max_connections: int = Field(
+        32,
+        ge=1,
+        description="Most connections one replica keeps to Redis for its operations (the"
+        " wake-up subscription has one more); a burst waits for a free one within"
+        " op_timeout_s instead of opening a socket per concurrent operation.",
+    )
     reconnect_interval_s: float = Field(
         1.0, gt=0, description="Period of trying Redis again while it is unreachable."
     )

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
@@ -42,16 +42,25 @@ class RedisLink:
         # One quick retry covers a pooled connection that a Redis restart broke. No socket
         # timeout: every op runs under its own op_timeout_s (io() and the batcher), and a
         # per-read timer inside redis-py would cost ~8 % of an admission.
-        self.redis = Redis.from_url(
+        # A bounded pool: a burst of admissions and record loads waits for a free connection
+        # (within each op's op_timeout_s) instead of opening one socket per concurrent op.
+        pool = BlockingConnectionPool.from_url(
             config.redis_url,
+            max_connections=config.max_connections,
+            timeout=None,
             decode_responses=True,
             socket_connect_timeout=config.op_timeout_s,
             retry=Retry(NoBackoff(), 1),
+            client_name=f"marsproxy:{config.pool}",
         )
+        self.redis = Redis.from_pool(pool)  # closing the client closes the pool too
         pack_with_hiredis(self.redis)
         # Pub/sub has a connection of its own: it blocks on reads by design.
         self._sub = Redis.from_url(
-            config.redis_url, decode_responses=True, socket_connect_timeout=config.op_timeout_s
+            config.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=config.op_timeout_s,
+            client_name=f"marsproxy:{config.pool}:wakeups",
         )
         self.scripts = Scripts(self.redis)
         self.batch = ScriptBatcher(self.redis, config.op_timeout_s)

@@ -148,3 +148,28 @@ async def test_a_session_record_and_its_lease_survive_the_replica_that_wrote_the
     assert await b.try_admit(rec["worker"], "t:s", 4, wall_clock_ms())
     assert await b.renew(wall_clock_ms()) == 1
     assert await b.admitted_sessions("w1") == ["t:s"]
+
+
+async def test_a_burst_uses_at_most_max_connections(pool: str) -> None:
+    """400 concurrent record loads and admissions share the bounded pool: Redis sees at most
+    ``store.max_connections`` (+1 wake-up subscription) clients of this replica, all named, and
+    the store stays up (with a socket per concurrent op, such a burst was a connect storm whose
+    slow connects exceeded op_timeout_s and read as a Redis outage)."""
+    store = RedisStore(StoreConfig(backend="redis", pool=pool, max_connections=4))
+    await store.start()
+    r = aioredis.Redis(decode_responses=True)
+    try:
+        name = f"marsproxy:{pool}"
+        results = await asyncio.gather(
+            *(store.load_session(f"s{i}") for i in range(200)),
+            *(store.try_admit("w1", f"a{i}", 1000, wall_clock_ms()) for i in range(200)),
+        )
+        assert results[:200] == [None] * 200 and all(results[200:])
+        assert store.up
+        clients = [c for c in await r.client_list() if c["name"].startswith(name)]
+        ops = [c for c in clients if c["name"] == name]
+        assert 1 <= len(ops) <= 4, clients
+        assert [c["name"] for c in clients if c not in ops] == [f"{name}:wakeups"]
+    finally:
+        await store.close()
+        await r.aclose()
