@@ -54,6 +54,13 @@ class AdmissionConfig(_Section):
     tool_wait_leave_s: float = Field(
         2.0, ge=0, description="Tool queue-wait EMA (s) at or below which CPU overload may end."
     )
+    cpu_cap_always: bool = Field(
+        False,
+        description="Bound the limit by the CPU cap (ceil(tool_cpus × the backlog marks' mean))"
+        " on every tick; false: only while CPU is overloaded. The cap counts sessions, and a"
+        " session in an LLM call uses no tool CPU, so without CPU pressure it only holds back"
+        " GPU work.",
+    )
     use_psi: bool = Field(
         False, description="Also use CPU PSI 'some avg10' for CPU overload (when the probe has it)."
     )
@@ -71,6 +78,31 @@ class AdmissionConfig(_Section):
     # -- KV fit ---------------------------------------------------------------------------
     kv_reserve_frac: float = Field(
         0.10, ge=0, lt=1, description="Fraction of a worker's KV blocks never promised to sessions."
+    )
+    kv_fit_peak: bool = Field(
+        True,
+        description="KV-fit budgets every admitted session (running or in a tool phase) at its"
+        " forecast peak context, max(context so far, first prompt × growth), and admits a new"
+        " session only if its forecast fits beside them; false: only its first prompt against"
+        " the free blocks.",
+    )
+    peak_growth_prior: float = Field(
+        2.0, ge=1,
+        description="Peak context per first-prompt token assumed until peak_min_samples sessions"
+        " have finished (agent traces: 2.3-4.2).",
+    )
+    peak_overcommit: float = Field(
+        1.0, gt=0,
+        description="Forecast peaks may sum to this many times a worker's usable KV: sessions"
+        " rarely peak at the same moment, and where recompute is cheap (short contexts) a"
+        " preemption costs less than a session held back.",
+    )
+    peak_history: int = Field(
+        64, ge=1,
+        description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",
+    )
+    peak_min_samples: int = Field(
+        4, ge=1, description="Finished sessions needed before the learnt growth replaces the prior."
     )
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."

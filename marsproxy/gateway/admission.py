@@ -394,7 +394,7 @@ class AdmissionShell:
         usual = self._usual_tool_s(key)
         actions = self.core.on_response_end(
             self.now(), key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
-            usual_tool_s=usual,
+            usual_tool_s=usual, completion_tokens=completion_tokens,
         )
         if key in self._held:
             self._attained[key] = (

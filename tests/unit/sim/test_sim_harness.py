@@ -46,8 +46,13 @@ def test_admission_holds_sessions_when_kv_is_short() -> None:
     queue = res.timeline["queue"]
     assert max(v for _, v in queue) >= 6  # most of the 12 waited for a slot
     assert queue[-1][1] == 0
-    assert res.timeline["window"], "the window moved under KV pressure"
+    # The forecast-peak fit admits only what fits at its peak: no preemption, so the window
+    # never needs to collapse; with the first-prompt fit alone it overshoots and collapses.
+    assert res.extra["stats"]["preemptions"] == 0 and not res.timeline["window"]
     assert res.extra["stats"]["retained"] > 0
+    first_only = Simulation(_workload(), "mars", SETUP, options.proxy_config(
+        "mars", options.parse_sets(["admission.kv_fit_peak=false"]), ["http://w0"])).run()
+    assert first_only.extra["stats"]["preemptions"] > 0 and first_only.timeline["window"]
     direct = Simulation(_workload(), "direct", SETUP, None).run()
     # direct thrashes the 384-block cache: KV is lost between calls, admission keeps it
     assert res.summary().warm_resume_rate > direct.summary().warm_resume_rate + 0.2
