@@ -281,6 +281,8 @@ class AdmissionCore:
         s = self._signals[worker]
         if not self.cfg.kv_fit_peak or s.total_blocks is None:
             return None
+        if self.sessions.admitted_on(worker) < self.cfg.peak_free_sessions:
+            return None
         return self.peaks.room_blocks(worker, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
                                       self.cfg.kv_reserve_frac, self.cfg.peak_overcommit)

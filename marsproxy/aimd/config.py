@@ -97,6 +97,12 @@ class AdmissionConfig(_Section):
         " rarely peak at the same moment, and where recompute is cheap (short contexts) a"
         " preemption costs less than a session held back.",
     )
+    peak_free_sessions: int = Field(
+        2, ge=0,
+        description="Sessions a worker may hold before the forecast-peak fit applies (only the"
+        " first-prompt fit below that): on a worker whose KV holds few sessions' peaks, an"
+        " idle engine costs more than an occasional preemption.",
+    )
     peak_history: int = Field(
         64, ge=1,
         description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",

@@ -79,7 +79,7 @@ def sig(**kw: Any) -> WorkerSignals:
 
 def core(**cfg: Any) -> AdmissionCore:
     base: dict[str, Any] = dict(window_init=8, window_min=2, window_max=8, kv_reserve_frac=0.1,
-                                peak_growth_prior=3.0, peak_min_samples=1)
+                                peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0)
     base.update(cfg)
     c = AdmissionCore(AdmissionConfig(**base), ["w0"])
     c.tick(0.0, {"w0": sig()})
@@ -135,3 +135,15 @@ def test_window_does_not_grow_without_peak_room() -> None:
     c.tick(1.2, {"w0": sig()})  # KV idle, window used, but no peak room: hold
     assert c.peak_room("w0") == 0 and c.controllers["w0"].window == before
     assert core(kv_fit_peak=False).peak_room("w0") is None
+
+
+def test_the_first_sessions_on_a_worker_need_only_the_first_prompt_fit() -> None:
+    # Forecasts of 450 blocks each: with the fit from the first session on, only two fit the
+    # 900 usable blocks; with peak_free_sessions 3 the third is admitted on its first prompt
+    # (the worker held fewer than 3), the fourth meets the fit (room 900 − 3 · 450 < 0).
+    strict, free = core(), core(peak_free_sessions=3)
+    kinds = [strict.on_request(1.0, f"s{i}", "t", 150 * 16).kind for i in range(4)]
+    assert kinds == [DecisionKind.ADMITTED] * 2 + [DecisionKind.WAIT] * 2
+    kinds = [free.on_request(1.0, f"s{i}", "t", 150 * 16).kind for i in range(4)]
+    assert kinds == [DecisionKind.ADMITTED] * 3 + [DecisionKind.WAIT]
+    assert free.peak_room("w0") is not None and free.peak_room("w0") < 0
