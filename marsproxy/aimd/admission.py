@@ -52,6 +52,9 @@ class WorkerSignals:
     block_size: int | None = None
     retained_blocks: int = 0
     """Blocks the proxy reserved for retained dormant sessions (the scheduler's KV ledger)."""
+    sessions_elsewhere: int = 0
+    """Sessions other replicas hold on this worker (the shared store's leases less ours): the
+    forecast-peak fit counts them at the typical forecast, as it cannot see their contexts."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -281,11 +284,13 @@ class AdmissionCore:
         s = self._signals[worker]
         if not self.cfg.kv_fit_peak or s.total_blocks is None:
             return None
-        if self.sessions.admitted_on(worker) < self.cfg.peak_free_sessions:
+        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
+        if held < self.cfg.peak_free_sessions:
             return None
         return self.peaks.room_blocks(worker, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac, self.cfg.peak_overcommit)
+                                      self.cfg.kv_reserve_frac, self.cfg.peak_overcommit,
+                                      s.sessions_elsewhere)
 
     def _free(self, worker: str) -> int | None:
         # Free blocks as the load balancer should see them: less what is promised already.

@@ -96,21 +96,33 @@ class PeakForecast:
             return 0
         return max(s.context, math.ceil(s.first * self.growth()))
 
-    def committed_tokens(self, worker: str) -> int:
-        """Sum of the forecast peaks of the sessions admitted on ``worker``."""
+    def committed_tokens(self, worker: str, elsewhere: int = 0) -> int:
+        """Sum of the forecast peaks of the sessions admitted on ``worker``, plus ``elsewhere``
+        sessions other replicas hold there, each counted at the typical forecast: the mean of
+        this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        return sum(max(s.context, math.ceil(s.first * g))
-                   for s in self._sessions.values() if s.worker == worker)
+        mine = [max(s.context, math.ceil(s.first * g))
+                for s in self._sessions.values() if s.worker == worker]
+        total = sum(mine)
+        if elsewhere > 0:
+            if mine:
+                typical = total / len(mine)
+            elif self._done:
+                typical = self._sum_peak / len(self._done)
+            else:
+                typical = 0.0  # nothing known yet: the free-block budget still applies
+            total += math.ceil(elsewhere * typical)
+        return total
 
     def room_blocks(
         self, worker: str, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0,
+        overcommit: float = 1.0, elsewhere: int = 0,
     ) -> int:
         """Blocks of *first prompt* a new session on ``worker`` may have so that its forecast
         peak fits beside those admitted: (usable × overcommit − committed blocks) ÷ G (may be
         negative)."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
-        committed = math.ceil(self.committed_tokens(worker) / block_size)
+        committed = math.ceil(self.committed_tokens(worker, elsewhere) / block_size)
         return math.floor((usable - committed) / self.growth())
 
     def __len__(self) -> int:

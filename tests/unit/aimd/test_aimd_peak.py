@@ -147,3 +147,25 @@ def test_the_first_sessions_on_a_worker_need_only_the_first_prompt_fit() -> None
     kinds = [free.on_request(1.0, f"s{i}", "t", 150 * 16).kind for i in range(4)]
     assert kinds == [DecisionKind.ADMITTED] * 3 + [DecisionKind.WAIT]
     assert free.peak_room("w0") is not None and free.peak_room("w0") < 0
+
+
+def test_sessions_other_replicas_hold_count_at_the_typical_forecast() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    assert p.committed_tokens("w0", elsewhere=3) == 0  # nothing known: no guess
+    p.admit("a", "w0", 100)  # forecasts 200 and 400: typical 300
+    p.admit("b", "w0", 200)
+    assert p.committed_tokens("w0") == 600
+    assert p.committed_tokens("w0", elsewhere=2) == 1200
+    p.admit("c", "w1", 1000)
+    p.observe("c", 1000, 500)
+    p.end("c", finished=True)  # the mean finished peak (1500) stands in where none is ours
+    assert p.committed_tokens("w1", elsewhere=2) == 3000
+
+
+def test_the_core_budgets_sessions_of_other_replicas() -> None:
+    c = core()
+    c.on_request(1.0, "s0", "t", 100 * 16)  # forecast 300 blocks
+    assert c.peak_room("w0") == (900 - 300) // 3
+    c.tick(0.2 + 1.0, {"w0": sig(sessions_elsewhere=2)})  # two more like it elsewhere
+    assert c.peak_room("w0") == 0
+    assert c.on_request(1.5, "s1", "t", 100 * 16).kind is DecisionKind.WAIT

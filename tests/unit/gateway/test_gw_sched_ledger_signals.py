@@ -58,3 +58,13 @@ def test_retained_blocks_reach_the_kv_overload_signal() -> None:
     core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2))
     assert core.kv_signal("w0") == 0.30
     assert not core.controllers["w0"].kv_overloaded
+
+
+def test_sessions_of_other_replicas_reach_the_signals() -> None:
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
+    pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
+    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+    sig = all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0, elsewhere={"w0": 3})
+    assert sig["w0"].sessions_elsewhere == 3
+    assert all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0)["w0"] \
+        .sessions_elsewhere == 0
