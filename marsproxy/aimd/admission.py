@@ -284,7 +284,10 @@ class AdmissionCore:
         s = self._signals[worker]
         if not self.cfg.kv_fit_peak or s.total_blocks is None:
             return None
-        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
+        if self.cfg.peak_free_active:
+            held = self.sessions.active_on(worker)
+        else:
+            held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
         if held < self.cfg.peak_free_sessions:
             return None
         return self.peaks.room_blocks(worker, s.total_blocks,

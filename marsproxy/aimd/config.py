@@ -103,6 +103,13 @@ class AdmissionConfig(_Section):
         " first-prompt fit below that): on a worker whose KV holds few sessions' peaks, an"
         " idle engine costs more than an occasional preemption.",
     )
+    peak_free_active: bool = Field(
+        False,
+        description="Count only sessions in an LLM call (not those in a tool phase) toward"
+        " peak_free_sessions. Helps when tools are long and the cache small (simulated"
+        " CPU-bound tiny worker at 4/s: 0.59x -> 0.91x direct); hurts at 128k contexts, where"
+        " few sessions fit and most wait in tools (4.0x -> 2.1x direct).",
+    )
     peak_history: int = Field(
         64, ge=1,
         description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",

@@ -169,3 +169,24 @@ def test_the_core_budgets_sessions_of_other_replicas() -> None:
     c.tick(0.2 + 1.0, {"w0": sig(sessions_elsewhere=2)})  # two more like it elsewhere
     assert c.peak_room("w0") == 0
     assert c.on_request(1.5, "s1", "t", 100 * 16).kind is DecisionKind.WAIT
+
+
+def test_peak_free_active_counts_only_sessions_in_an_llm_call() -> None:
+    # Two sessions of forecast 450 blocks fill the 900 usable; both in tool phases. Counting
+    # admitted sessions the third waits; counting active ones (none) it goes on its first
+    # prompt, and waits again once two are in LLM calls.
+    def two_in_tools(c: AdmissionCore) -> None:
+        for i in range(2):
+            c.on_request(1.0, f"s{i}", "t", 150 * 16)
+            c.on_response_end(1.5, f"s{i}", prompt_tokens=150 * 16)
+    admitted, active = core(peak_free_sessions=2), core(peak_free_sessions=2,
+                                                          peak_free_active=True)
+    two_in_tools(admitted)
+    two_in_tools(active)
+    assert admitted.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.WAIT
+    assert active.sessions.active_on("w0") == 0
+    assert active.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.ADMITTED
+    for i in range(2):
+        active.on_request(3.0, f"s{i}", "t", 200 * 16)  # back from their tools
+    assert active.sessions.active_on("w0") == 3
+    assert active.on_request(3.0, "y", "t", 10 * 16).kind is DecisionKind.WAIT
