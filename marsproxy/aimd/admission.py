@@ -22,6 +22,7 @@ from typing import Any
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
 from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, fits, kv_budget
+from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
 from marsproxy.core.events import (
     Event,
@@ -34,6 +35,9 @@ from marsproxy.core.events import (
 from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
 
 _DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for workers that do not report cache_config_info
+# Endings after which a session's largest context is its peak (agents that send no final flag
+# end by idle timeout or DELETE), so the growth forecast may learn from it.
+_RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.IDLE_TIMEOUT, EndReason.DELETED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,9 @@ class WorkerSignals:
     block_size: int | None = None
     retained_blocks: int = 0
     """Blocks the proxy reserved for retained dormant sessions (the scheduler's KV ledger)."""
+    sessions_elsewhere: int = 0
+    """Sessions other replicas hold on this worker (the shared store's leases less ours): the
+    forecast-peak fit counts them at the typical forecast, as it cannot see their contexts."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -105,6 +112,7 @@ class AdmissionCore:
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s
         )
         self.estimator = PromptEstimator(cfg.chars_per_token)
+        self.peaks = PeakForecast(cfg.peak_growth_prior, cfg.peak_history, cfg.peak_min_samples)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         # Blocks promised to sessions admitted whose first prompt the worker has not served
         # yet: its free-block gauge cannot show them, so the budget must.
@@ -158,6 +166,7 @@ class AdmissionCore:
         long = est_tokens > self.cfg.long_prompt_tokens
         self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
                             turns=turns)
+        self.peaks.admit(session, worker, est_tokens)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
 
     def relocate(self, now: float, session: str, candidates: Sequence[str]) -> str | None:
@@ -187,6 +196,7 @@ class AdmissionCore:
             return None
         self._settle(session)
         self.sessions.move(session, best[1])
+        self.peaks.move(session, best[1])
         block_size = self._signals[best[1]].block_size or _DEFAULT_BLOCK_SIZE
         blocks = blocks_for_tokens(rec.est_tokens, block_size)
         self._pending[session] = (best[1], blocks)
@@ -196,6 +206,7 @@ class AdmissionCore:
     def on_response_end(
         self, now: float, session: str, *, prompt_chars: int | None = None,
         prompt_tokens: int | None = None, usual_tool_s: float | None = None,
+        completion_tokens: int = 0,
     ) -> Actions:
         """A request of an admitted session finished (success, error or client gone)."""
         actions = Actions()
@@ -204,6 +215,8 @@ class AdmissionCore:
             return actions
         if prompt_chars is not None and prompt_tokens is not None:
             self.estimator.observe(session, prompt_chars, prompt_tokens)
+        if prompt_tokens is not None:
+            self.peaks.observe(session, prompt_tokens, completion_tokens)
         self._settle(session)  # the worker has seen its prompt now
         rec = self.sessions.response_end(now, session, usual_tool_s)
         if rec.final and rec.in_flight == 0:
@@ -259,8 +272,28 @@ class AdmissionCore:
             return 0
         if s.free_blocks is None or s.total_blocks is None:
             return None
-        return kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
-                         s.retained_blocks) - self._pending_on[worker]
+        now_budget = kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
+                               s.retained_blocks) - self._pending_on[worker]
+        peak = self.peak_room(worker)
+        return now_budget if peak is None else min(now_budget, peak)
+
+    def peak_room(self, worker: str) -> int | None:
+        """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
+        that its forecast peak fits beside the forecasts of the sessions admitted there
+        (``None``: off, or the worker reports no block counts)."""
+        s = self._signals[worker]
+        if not self.cfg.kv_fit_peak or s.total_blocks is None:
+            return None
+        if self.cfg.peak_free_active:
+            held = self.sessions.active_on(worker)
+        else:
+            held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
+        if held < self.cfg.peak_free_sessions:
+            return None
+        return self.peaks.room_blocks(worker, s.total_blocks,
+                                      s.block_size or _DEFAULT_BLOCK_SIZE,
+                                      self.cfg.kv_reserve_frac, self.cfg.peak_overcommit,
+                                      s.sessions_elsewhere)
 
     def _free(self, worker: str) -> int | None:
         # Free blocks as the load balancer should see them: less what is promised already.
@@ -282,10 +315,12 @@ class AdmissionCore:
                 "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap,
                 "kv_overloaded": c.kv_overloaded, "cpu_overloaded": c.cpu_overloaded,
                 "stale": c.stale, "budget_blocks": self.budget(w),
+                "peak_room_blocks": self.peak_room(w),
                 "admitted": self.sessions.sessions_on(w),
             }
         return {
             "enabled": self.cfg.enabled,
+            "peak_growth": self.peaks.growth(),
             "workers": workers,
             "queue": {
                 "length": len(self.queue), "mode": str(self.queue.mode),
@@ -327,6 +362,7 @@ class AdmissionCore:
                 name=w, admitted=self.sessions.admitted_on(w), limit=c.effective_limit,
                 healthy=s.healthy, stale=s.stale, budget_blocks=self.budget(w),
                 free_blocks=self._free(w), retained_blocks=s.retained_blocks,
+                peak_room_blocks=self.peak_room(w),
                 block_size=s.block_size or _DEFAULT_BLOCK_SIZE,
                 long_admitted=self.sessions.long_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
@@ -338,6 +374,7 @@ class AdmissionCore:
             return
         for a in self.queue.select(now, self._views()):
             rec = self.sessions.admit(now, a.entry.session, a.worker)
+            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
             block_size = self._signals[a.worker].block_size or _DEFAULT_BLOCK_SIZE
             blocks = blocks_for_tokens(a.entry.est_tokens, block_size)
             self._pending[a.entry.session] = (a.worker, blocks)
@@ -355,6 +392,7 @@ class AdmissionCore:
         long = est_tokens > self.cfg.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, best.name)
+        self.peaks.admit(session, best.name, est_tokens)
         ev = SessionAdmitted(ts=now, session=session, worker=best.name, wait_s=0.0)
         return Decision(DecisionKind.ADMITTED, worker=best.name, reason="admission_disabled",
                         actions=Actions(events=[ev]))
@@ -367,6 +405,7 @@ class AdmissionCore:
     def _end(self, now: float, session: str, reason: EndReason, actions: Actions) -> bool:
         rec = self.sessions.end(now, session, reason)
         self._settle(session)
+        self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
         self.estimator.forget(session)
         if rec is None:
             return False

@@ -54,6 +54,13 @@ class AdmissionConfig(_Section):
     tool_wait_leave_s: float = Field(
         2.0, ge=0, description="Tool queue-wait EMA (s) at or below which CPU overload may end."
     )
+    cpu_cap_always: bool = Field(
+        False,
+        description="Bound the limit by the CPU cap (ceil(tool_cpus × the backlog marks' mean))"
+        " on every tick; false: only while CPU is overloaded. The cap counts sessions, and a"
+        " session in an LLM call uses no tool CPU, so without CPU pressure it only holds back"
+        " GPU work.",
+    )
     use_psi: bool = Field(
         False, description="Also use CPU PSI 'some avg10' for CPU overload (when the probe has it)."
     )
@@ -71,6 +78,44 @@ class AdmissionConfig(_Section):
     # -- KV fit ---------------------------------------------------------------------------
     kv_reserve_frac: float = Field(
         0.10, ge=0, lt=1, description="Fraction of a worker's KV blocks never promised to sessions."
+    )
+    kv_fit_peak: bool = Field(
+        True,
+        description="KV-fit budgets every admitted session (running or in a tool phase) at its"
+        " forecast peak context, max(context so far, first prompt × growth), and admits a new"
+        " session only if its forecast fits beside them; false: only its first prompt against"
+        " the free blocks.",
+    )
+    peak_growth_prior: float = Field(
+        2.0, ge=1,
+        description="Peak context per first-prompt token assumed until peak_min_samples sessions"
+        " have finished (agent traces: 2.3-4.2).",
+    )
+    peak_overcommit: float = Field(
+        1.0, gt=0,
+        description="Forecast peaks may sum to this many times a worker's usable KV (sessions"
+        " rarely peak at the same moment). Simulated 32k: 1.2 about as good as 1.0, 1.5 brings"
+        " back the preemptions and the window's saw-tooth.",
+    )
+    peak_free_sessions: int = Field(
+        2, ge=0,
+        description="Sessions a worker may hold before the forecast-peak fit applies (only the"
+        " first-prompt fit below that): on a worker whose KV holds few sessions' peaks, an"
+        " idle engine costs more than an occasional preemption.",
+    )
+    peak_free_active: bool = Field(
+        False,
+        description="Count only sessions in an LLM call (not those in a tool phase) toward"
+        " peak_free_sessions. Helps when tools are long and the cache small (simulated"
+        " CPU-bound tiny worker at 4/s: 0.59x -> 0.91x direct); hurts at 128k contexts, where"
+        " few sessions fit and most wait in tools (4.0x -> 2.1x direct).",
+    )
+    peak_history: int = Field(
+        64, ge=1,
+        description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",
+    )
+    peak_min_samples: int = Field(
+        4, ge=1, description="Finished sessions needed before the learnt growth replaces the prior."
     )
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."

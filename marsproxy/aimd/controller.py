@@ -5,7 +5,8 @@ mark, so a pressure that hovers between the marks neither grows nor shrinks the 
 either is overloaded the window shrinks multiplicatively on every control tick; it grows by a
 constant only when both pressures are below their low marks, the KV budget is positive and the
 window is actually used. Caps derived from the current pressure bound the limit immediately,
-without waiting for the window to walk down.
+without waiting for the window to walk down. The CPU cap counts sessions, not tools, so by
+default (``cpu_cap_always`` false) it binds only while CPU is overloaded.
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -109,7 +110,8 @@ class AimdController:
         self._update_kv(usage)
         self._update_cpu(signals)
         self._kv_cap = self._kv_cap_for(usage)
-        self._cpu_cap = self._cpu_cap_for(signals.tool_cpus)
+        self._cpu_cap = (self._cpu_cap_for(signals.tool_cpus)
+                         if cfg.cpu_cap_always or self._cpu_over else cfg.window_max)
 
         old = self._window
         reason = ""

@@ -44,6 +44,9 @@ class WorkerView:
     """kvfit.kv_budget; ``None``: the worker reports no block counts."""
     free_blocks: int | None = None
     retained_blocks: int = 0
+    peak_room_blocks: int | None = None
+    """First-prompt blocks a new session's forecast peak leaves room for (``None``: off); the
+    budget includes it already, the long-session pack is bounded by it too."""
     block_size: int = 16
     long_admitted: int = 0
     kv_overloaded: bool = False
@@ -181,6 +184,8 @@ class AdmissionQueue:
         pack = None
         if w.free_blocks is not None:
             pack = int(self.cfg.long_pack_frac * w.free_blocks) - w.retained_blocks
+            if w.peak_room_blocks is not None:
+                pack = min(pack, w.peak_room_blocks)
         return _Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
                      w.long_admitted)
 

@@ -99,9 +99,14 @@ def _workers(setup: LiveSetup, priority: bool, logs: Path) -> Iterator[list[str]
 
 
 @contextlib.contextmanager
-def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path) -> Iterator[str]:
+def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
+           priority: bool = False) -> Iterator[str]:
     port = free_port()
-    tree: dict[str, Any] = {**setup.sets, "workers": workers}
+    # Emulated workers started with --scheduling-policy priority are declared so: the proxy
+    # then sends levels in the body, as the simulator's default worker mode, instead of
+    # holding continuations in its gated dispatch queue.
+    listed: list[Any] = [{"url": u, "priority": True} for u in workers] if priority else workers
+    tree: dict[str, Any] = {**setup.sets, "workers": listed}
     tree.setdefault("health", {})["interval_s"] = 0.5
     tree.setdefault("server", {})["log_level"] = "warning"
     if setup.tool_cpus > 0:
@@ -224,7 +229,8 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
     priority = cfg is not None and cfg.scheduler.priority_policy != "off"
     prof = setup.engine_profile()
     with _workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
-        proxy = None if cfg is None else stack.enter_context(_proxy(policy, workers, setup, out))
+        proxy = None if cfg is None else stack.enter_context(
+            _proxy(policy, workers, setup, out, priority=priority and not setup.vllm_urls))
         # direct: each agent is configured with one worker URL, round robin (as the sim does).
         targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)

@@ -113,6 +113,11 @@ class SessionLifecycle:
     def admitted_on(self, worker: str) -> int:
         return len(self._by_worker.get(worker, ()))
 
+    def active_on(self, worker: str) -> int:
+        """Sessions admitted on ``worker`` with a request in flight (in an LLM call)."""
+        return sum(1 for k in self._by_worker.get(worker, ())
+                   if self._records[k].in_flight > 0)
+
     def long_on(self, worker: str) -> int:
         return self._long_by_worker.get(worker, 0)
 

@@ -148,6 +148,7 @@ class AdmissionShell:
         signals = all_signals(
             pressures, healthy, tel.tracker, tel.cpu.latest, tel.cpu_probe.tool_cpus,
             tel.wall(), retained={w: self.retained_blocks(w) for w in self.urls},
+            elsewhere={w: self.sessions_elsewhere(w) for w in self.urls},
         )
         return self.core.tick(self.now(), signals)
 
@@ -394,7 +395,7 @@ class AdmissionShell:
         usual = self._usual_tool_s(key)
         actions = self.core.on_response_end(
             self.now(), key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
-            usual_tool_s=usual,
+            usual_tool_s=usual, completion_tokens=completion_tokens,
         )
         if key in self._held:
             self._attained[key] = (
@@ -555,6 +556,12 @@ class AdmissionShell:
         task.add_done_callback(self._tasks.discard)
 
     # -- reading (for the state document) -------------------------------------------------
+    def sessions_elsewhere(self, worker: str) -> int:
+        """Leases on ``worker`` other replicas hold, as of the last look at the store: all
+        leases less the sessions this replica holds there (never negative)."""
+        mine = sum(1 for w in self._held.values() if w == worker)
+        return max(0, self._store_admitted.get(worker, 0) - mine)
+
     def store_admitted(self, worker: str) -> int:
         """Live leases on ``worker`` in the store at the last look (all replicas)."""
         return self._store_admitted.get(worker, 0)

@@ -32,12 +32,15 @@ def worker_signals(
     tool_cpus: float,
     now: float,
     retained_blocks: int = 0,
+    sessions_elsewhere: int = 0,
 ) -> WorkerSignals:
     """One worker's ``WorkerSignals`` from its latest scrape and the shared CPU signals;
-    ``retained_blocks``: the scheduler's KV ledger on this worker (off the admission budget)."""
+    ``retained_blocks``: the scheduler's KV ledger on this worker (off the admission budget);
+    ``sessions_elsewhere``: sessions other replicas hold there (the forecast-peak fit)."""
     base = WorkerSignals(
         healthy=healthy,
         retained_blocks=retained_blocks,
+        sessions_elsewhere=max(0, sessions_elsewhere),
         tools_in_flight=tracker.in_flight,
         backlog_ratio=tracker.backlog_ratio(now),
         tool_wait_ema_s=tracker.queue_wait_ema,
@@ -70,11 +73,14 @@ def all_signals(
     tool_cpus: float,
     now: float,
     retained: Mapping[str, int] | None = None,
+    elsewhere: Mapping[str, int] | None = None,
 ) -> dict[str, WorkerSignals]:
     """``now``: the tool tracker's clock (wall seconds), which ages inferred tool phases."""
     retained = retained or {}
+    elsewhere = elsewhere or {}
     return {
         w: worker_signals(p, healthy=healthy[w], tracker=tracker, cpu=cpu, tool_cpus=tool_cpus,
-                          now=now, retained_blocks=retained.get(w, 0))
+                          now=now, retained_blocks=retained.get(w, 0),
+                          sessions_elsewhere=elsewhere.get(w, 0))
         for w, p in pressures.items()
     }

@@ -307,7 +307,8 @@ class Simulation:
         if self.core is not None:
             self._carry(now, self.core.on_response_end(
                 now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
-                usual_tool_s=self.tracker.predicted_duration(sid)))
+                usual_tool_s=self.tracker.predicted_duration(sid),
+                completion_tokens=fin.completion_tokens))
         if agent.worker is not None:
             self.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
                                                fin.prefill_time * self.setup.time_scale)

@@ -49,6 +49,10 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
             assert all(len(s["turns"]) == s["planned_turns"] for s in r["sessions"])
         # the admission window held sessions back, seen on the proxy's event stream
         assert max(v for _, v in runs["mars"]["timeline"]["queue"]) >= 10
+    # the emulated worker runs --scheduling-policy priority and the proxy is told so (levels
+    # in the body, as the simulator's default worker mode; not the gated dispatch queue)
+    proxy_cfg = (tmp_path / "live" / "logs" / "proxy-mars.yaml").read_text()
+    assert "priority: true" in proxy_cfg
     assert list((tmp_path / "live").glob("cdf-*.png"))
     assert list((tmp_path / "live").glob("timeline-*mars.png"))
     s, lv = _means(sim), _means(live)

@@ -147,7 +147,7 @@ def test_abandoned_waiting_session_leaves_the_queue() -> None:
 
 def test_kv_fit_uses_budget_and_pending_promises() -> None:
     # 1000 blocks total, 400 free: budget 400 − 100 reserve − 50 retained = 250 blocks.
-    c = core(window_init=8)
+    c = core(window_init=8, kv_fit_peak=False)
     c.tick(0.2, {"w0": sig(free_blocks=400, total_blocks=1000, retained_blocks=50)})
     assert c.budget("w0") == 250
     assert c.on_request(1.0, "a", "t", 160 * 16).kind is DecisionKind.ADMITTED  # 160 blocks

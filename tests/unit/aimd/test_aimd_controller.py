@@ -149,7 +149,7 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
 )
 def test_cpu_cap(tool_cpus: float, cap: int) -> None:
     # ceil(cpus · (1.0 + 2.0) / 2) clamped to [4, 30]; 0 CPUs means unknown: no cap.
-    c = AimdController(CFG)
+    c = AimdController(AdmissionConfig(cpu_cap_always=True))
     c.tick(0.0, healthy(tool_cpus=tool_cpus))
     assert c.cpu_cap == cap
     assert c.effective_limit == min(c.window, cap)
@@ -165,8 +165,21 @@ def test_kv_cap_is_linear_between_marks(usage: float, cap: int) -> None:
     assert c.kv_cap == cap
 
 
-def test_effective_limit_is_min_of_window_and_caps() -> None:
+def test_cpu_cap_binds_only_while_cpu_is_overloaded_by_default() -> None:
+    # 8 tool CPUs: cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window (20) rules.
     c = AimdController(AdmissionConfig(window_init=20))
+    c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
+    assert (c.cpu_cap, c.effective_limit) == (30, 20)
+    # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the shrunk window (14).
+    c.tick(0.2, healthy(tool_cpus=8.0, backlog_ratio=2.5, admitted=0))
+    assert c.cpu_overloaded and (c.window, c.cpu_cap, c.effective_limit) == (14, 12, 12)
+    # Overload left (ratio ≤ 1.0): the cap lifts; the window grows back on its own.
+    c.tick(0.4, healthy(tool_cpus=8.0, backlog_ratio=0.5))
+    assert not c.cpu_overloaded and c.cpu_cap == 30 and c.effective_limit == c.window == 15
+
+
+def test_effective_limit_is_min_of_window_and_caps() -> None:
+    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_always=True))
     c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, admitted=0))
     assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 24, 12, 12)
     c.tick(0.2, healthy(kv_usage=0.88, tool_cpus=100.0, admitted=0))

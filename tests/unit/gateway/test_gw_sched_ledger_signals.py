@@ -1,5 +1,6 @@
 """The scheduler's KV ledger reaches the admission core: retained blocks in ``WorkerSignals``
-lower the budget a new session may use."""
+lower the budget a new session may use (the current-usage budget: the forecast-peak fit is off
+here, it has tests of its own)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def test_retained_blocks_come_off_the_admission_budget() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
     tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
-    core = AdmissionCore(AdmissionConfig(), ["w0"])
+    core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
     core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
     free = core.budget("w0")
     core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2,
@@ -28,7 +29,7 @@ def test_a_ledger_change_counts_before_the_next_tick() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
     tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
-    core = AdmissionCore(AdmissionConfig(), ["w0"])
+    core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
     core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
     free = core.budget("w0")
     core.set_retained("w0", 600)
@@ -57,3 +58,13 @@ def test_retained_blocks_reach_the_kv_overload_signal() -> None:
     core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2))
     assert core.kv_signal("w0") == 0.30
     assert not core.controllers["w0"].kv_overloaded
+
+
+def test_sessions_of_other_replicas_reach_the_signals() -> None:
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
+    pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
+    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
+    sig = all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0, elsewhere={"w0": 3})
+    assert sig["w0"].sessions_elsewhere == 3
+    assert all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0)["w0"] \
+        .sessions_elsewhere == 0

@@ -46,8 +46,19 @@ def test_admission_holds_sessions_when_kv_is_short() -> None:
     queue = res.timeline["queue"]
     assert max(v for _, v in queue) >= 6  # most of the 12 waited for a slot
     assert queue[-1][1] == 0
-    assert res.timeline["window"], "the window moved under KV pressure"
     assert res.extra["stats"]["retained"] > 0
+
+
+@pytest.mark.parametrize(("fit", "preempted"), [("true", False), ("false", True)])
+def test_forecast_peak_fit_keeps_the_cache_from_overflowing(fit: str, preempted: bool) -> None:
+    # With the fit from the first session on, only what fits at its forecast peak is admitted:
+    # no preemption, so the window never collapses. With the first-prompt fit alone, admitted
+    # contexts outgrow the cache: preemptions, and the window moves.
+    cfg = options.proxy_config("mars", options.parse_sets(
+        [f"admission.kv_fit_peak={fit}", "admission.peak_free_sessions=0"]), ["http://w0"])
+    res = Simulation(_workload(), "mars", SETUP, cfg).run()
+    assert (res.extra["stats"]["preemptions"] > 0) is preempted
+    assert bool(res.timeline["window"]) is preempted
     direct = Simulation(_workload(), "direct", SETUP, None).run()
     # direct thrashes the 384-block cache: KV is lost between calls, admission keeps it
     assert res.summary().warm_resume_rate > direct.summary().warm_resume_rate + 0.2

@@ -1,0 +1,132 @@
+"""Forecast peak contexts of admitted sessions, for the KV-fit check (``admission.kv_fit_peak``).
+
+An agent's context grows after admission: every call appends the previous reply and the tool
+output (trace p50: a 13k first prompt grows to a 53k peak). A KV-fit on the first prompt alone
+admits sessions whose *later* contexts no longer fit together, and a window cannot take back
+what it admitted, so the engine preempts and recomputes. Here each admitted session — running
+or in a tool phase — is budgeted at its forecast peak
+
+    forecast = max(context so far, first prompt × G)
+
+where G, the growth factor, is the ratio Σ peak / Σ first prompt over recently finished
+sessions (a ratio of sums: the budget is a sum over sessions, so the aggregate growth is what
+counts, and one session with a tiny first prompt cannot dominate it). Until enough sessions
+have finished, G is the configured prior. A worker's *peak room* is its usable blocks less the
+forecast of every session admitted on it, expressed in first-prompt blocks (÷ G), so the
+queue's existing fit check (the first prompt's blocks against a budget) tests the forecast.
+
+Pure code: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Session:
+    worker: str
+    first: int
+    """First prompt in tokens: the estimate until the worker reports the real count."""
+    context: int
+    """Largest context seen so far (prompt + reply of its calls)."""
+    observed: bool = False
+
+
+class PeakForecast:
+    """Per-session forecast peaks and the growth factor learnt from finished sessions."""
+
+    def __init__(self, prior_growth: float, history: int, min_samples: int) -> None:
+        if prior_growth < 1:
+            raise ValueError(f"prior_growth must be ≥ 1, got {prior_growth}")
+        self.prior_growth = prior_growth
+        self.min_samples = min_samples
+        self._done: deque[tuple[int, int]] = deque(maxlen=history)  # (first, peak)
+        self._sum_first = 0
+        self._sum_peak = 0
+        self._sessions: dict[str, _Session] = {}
+
+    # -- sessions -------------------------------------------------------------------------
+    def admit(self, session: str, worker: str, est_tokens: int) -> None:
+        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``."""
+        est = max(0, est_tokens)
+        self._sessions[session] = _Session(worker, est, est)
+
+    def move(self, session: str, worker: str) -> None:
+        s = self._sessions.get(session)
+        if s is not None:
+            s.worker = worker
+
+    def observe(self, session: str, prompt_tokens: int, completion_tokens: int = 0) -> None:
+        """A call of ``session`` finished with these token counts (its context now)."""
+        s = self._sessions.get(session)
+        if s is None or prompt_tokens <= 0:
+            return
+        if not s.observed:
+            s.first = prompt_tokens  # the real first prompt replaces the estimate
+            s.observed = True
+        s.context = max(s.context, prompt_tokens + max(0, completion_tokens))
+
+    def end(self, session: str, *, finished: bool) -> None:
+        """``session`` ends; a session that ran to its final call teaches the growth."""
+        s = self._sessions.pop(session, None)
+        if s is None or not finished or not s.observed or s.first <= 0:
+            return
+        if len(self._done) == self._done.maxlen:
+            f, p = self._done[0]
+            self._sum_first -= f
+            self._sum_peak -= p
+        self._done.append((s.first, s.context))
+        self._sum_first += s.first
+        self._sum_peak += s.context
+
+    # -- forecasts --------------------------------------------------------------------------
+    def growth(self) -> float:
+        """G: peak context per first-prompt token (the prior until ``min_samples`` finished)."""
+        if len(self._done) < max(1, self.min_samples) or self._sum_first <= 0:
+            return self.prior_growth
+        return max(1.0, self._sum_peak / self._sum_first)
+
+    def forecast(self, session: str) -> int:
+        """Forecast peak context of an admitted session in tokens (0: unknown session)."""
+        s = self._sessions.get(session)
+        if s is None:
+            return 0
+        return max(s.context, math.ceil(s.first * self.growth()))
+
+    def committed_tokens(self, worker: str, elsewhere: int = 0) -> int:
+        """Sum of the forecast peaks of the sessions admitted on ``worker``, plus ``elsewhere``
+        sessions other replicas hold there, each counted at the typical forecast: the mean of
+        this replica's sessions on that worker, else the mean peak of finished sessions."""
+        g = self.growth()
+        mine = [max(s.context, math.ceil(s.first * g))
+                for s in self._sessions.values() if s.worker == worker]
+        total = sum(mine)
+        if elsewhere > 0:
+            if mine:
+                typical = total / len(mine)
+            elif self._done:
+                typical = self._sum_peak / len(self._done)
+            else:
+                typical = 0.0  # nothing known yet: the free-block budget still applies
+            total += math.ceil(elsewhere * typical)
+        return total
+
+    def room_blocks(
+        self, worker: str, total_blocks: int, block_size: int, reserve_frac: float,
+        overcommit: float = 1.0, elsewhere: int = 0,
+    ) -> int:
+        """Blocks of *first prompt* a new session on ``worker`` may have so that its forecast
+        peak fits beside those admitted: (usable × overcommit − committed blocks) ÷ G (may be
+        negative)."""
+        usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
+        committed = math.ceil(self.committed_tokens(worker, elsewhere) / block_size)
+        return math.floor((usable - committed) / self.growth())
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._sessions

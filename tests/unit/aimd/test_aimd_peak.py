@@ -1,0 +1,192 @@
+"""Forecast-peak KV-fit: growth learnt from finished sessions, every admitted session budgeted
+at its forecast peak, and the admission core holding back what would overflow later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
+from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.peak import PeakForecast
+from marsproxy.core.lifecycle import EndReason
+
+
+def test_prior_until_enough_sessions_finished_then_ratio_of_sums() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=2)
+    assert p.growth() == 2.0
+    p.admit("a", "w0", 1000)
+    p.observe("a", 1000, 100)
+    p.observe("a", 3000, 100)  # context 3100
+    p.end("a", finished=True)
+    assert p.growth() == 2.0  # one sample: still the prior
+    p.admit("b", "w0", 9000)
+    p.observe("b", 9000, 0)
+    p.observe("b", 10_900, 100)  # context 11000
+    p.end("b", finished=True)
+    # Σ peak / Σ first = (3100 + 11000) / (1000 + 9000), not the mean of 3.1 and 1.22.
+    assert p.growth() == pytest.approx(1.41)
+
+
+def test_unfinished_or_unobserved_sessions_teach_nothing() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=1)
+    p.admit("gone", "w0", 1000)
+    p.observe("gone", 1000, 9000)
+    p.end("gone", finished=False)  # abandoned: its context is no peak
+    p.admit("silent", "w0", 1000)
+    p.end("silent", finished=True)  # never served: nothing observed
+    assert p.growth() == 2.0 and len(p) == 0
+
+
+def test_history_is_a_sliding_window() -> None:
+    p = PeakForecast(prior_growth=2.0, history=2, min_samples=1)
+    for i, peak in enumerate((5000, 1000, 1000)):
+        p.admit(f"s{i}", "w0", 1000)
+        p.observe(f"s{i}", 1000, peak - 1000)
+        p.end(f"s{i}", finished=True)
+    assert p.growth() == 1.0  # the 5× session fell out of the window of 2
+
+
+def test_forecast_is_the_larger_of_context_and_growth() -> None:
+    p = PeakForecast(prior_growth=3.0, history=8, min_samples=4)
+    p.admit("a", "w0", 1200)  # estimate before the worker reports
+    assert p.forecast("a") == 3600
+    p.observe("a", 1000, 50)  # the real first prompt replaces the estimate
+    assert p.forecast("a") == 3000
+    p.observe("a", 4000, 500)  # grew past the forecast: its context is the floor
+    assert p.forecast("a") == 4500
+    assert p.forecast("unknown") == 0
+
+
+def test_room_counts_every_admitted_session_on_the_worker() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    p.admit("a", "w0", 160)  # forecast 320 tokens = 20 blocks of 16
+    p.admit("b", "w1", 1600)  # another worker: not counted on w0
+    # 110 blocks, 10 % reserve (11) → 99 usable; 99 − 20 = 79 blocks of peak; ÷ 2 → 39.
+    assert p.room_blocks("w0", 110, 16, 0.10) == 39
+    # Overcommit 1.5: ⌊1.5 · 99⌋ = 148; (148 − 20) / 2 = 64.
+    assert p.room_blocks("w0", 110, 16, 0.10, overcommit=1.5) == 64
+    p.move("a", "w1")
+    assert p.room_blocks("w0", 110, 16, 0.10) == 49
+
+
+def sig(**kw: Any) -> WorkerSignals:
+    base: dict[str, Any] = dict(kv_usage=0.0, free_blocks=1000, total_blocks=1000, block_size=16)
+    base.update(kw)
+    return WorkerSignals(**base)
+
+
+def core(**cfg: Any) -> AdmissionCore:
+    base: dict[str, Any] = dict(window_init=8, window_min=2, window_max=8, kv_reserve_frac=0.1,
+                                peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0)
+    base.update(cfg)
+    c = AdmissionCore(AdmissionConfig(**base), ["w0"])
+    c.tick(0.0, {"w0": sig()})
+    return c
+
+
+def test_admission_holds_a_session_whose_forecast_peak_would_not_fit() -> None:
+    # 900 usable blocks; first prompts of 100 blocks forecast 300 each: three fit, the fourth
+    # waits although the free-block gauge shows room for it (vLLM's usage is still 0).
+    c = core()
+    kinds = [c.on_request(1.0, f"s{i}", "t", 100 * 16).kind for i in range(4)]
+    assert kinds == [DecisionKind.ADMITTED] * 3 + [DecisionKind.WAIT]
+    for i in range(3):  # every prompt served: nothing pending, the gauge shows 300 used
+        c.on_response_end(2.0, f"s{i}", prompt_tokens=100 * 16, completion_tokens=0)
+    c.tick(2.2, {"w0": sig(kv_usage=0.3, free_blocks=700)})
+    assert c.budget("w0") == 0 and "s3" in c.queue
+    # The same with the first-prompt fit only: the gauge's 700 free blocks admit it.
+    old = core(kv_fit_peak=False)
+    assert all(old.on_request(1.0, f"s{i}", "t", 100 * 16).kind is DecisionKind.ADMITTED
+               for i in range(4))
+
+
+def test_a_finished_session_frees_its_forecast_and_teaches_the_growth() -> None:
+    c = core()
+    for i in range(4):
+        c.on_request(1.0, f"s{i}", "t", 100 * 16)
+    c.on_response_end(2.0, "s0", prompt_tokens=1600, completion_tokens=0)
+    c.on_request(3.0, "s0", "t", 2000 * 16, final=True)
+    # The final call ends s0 with a context of 2 × its first prompt: growth 2 from now on,
+    # so s1, s2 (forecast 200 blocks each) leave room for s3.
+    acts = c.on_response_end(4.0, "s0", prompt_tokens=3000, completion_tokens=200)
+    assert c.peaks.growth() == 2.0
+    assert [a.entry.session for a in acts.admitted] == ["s3"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "learns"),
+    [(EndReason.IDLE_TIMEOUT, True), (EndReason.DELETED, True), (EndReason.ABANDONED, False)],
+)
+def test_which_endings_teach_the_growth(reason: EndReason, learns: bool) -> None:
+    c = core()
+    c.on_request(1.0, "a", "t", 100 * 16)
+    c.on_response_end(2.0, "a", prompt_tokens=1000, completion_tokens=4000)
+    c.on_session_end(3.0, "a", reason)
+    assert c.peaks.growth() == (5.0 if learns else 3.0)
+
+
+def test_window_does_not_grow_without_peak_room() -> None:
+    c = core(window_init=2, window_min=1)
+    for i in range(2):
+        c.on_request(1.0, f"s{i}", "t", 150 * 16)  # 2 × 450 forecast blocks = the 900 usable
+    before = c.controllers["w0"].window
+    c.tick(1.2, {"w0": sig()})  # KV idle, window used, but no peak room: hold
+    assert c.peak_room("w0") == 0 and c.controllers["w0"].window == before
+    assert core(kv_fit_peak=False).peak_room("w0") is None
+
+
+def test_the_first_sessions_on_a_worker_need_only_the_first_prompt_fit() -> None:
+    # Forecasts of 450 blocks each: with the fit from the first session on, only two fit the
+    # 900 usable blocks; with peak_free_sessions 3 the third is admitted on its first prompt
+    # (the worker held fewer than 3), the fourth meets the fit (room 900 − 3 · 450 < 0).
+    strict, free = core(), core(peak_free_sessions=3)
+    kinds = [strict.on_request(1.0, f"s{i}", "t", 150 * 16).kind for i in range(4)]
+    assert kinds == [DecisionKind.ADMITTED] * 2 + [DecisionKind.WAIT] * 2
+    kinds = [free.on_request(1.0, f"s{i}", "t", 150 * 16).kind for i in range(4)]
+    assert kinds == [DecisionKind.ADMITTED] * 3 + [DecisionKind.WAIT]
+    assert free.peak_room("w0") is not None and free.peak_room("w0") < 0
+
+
+def test_sessions_other_replicas_hold_count_at_the_typical_forecast() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    assert p.committed_tokens("w0", elsewhere=3) == 0  # nothing known: no guess
+    p.admit("a", "w0", 100)  # forecasts 200 and 400: typical 300
+    p.admit("b", "w0", 200)
+    assert p.committed_tokens("w0") == 600
+    assert p.committed_tokens("w0", elsewhere=2) == 1200
+    p.admit("c", "w1", 1000)
+    p.observe("c", 1000, 500)
+    p.end("c", finished=True)  # the mean finished peak (1500) stands in where none is ours
+    assert p.committed_tokens("w1", elsewhere=2) == 3000
+
+
+def test_the_core_budgets_sessions_of_other_replicas() -> None:
+    c = core()
+    c.on_request(1.0, "s0", "t", 100 * 16)  # forecast 300 blocks
+    assert c.peak_room("w0") == (900 - 300) // 3
+    c.tick(0.2 + 1.0, {"w0": sig(sessions_elsewhere=2)})  # two more like it elsewhere
+    assert c.peak_room("w0") == 0
+    assert c.on_request(1.5, "s1", "t", 100 * 16).kind is DecisionKind.WAIT
+
+
+def test_peak_free_active_counts_only_sessions_in_an_llm_call() -> None:
+    # Two sessions of forecast 450 blocks fill the 900 usable; both in tool phases. Counting
+    # admitted sessions the third waits; counting active ones (none) it goes on its first
+    # prompt, and waits again once two are in LLM calls.
+    def two_in_tools(c: AdmissionCore) -> None:
+        for i in range(2):
+            c.on_request(1.0, f"s{i}", "t", 150 * 16)
+            c.on_response_end(1.5, f"s{i}", prompt_tokens=150 * 16)
+    admitted, active = core(peak_free_sessions=2), core(peak_free_sessions=2,
+                                                          peak_free_active=True)
+    two_in_tools(admitted)
+    two_in_tools(active)
+    assert admitted.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.WAIT
+    assert active.sessions.active_on("w0") == 0
+    assert active.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.ADMITTED
+    for i in range(2):
+        active.on_request(3.0, f"s{i}", "t", 200 * 16)  # back from their tools
+    assert active.sessions.active_on("w0") == 3
+    assert active.on_request(3.0, "y", "t", 10 * 16).kind is DecisionKind.WAIT
