@@ -82,14 +82,16 @@ def test_bench_live_against_a_real_vllm(vllm: str, tmp_path: Path) -> None:
         assert run["summary"]["finished"] == 3, run["summary"]
         assert run["summary"]["warm_resume_rate"] > 0.5, run["summary"]
         assert all(s["ideal_s"] > 0 for s in run["sessions"])
-    # the first prompt is sized in the server's tokenizer: within 15 % of the plan (the chat
-    # template's markers and the tokenizer's ratio on this text vary a little)
+    # Prompts are sized in the server's tokenizer: within 8 % of the plan (the chat template's
+    # markers and the tokenizer's ratio on this text vary a little; 4 characters per token, the
+    # emulator's, would be ~15 % short), the first and the last call of every session.
     spec = WorkloadSpec(sessions=3, seed=0, regime_peak_tokens=REGIMES["8k"], token_scale=0.1,
                         tool_time_scale=0.1, max_turns=4, arrivals=ArrivalSpec("poisson", 0.0),
                         max_context_tokens=4096 - 1024)
-    planned = {s.id: s.turns[0].input_tokens
-               for s in build_workload(load_trace(), spec).sessions}
-    got = {s["id"]: s["turns"][0]["prompt_tokens"] for s in runs["direct"]["sessions"]}
+    planned = {s.id: s.turns for s in build_workload(load_trace(), spec).sessions}
+    got = {s["id"]: s["turns"] for s in runs["direct"]["sessions"]}
     assert set(got) == set(planned)
-    for sid, n in planned.items():
-        assert abs(got[sid] - n) <= 0.15 * n + 16, (sid, got[sid], n)
+    for sid, turns in planned.items():
+        for i in (0, -1):
+            want, sent = turns[i].input_tokens, got[sid][i]["prompt_tokens"]
+            assert abs(sent - want) <= 0.08 * want + 16, (sid, i, sent, want)
