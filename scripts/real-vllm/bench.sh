@@ -50,7 +50,7 @@ log "uptime before start: $(uptime)"
 
 # Workload: the packaged sample trace, the 8k input-length regime scaled by 0.2 (median peak
 # context 1.6k tokens; no prompt over max_model_len - 1024 = 3,072, room for the reply), at most
-# 6 calls per session, tool times × 0.4 (about a quarter of a session's time alone).
+# 6 calls per session, tool times × 0.4 (about 30 % of a session's time alone).
 log "uptime before bench: $(uptime)"
 set +e
 "$MARSPROXY" bench live --vllm-url "http://127.0.0.1:$PORT" --vllm-priority true \
