@@ -289,7 +289,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                               tool_time_scale=0.05, max_turns=12, regimes="trace")
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="tiny", choices=profile_names(),
-                   help="emulated workers' engine profile (also prices the ideal times)")
+                   help="emulated workers' engine profile (also prices the ideal times; with"
+                   " --vllm-url the server's measured speed does)")
     e.add_argument("--time-scale", type=float, default=1.0,
                    help="emulated workers: wall seconds per modelled second")
     e.add_argument("--workers", type=int, default=1, help="emulated workers")
