@@ -2,7 +2,9 @@
 
 Each turn sends the whole append-only chat history (system prompt, task, then every reply and
 tool observation), sized so that the prompt matches the trace's ``input_tokens`` under the
-emulated tokenizer (4 bytes per token), streams the answer, then waits out the tool phase.
+emulated tokenizer (4 bytes per token; for a real model, ``ReplayOptions.chars_per_token``
+measured with its tokenizer, and each turn sized from the prompt tokens the server counted),
+streams the answer, then waits out the tool phase.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ _WORDS = (
 )
 
 
-def filler(n_tokens: int, rng: random.Random) -> str:
-    """Deterministic text of exactly ``n_tokens`` × 4 ASCII characters."""
-    n_chars = max(1, n_tokens) * BYTES_PER_TOKEN
+def filler(n_tokens: int, rng: random.Random, chars_per_token: float = BYTES_PER_TOKEN) -> str:
+    """Deterministic text of ``n_tokens`` × ``chars_per_token`` ASCII characters (exactly
+    ``n_tokens`` tokens under the emulated tokenizer; about that many under a real one whose
+    ratio on this text was measured)."""
+    n_chars = max(1, round(max(1, n_tokens) * chars_per_token))
     parts: list[str] = []
     size = 0
     while size < n_chars:
@@ -76,6 +80,12 @@ class ReplayOptions:
     seed: int = 0
     session_header: str = "x-session-id"
     request_timeout_s: float = 300.0
+    chars_per_token: float = BYTES_PER_TOKEN
+    """Filler characters per token of the server's tokenizer (4: the emulator's)."""
+    follow_usage: bool = False
+    """Size each continuation from the prompt and completion tokens the server reported for
+    the previous call (a real tokenizer counts the re-sent reply and the chat template's
+    markers its own way), so prompts track the trace's lengths instead of drifting."""
 
 
 ToolRunner = Callable[[float, str], Awaitable[None]]
@@ -178,13 +188,15 @@ async def replay_plan(
     first = turns[0].input_tokens
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": shared_system_prompt},
-        {"role": "user", "content": filler(max(1, first - opts.system_prompt_tokens), rng)},
+        {"role": "user", "content": filler(max(1, first - opts.system_prompt_tokens), rng,
+                                           opts.chars_per_token)},
     ]
     sent_tokens = first
     for i, turn in enumerate(turns):
         if i > 0:
             messages.append(
-                {"role": "user", "content": filler(turn.input_tokens - sent_tokens, rng)}
+                {"role": "user",
+                 "content": filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)}
             )
             sent_tokens = max(turn.input_tokens, sent_tokens + 1)
         headers = {opts.session_header: plan.id}
@@ -200,7 +212,10 @@ async def replay_plan(
         if not tr.ok:
             break
         messages.append({"role": "assistant", "content": reply})
-        sent_tokens += tr.completion_tokens
+        if opts.follow_usage and tr.prompt_tokens > 0:
+            sent_tokens = tr.prompt_tokens + tr.completion_tokens
+        else:
+            sent_tokens += tr.completion_tokens
         if turn.tool_s is not None and i < len(turns) - 1:
             if on_tool is not None:
                 await on_tool(plan.id, "tool_start", turn.tool)

@@ -1,7 +1,8 @@
 """``marsproxy bench live``: the policies one after another on the same workload, for real.
 
 For each policy: fresh emulated workers (``marsproxy emulate`` subprocesses; or the given real
-vLLM URLs, which are shared by all policies), one ``marsproxy serve --policy NAME`` subprocess in
+vLLM URLs, which are shared by all policies and have their prefix cache emptied before each:
+:mod:`marsproxy.bench.live_vllm`), one ``marsproxy serve --policy NAME`` subprocess in
 front of them (none for ``direct``), the proxy's event stream recorded, every session replayed
 as an agent (:func:`marsproxy.bench.agent.replay_plan`) with its tool phases as real CPU work on
 this host (:mod:`marsproxy.bench.cpuwork`), then everything stopped before the next policy.
@@ -31,6 +32,8 @@ from marsproxy.bench import options, report
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_plan
 from marsproxy.bench.cpuwork import tool_runner
 from marsproxy.bench.ideal import ideal_seconds
+from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
+from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
 from marsproxy.bench.procs import CLI, free_port, wait_up
 from marsproxy.bench.progress import Progress
 from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
@@ -47,6 +50,11 @@ class LiveSetup:
     workers: int = 1
     num_blocks: int | None = None
     vllm_urls: tuple[str, ...] = ()
+    vllm_priority: bool | str = "auto"
+    """The real workers' ``workers[].priority`` in the proxy config (true: they run
+    ``--scheduling-policy priority``)."""
+    vllm: VllmFacts | None = None
+    """Calibrated facts of the first real worker (all are assumed alike)."""
     tool_cpus: float = 0.0
     """CPUs the proxy assumes for tools (probes.cpu.tool_cpus); 0: this host's."""
     report_tools: bool = True
@@ -62,9 +70,14 @@ class LiveSetup:
 
 @contextlib.contextmanager
 def _process(args: list[str], log: Path, url: str, timeout_s: float) -> Iterator[str]:
-    """Run ``args`` until the block ends; yields ``url`` once ``url``/health-ish answers 200."""
+    """Run ``args`` until the block ends; yields ``url`` once ``url``/health-ish answers 200.
+
+    The child gets no ``MARSPROXY_*`` variables: its whole config is the file the benchmark
+    wrote (as :func:`options.proxy_config` reads it), and the real-vLLM scripts' variables
+    (``MARSPROXY_REAL_VLLM_HOME``, ``MARSPROXY_REAL_VLLM_TESTS``) would read as unknown keys."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSPROXY_")}
     with log.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             wait_up(url, proc, timeout_s)
             yield url
@@ -98,15 +111,27 @@ def _workers(setup: LiveSetup, priority: bool, logs: Path) -> Iterator[list[str]
         yield urls
 
 
+def _worker_entries(workers: list[str], setup: LiveSetup, priority: bool) -> list[Any]:
+    if setup.vllm_urls:
+        return [{"url": u, "name": f"vllm{i}", "priority": setup.vllm_priority}
+                for i, u in enumerate(workers)]
+    if priority:
+        # Emulated workers started with --scheduling-policy priority are declared so: the proxy
+        # then sends levels in the body, as the simulator's default worker mode, instead of
+        # holding continuations in its gated dispatch queue.
+        return [{"url": u, "priority": True} for u in workers]
+    return list(workers)
+
+
 @contextlib.contextmanager
 def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
            priority: bool = False) -> Iterator[str]:
     port = free_port()
-    # Emulated workers started with --scheduling-policy priority are declared so: the proxy
-    # then sends levels in the body, as the simulator's default worker mode, instead of
-    # holding continuations in its gated dispatch queue.
-    listed: list[Any] = [{"url": u, "priority": True} for u in workers] if priority else workers
-    tree: dict[str, Any] = {**setup.sets, "workers": listed}
+    tree: dict[str, Any] = {**setup.sets, "workers": _worker_entries(workers, setup, priority)}
+    if setup.vllm is not None:
+        # The proxy estimates a new session's first prompt from its characters.
+        tree.setdefault("admission", {}).setdefault(
+            "chars_per_token", setup.vllm.chars_per_token)
     tree.setdefault("health", {})["interval_s"] = 0.5
     tree.setdefault("server", {})["log_level"] = "warning"
     if setup.tool_cpus > 0:
@@ -146,7 +171,8 @@ _WORKER_COUNTERS = {
 
 
 async def _worker_counters(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
-    """Preemptions and prefix-cache counters summed over the workers (their /metrics)."""
+    """Preemptions and prefix-cache counters summed over the workers (their /metrics); read
+    before and after a policy's run on real workers, which outlive it."""
     out = dict.fromkeys(_WORKER_COUNTERS.values(), 0.0)
     for url in urls:
         try:
@@ -185,16 +211,20 @@ async def _replay_all(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         async with http.get(f"{targets[0]}/v1/models") as r:
             model = (await r.json())["data"][0]["id"]
+        before = (await _worker_counters(http, workers) if setup.vllm_urls
+                  else dict.fromkeys(_WORKER_COUNTERS.values(), 0.0))
         recorder = None
         if proxy is not None:
             ready = asyncio.Event()
             recorder = asyncio.create_task(_record_events(http, proxy, events, ready))
             await asyncio.wait_for(ready.wait(), 10)
+        cpt = setup.vllm.chars_per_token if setup.vllm else 4.0
         opts = [ReplayOptions(base_url=url, model=model,
                               system_prompt_tokens=setup.system_prompt_tokens,
-                              seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s)
+                              seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s,
+                              chars_per_token=cpt, follow_usage=setup.vllm is not None)
                 for url in targets]
-        system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed))
+        system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed), cpt)
 
         async def report_tool(session: str, kind: str, tool: str) -> None:
             with contextlib.suppress(aiohttp.ClientError):
@@ -213,7 +243,8 @@ async def _replay_all(
             return res
 
         results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(wl.sessions))))
-        counters = await _worker_counters(http, workers)
+        after = await _worker_counters(http, workers)
+        counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
         if recorder is not None:
             await asyncio.sleep(0.5)  # the last session_end events
             recorder.cancel()
@@ -222,12 +253,26 @@ async def _replay_all(
     return results, events, t0, wall0, counters
 
 
+async def _reset_workers(urls: list[str]) -> list[bool | None]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        return [await reset_prefix_cache(http, u) for u in urls]
+
+
+def _ideal(plan: PlannedSession, setup: LiveSetup) -> float:
+    if setup.vllm is not None:
+        return sum(vllm_ideal_seconds(plan, setup.vllm))
+    return sum(ideal_seconds(plan, setup.engine_profile(), setup.time_scale))
+
+
 def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
                progress_out: TextIO | None, label: str) -> RunResult:
     cfg = None if policy == options.DIRECT else options.proxy_config(
         policy, setup.sets, ["http://placeholder"])
     priority = cfg is not None and cfg.scheduler.priority_policy != "off"
-    prof = setup.engine_profile()
+    extra: dict[str, Any] = {"loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    if setup.vllm_urls:
+        # Real workers outlive the policies: start each one from an empty prefix cache.
+        extra["prefix_cache_reset"] = asyncio.run(_reset_workers(list(setup.vllm_urls)))
     with _workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
         proxy = None if cfg is None else stack.enter_context(
             _proxy(policy, workers, setup, out, priority=priority and not setup.vllm_urls))
@@ -238,12 +283,12 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
             _replay_all(wl, targets, proxy, setup, bar, workers))
         bar.close()
     outcomes = [
-        _outcome(p, r, t0, sum(ideal_seconds(p, prof, setup.time_scale)))
+        _outcome(p, r, t0, _ideal(p, setup))
         for p, r in zip(wl.sessions, results, strict=True)
     ]
-    # Counters of shared real vLLM workers include earlier policies' work.
+    extra["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
-                     {"events": len(events), "stats": counters})
+                     {"events": len(events), "stats": counters, **extra})
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -251,13 +296,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                               tool_time_scale=0.05, max_turns=12, regimes="trace")
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="tiny", choices=profile_names(),
-                   help="emulated workers' engine profile (also prices the ideal times)")
+                   help="emulated workers' engine profile (also prices the ideal times; with"
+                   " --vllm-url the server's measured speed does)")
     e.add_argument("--time-scale", type=float, default=1.0,
                    help="emulated workers: wall seconds per modelled second")
     e.add_argument("--workers", type=int, default=1, help="emulated workers")
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per emulated worker")
     e.add_argument("--vllm-url", action="append", default=[], metavar="URL",
-                   help="use this real vLLM instead of emulated workers (repeatable)")
+                   help="use this real vLLM instead of emulated workers (repeatable); its"
+                   " model, context, tokenizer and speed are measured first, and its prefix cache"
+                   " is emptied before each policy (needs VLLM_SERVER_DEV_MODE=1 on the server)")
+    e.add_argument("--vllm-priority", choices=("true", "false", "auto"), default="auto",
+                   help="the real workers run --scheduling-policy priority: true, false (the"
+                   " proxy gates dispatch itself) or auto (the proxy probes at start)")
     e.add_argument("--tool-cpus", type=float, default=0.0,
                    help="CPUs the proxy assumes for tools (0: this host's)")
     e.add_argument("--min-tool-cpu", type=float, default=0.05,
@@ -267,15 +318,30 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=main)
 
 
+def _calibrate(urls: list[str], seed: int) -> VllmFacts:
+    facts = calibrate(urls[0].rstrip("/"), seed)
+    sys.stderr.write(f"real vLLM at {urls[0]}: {facts.describe()}\n")
+    return facts
+
+
 def main(args: argparse.Namespace) -> int:
+    vllm_urls = tuple(u.rstrip("/") for u in args.vllm_url)
     try:
-        cases = options.cases(args, get_profile(
-            args.profile, num_blocks=args.num_blocks).effective_max_model_len)
+        facts = _calibrate(list(vllm_urls), args.seed) if vllm_urls else None
+    except (OSError, aiohttp.ClientError, RuntimeError, KeyError, ValueError) as exc:
+        sys.stderr.write(f"marsproxy bench live: cannot measure {vllm_urls[0]}: {exc!r}\n")
+        return 1
+    try:
+        context = facts.max_model_len if facts else get_profile(
+            args.profile, num_blocks=args.num_blocks).effective_max_model_len
+        cases = options.cases(args, context)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets)
         setup = LiveSetup(
             profile=args.profile, time_scale=args.time_scale, workers=args.workers,
-            num_blocks=args.num_blocks, vllm_urls=tuple(args.vllm_url),
+            num_blocks=args.num_blocks, vllm_urls=vllm_urls,
+            vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
+            vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
             min_tool_cpu_s=args.min_tool_cpu,
             system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets)
@@ -296,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
             res.regime, res.load = case.regime, case.load
             res.extra["workload"] = wl.describe()
             results.append(res)
-    meta = {
+    meta: dict[str, Any] = {
         "kind": "live", "backend": ", ".join(setup.vllm_urls) or
         f"{args.workers} emulated worker(s), profile {args.profile}, time scale {args.time_scale}",
         "host CPUs": os.cpu_count(), "tool_cpus (proxy)": args.tool_cpus or "host",
@@ -308,6 +374,20 @@ def main(args: argparse.Namespace) -> int:
         "ideal": "computed from the engine profile and the tool times",
         "wall_s": round(time.perf_counter() - t0, 1),
     }
+    if facts is not None:
+        resets = [v for r in results for v in r.extra.get("prefix_cache_reset", [])]
+        meta.update({
+            "real vLLM": facts.describe(),
+            "workers[].priority (proxy)": setup.vllm_priority,
+            "ideal": "computed from the tool times and the server's speed measured idle"
+            " (per call: fixed cost + uncached prompt / prefill speed + output / decode speed)",
+            "prefix cache between policies": "emptied (POST /reset_prefix_cache)"
+            if resets and all(v is True for v in resets) else
+            f"NOT reliably emptied (answers {resets}; serve with VLLM_SERVER_DEV_MODE=1)",
+        })
+    meta["load average (1 min) per run, start→end"] = ", ".join(
+        f"{r.regime} {r.load} {r.policy} {r.extra['loadavg_start'][0]}→"
+        f"{r.extra['loadavg_end'][0]}" for r in results)
     path = report.write(out, results, "marsproxy bench live", meta, make_plots=not args.no_plots)
     sys.stdout.write(f"{path}\n")
     return 0

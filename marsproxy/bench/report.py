@@ -114,9 +114,10 @@ def render(runs: Sequence[RunResult], title: str, meta: dict[str, Any],
     for k, v in meta.items():
         out.append(f"- {k}: {v}")
     out.append("")
+    ideal = meta.get("ideal", "computed from the engine profile and the tool times")
     out.append("Latency: end-to-end session time (arrival to last response, tool phases and "
                "admission waits included). Goodput: sessions per second finishing within 3× "
-               "their ideal time, the ideal computed from the engine profile and the tool times "
+               f"their ideal time, the ideal {ideal} "
                "(the session alone on an idle system). Ratios are speed-ups (> 1: better than "
                "the baseline).")
     for (regime, load), group in groups(runs).items():
