@@ -73,8 +73,7 @@ def _process(args: list[str], log: Path, url: str, timeout_s: float) -> Iterator
     """Run ``args`` until the block ends; yields ``url`` once ``url``/health-ish answers 200.
 
     The child gets no ``MARSPROXY_*`` variables: its whole config is the file the benchmark
-    wrote (as :func:`options.proxy_config` reads it), and the real-vLLM scripts' variables
-    (``MARSPROXY_REAL_VLLM_HOME``, ``MARSPROXY_REAL_VLLM_TESTS``) would read as unknown keys."""
+    wrote (as :func:`options.proxy_config` reads it), not what the caller's shell holds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSPROXY_")}
     with log.open("ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -3,7 +3,7 @@
 # and build a tiny local random-weight model for it. Idempotent: finished steps are skipped.
 #
 # Usage: scripts/real-vllm/setup.sh [tiny|medium|all]   (default: tiny)
-# Env:   MARSPROXY_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv at .../venv,
+# Env:   MARS_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv at .../venv,
 #                         models at .../models/<size>)
 #        PYTHON          (interpreter for the venv; default python3.11, else python3)
 #        KEEP_TRITON=1   (do not uninstall triton; it is ~1 GB and unused on CPU)

@@ -2,7 +2,7 @@
 # Start a real vLLM 0.32.0 CPU server on loopback and wait until GET /health answers 200.
 #
 # Usage: scripts/real-vllm/start.sh MODEL_DIR PORT [extra vllm serve args...]
-# Env:   MARSPROXY_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv in venv/)
+# Env:   MARS_REAL_VLLM_HOME (default ~/.cache/marsproxy/real-vllm; venv in venv/)
 #        SCHEDULING_POLICY  (fcfs|priority; default fcfs = vLLM's own default, flag omitted)
 #        SERVED_MODEL_NAME  (default: vLLM's default, i.e. MODEL_DIR as given)
 #        KV_CACHE_BYTES     (default 64M)   NUM_BLOCKS (default 160)   BLOCK_SIZE (default 32)

@@ -2,7 +2,7 @@
 # Stop a vLLM server started by start.sh: SIGTERM its process group, wait, SIGKILL if needed.
 #
 # Usage: scripts/real-vllm/stop.sh [PORT]      (without PORT: every server with a pid file)
-# Env:   MARSPROXY_REAL_VLLM_HOME, RUN_DIR as in start.sh; STOP_TIMEOUT (seconds, default 30)
+# Env:   MARS_REAL_VLLM_HOME, RUN_DIR as in start.sh; STOP_TIMEOUT (seconds, default 30)
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -4,7 +4,7 @@ measured (model, context, tokenizer, speed), each policy starts from an empty pr
 agents' prompts follow the trace's lengths in the real tokenizer, and continuations hit the
 prefix cache (cached tokens come back in the usage: warm resumes).
 
-Needs ``scripts/real-vllm/setup.sh`` and ``MARSPROXY_REAL_VLLM_TESTS=1``, like the other tests
+Needs ``scripts/real-vllm/setup.sh`` and ``MARS_REAL_VLLM_TESTS=1``, like the other tests
 here; one server start (20-60 s on 2 cores) and ~10 s of traffic.
 """
 
@@ -27,11 +27,11 @@ from marsproxy.bench.workload import REGIMES, WorkloadSpec, build_workload
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = REPO / "scripts" / "real-vllm"
-HOME = Path(os.environ.get("MARSPROXY_REAL_VLLM_HOME")
+HOME = Path(os.environ.get("MARS_REAL_VLLM_HOME")
             or Path.home() / ".cache" / "marsproxy" / "real-vllm")
 MODEL = HOME / "models" / "tiny"
 INSTALLED = (HOME / "venv" / "bin" / "python").exists() and (MODEL / ".built").exists()
-WANTED = os.environ.get("MARSPROXY_REAL_VLLM_TESTS") == "1"
+WANTED = os.environ.get("MARS_REAL_VLLM_TESTS") == "1"
 
 pytestmark = [
     pytest.mark.skipif(
@@ -40,7 +40,7 @@ pytestmark = [
     ),
     pytest.mark.skipif(
         INSTALLED and not WANTED,
-        reason="real vLLM installed; set MARSPROXY_REAL_VLLM_TESTS=1 to run this (~1 min)",
+        reason="real vLLM installed; set MARS_REAL_VLLM_TESTS=1 to run this (~1 min)",
     ),
 ]
 

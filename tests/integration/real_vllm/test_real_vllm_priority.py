@@ -2,8 +2,8 @@
 engine and changes completion order, and the ``priority: auto`` probe tells a server run with
 ``--scheduling-policy priority`` from one without it (which accepts ``priority`` silently).
 
-Needs ``scripts/real-vllm/setup.sh`` (installs into ``$MARSPROXY_REAL_VLLM_HOME``, default
-``~/.cache/marsproxy/real-vllm``) and ``MARSPROXY_REAL_VLLM_TESTS=1``; skipped otherwise, saying
+Needs ``scripts/real-vllm/setup.sh`` (installs into ``$MARS_REAL_VLLM_HOME``, default
+``~/.cache/marsproxy/real-vllm``) and ``MARS_REAL_VLLM_TESTS=1``; skipped otherwise, saying
 which is missing. Each server takes 20-60 s to start on
 2 cores; the module starts two (priority, fcfs), one after the other.
 """
@@ -28,14 +28,14 @@ from marsproxy.gateway.app import Running, start
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = REPO / "scripts" / "real-vllm"
-HOME = Path(os.environ.get("MARSPROXY_REAL_VLLM_HOME")
+HOME = Path(os.environ.get("MARS_REAL_VLLM_HOME")
             or Path.home() / ".cache" / "marsproxy" / "real-vllm")
 MODEL = HOME / "models" / "tiny"
 
 INSTALLED = (HOME / "venv" / "bin" / "python").exists() and (MODEL / ".built").exists()
 # They cost minutes (two server starts), so the plain suite leaves them to .ci/run, which runs
 # them on their own with their time printed.
-WANTED = os.environ.get("MARSPROXY_REAL_VLLM_TESTS") == "1"
+WANTED = os.environ.get("MARS_REAL_VLLM_TESTS") == "1"
 
 pytestmark = [
     pytest.mark.skipif(
@@ -44,7 +44,7 @@ pytestmark = [
     ),
     pytest.mark.skipif(
         INSTALLED and not WANTED,
-        reason="real vLLM installed; set MARSPROXY_REAL_VLLM_TESTS=1 to run these (2-3 min;"
+        reason="real vLLM installed; set MARS_REAL_VLLM_TESTS=1 to run these (2-3 min;"
         " .ci/run does)",
     ),
 ]
