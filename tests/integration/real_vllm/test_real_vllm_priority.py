@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.bench.procs import free_port
 from marsproxy.config import load_config
@@ -50,10 +50,10 @@ pytestmark = [
 ]
 
 
-def _server(policy: str, *extra: str) -> Iterator[str]:
+def _server(policy: str, *extra: str, **env_extra: str) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "SCHEDULING_POLICY": policy, "SERVED_MODEL_NAME": "tiny",
-           "HEALTH_TIMEOUT": "150"}
+           "HEALTH_TIMEOUT": "150", **env_extra}
     subprocess.run([str(SCRIPTS / "start.sh"), str(MODEL), str(port), *extra], env=env,
                    check=True, timeout=180, stdout=subprocess.DEVNULL)
     try:
@@ -67,7 +67,9 @@ def _server(policy: str, *extra: str) -> Iterator[str]:
 def vllm_priority() -> Iterator[str]:
     # One sequence at a time: everything after the blocker waits in the engine's own queue,
     # where --scheduling-policy priority orders it by the body's priority.
-    yield from _server("priority", "--max-num-seqs", "1", "--max-num-batched-tokens", "512")
+    # Room for the blocker (~128 blocks of 32) and the long prompt (~94) at once.
+    yield from _server("priority", "--max-num-seqs", "1", "--max-num-batched-tokens", "512",
+                       NUM_BLOCKS="300")
 
 
 @pytest.fixture(scope="module")
@@ -102,75 +104,49 @@ async def _complete(http: aiohttp.ClientSession, base: str, session: str, prompt
     return out
 
 
-async def _blocker(http: aiohttp.ClientSession, base: str, prompt: list[int], max_tokens: int,
-                   done: list[str], running: asyncio.Event) -> None:
-    """A streamed decode: its first token proves the engine runs it (its gauges may be stale)."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True}
-    async with http.post(f"{base}/v1/completions", json=body,
-                         headers={"x-session-id": "blocker"}) as r:
-        assert r.status == 200, await r.text()
-        async for _ in r.content:
-            running.set()
-    done.append("blocker")
-
-
-async def _engine_queue(http: aiohttp.ClientSession, engine: str) -> tuple[float, float]:
-    """(running, waiting) requests as the engine's own /metrics reports them."""
-    async with http.get(f"{engine}/metrics") as r:
-        text = await r.text()
-    found: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            found[fam.name] = sum(s.value for s in fam.samples)
-    return found.get("vllm:num_requests_running", 0.0), found.get("vllm:num_requests_waiting", 0.0)
-
-
-async def _until_queued(http: aiohttp.ClientSession, engine: str, waiting: int,
-                        blocker: asyncio.Task[Any]) -> bool:
-    """Wait until the engine runs one request and holds ``waiting`` in its queue; False if the
-    blocker finished first (then the engine never had to choose, and the run tells nothing)."""
-    while not blocker.done():
-        if await _engine_queue(http, engine) == (1.0, float(waiting)):
-            return True
-        await asyncio.sleep(0.02)
-    return False
+def _engine_core(url: str) -> psutil.Process:
+    """The server's engine-core process (its scheduler), found under the pid start.sh wrote."""
+    port = url.rsplit(":", 1)[1]
+    run_dir = Path(os.environ.get("RUN_DIR") or HOME / "run")
+    server = psutil.Process(int((run_dir / f"vllm-{port}.pid").read_text()))
+    for child in server.children(recursive=True):
+        if "EngineCore" in " ".join(child.cmdline()) or "EngineCor" in child.name():
+            return child
+    raise AssertionError(f"no EngineCore process under the vLLM server {server.pid}")
 
 
 async def _order(http: aiohttp.ClientSession, base: str, engine: str) -> list[str]:
-    """A blocker (a long decode) holds the engine's only slot; a long cold prompt (3000 tokens:
-    level 1) queues behind it, then three short ones (level 0). Returns the completion order.
+    """Five requests reach a paused engine: a blocker (a 4080-token decode), a long cold prompt
+    (3000 tokens: level 1), then three short ones (level 0). The engine resumes, runs the blocker
+    in its only slot (about a second) while it takes in the other four, then picks among them.
+    Returns the order in which those four completed.
 
-    The engine's own queue is watched, so the order is only read once all four waited while the
-    blocker ran; if the blocker finished too soon (a fast or idle machine) it runs again with a
-    longer decode instead of reporting an order the engine never chose.
+    Pausing the engine core (SIGSTOP) is what makes them queue together: the tiny model decodes
+    thousands of tokens a second, so no blocker lasts long enough for requests sent one after
+    another to meet in the queue on a fast machine, and the API server in front of the engine
+    lags unpredictably on a busy one.
     """
     rng = random.Random()
 
     def ids(n: int) -> list[int]:  # fresh ids: no prefix-cache hit shortens anything
         return [rng.randrange(100, 1000) for _ in range(n)]
 
-    for decode in (1500, 3000, 3900):  # 8 + 3900 tokens still fit max_model_len 4096
-        done: list[str] = []
-        running = asyncio.Event()
-        blocker = asyncio.create_task(_blocker(http, base, ids(8), decode, done, running))
-        long = shorts = None
-        try:
-            started = asyncio.create_task(running.wait())
-            await asyncio.wait([started, blocker], return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
-            long = asyncio.create_task(_complete(http, base, "long", ids(3000), 1, done))
-            if not await _until_queued(http, engine, 1, blocker):
-                continue
-            shorts = [asyncio.create_task(_complete(http, base, f"short{i}", ids(10), 2, done))
-                      for i in range(3)]
-            if not await _until_queued(http, engine, 4, blocker):
-                continue
-        finally:
-            await asyncio.gather(blocker, *([long] if long else []), *(shorts or []))
-        return done
-    raise AssertionError(f"the blocker's decode ended before four requests queued behind it,"
-                         f" even at {decode} tokens")
+    core = _engine_core(engine)
+    done: list[str] = []
+    core.suspend()
+    try:
+        blocker = asyncio.create_task(_complete(http, base, "blocker", ids(8), 4080, done))
+        await asyncio.sleep(0.3)
+        long = asyncio.create_task(_complete(http, base, "long", ids(3000), 1, done))
+        await asyncio.sleep(0.3)
+        shorts = [asyncio.create_task(_complete(http, base, f"short{i}", ids(10), 2, done))
+                  for i in range(3)]
+        await asyncio.sleep(1.0)  # the API server passes all five on to the paused engine
+    finally:
+        core.resume()
+    await asyncio.gather(blocker, long, *shorts)
+    assert done[0] == "blocker", f"the blocker did not take the slot first: {done}"
+    return done[1:]
 
 
 async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
@@ -181,7 +157,7 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
         order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
     finally:
         await proxy.stop()
-    assert order[0] == "blocker" and order[-1] == "long", order
+    assert order[-1] == "long", order  # every short first
     # The same server and traffic through the fcfs preset (no priority in the body): the
     # engine serves in arrival order.
     proxy = await _proxy(vllm_priority, "fcfs", True)
@@ -189,7 +165,7 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
         order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
     finally:
         await proxy.stop()
-    assert order[:2] == ["blocker", "long"], order
+    assert order[0] == "long", order
 
 
 async def _probed(url: str) -> tuple[str, str]:
