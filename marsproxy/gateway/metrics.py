@@ -7,7 +7,6 @@ code, error kind, worker label. Never a session id.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -19,24 +18,7 @@ from prometheus_client import (
 )
 
 from marsproxy.gateway.sessions import END_REASONS
-
-
-class Labelled:
-    """A labelled metric on the request path, its children looked up once per label values.
-
-    ``prometheus_client``'s ``labels()`` validates and takes a lock on every call: a few µs,
-    several times per request. The label sets here are bounded (see above), so is this cache.
-    """
-
-    def __init__(self, metric: Any) -> None:  # a labelled Counter or Histogram
-        self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self.metric.labels(*values)
-        return child
+from marsproxy.telemetry.tallies import Distribution, Level, Tally, TallyCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -57,35 +39,43 @@ class GatewayMetrics:
             registry=r,
         ).set_function(_loop_tasks)
         ProcessCollector(registry=r)
-        self.requests = Labelled(
-            Counter(
-                "marsproxy_requests",
-                "Requests answered, by route and status code.",
-                ["route", "code"],
-                registry=r,
-            )
+        # The request path's metrics: lock-free tallies (telemetry.tallies), exposed by one
+        # collector in the same format as prometheus_client's Counter and Histogram.
+        self.requests = Tally(
+            "marsproxy_requests", "Requests answered, by route and status code.",
+            ["route", "code"],
         )
-        self.latency = Labelled(
-            Histogram(
-                "marsproxy_request_duration_seconds",
-                "Request time in the proxy, end to end.",
-                ["route"],
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
+        self.latency = Distribution(
+            "marsproxy_request_duration_seconds", "Request time in the proxy, end to end.",
+            ["route"], _LATENCY_BUCKETS,
         )
-        self.overhead = Labelled(
-            Histogram(
-                "marsproxy_proxy_overhead_seconds",
-                "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
-                ["route"],
-                buckets=_OVERHEAD_BUCKETS,
-                registry=r,
-            )
+        self.overhead = Distribution(
+            "marsproxy_proxy_overhead_seconds",
+            "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
+            ["route"], _OVERHEAD_BUCKETS,
         )
-        self.in_flight = Gauge(
+        self.worker_requests = Tally(
+            "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"]
+        )
+        self.tokens = Tally("marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"])
+        self.ttft = Distribution(
+            "marsproxy_ttft_seconds",
+            "Time from a request's arrival to its first response bytes (streams: first event).",
+            ["route"], _LATENCY_BUCKETS,
+        )
+        self.tool_duration = Distribution(
+            "marsproxy_tool_duration_seconds",
+            "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
+            ["inferred"], _TOOL_BUCKETS,
+        )
+        TallyCollector(
+            [self.requests, self.latency, self.overhead, self.worker_requests, self.tokens,
+             self.ttft, self.tool_duration]
+        ).register(r)
+        self.in_flight = Level()
+        Gauge(
             "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
-        )
+        ).set_function(lambda: self.in_flight.value)
         self.upstream_errors = Counter(
             "marsproxy_upstream_errors",
             "Failures talking to workers, by kind.",
@@ -96,32 +86,6 @@ class GatewayMetrics:
             "marsproxy_worker_healthy",
             "1 when the worker takes new sessions.",
             ["worker"],
-            registry=r,
-        )
-        self.worker_requests = Labelled(
-            Counter(
-                "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"], registry=r
-            )
-        )
-        self.tokens = Labelled(
-            Counter(
-                "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
-            )
-        )
-        self.ttft = Labelled(
-            Histogram(
-                "marsproxy_ttft_seconds",
-                "Time from a request's arrival to its first response bytes (streams: first event).",
-                ["route"],
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
-        )
-        self.tool_duration = Histogram(
-            "marsproxy_tool_duration_seconds",
-            "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
-            ["inferred"],
-            buckets=_TOOL_BUCKETS,
             registry=r,
         )
         self.session_duration = Histogram(
