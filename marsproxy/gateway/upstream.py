@@ -95,7 +95,7 @@ class BodyReader:
     def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
         self._resp = resp
         self._idle = idle_s
-        self._loop = asyncio.get_running_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None  # once a read has to wait
         self._since = 0.0  # start of the read in progress
         self._waiter: asyncio.Task[object] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -114,10 +114,13 @@ class BodyReader:
             return b""
         task = asyncio.current_task()
         assert task is not None
-        self._since = self._loop.time()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._since = loop.time()
         self._waiter = task
         if self._timer is None:
-            self._timer = self._loop.call_at(self._since + self._idle, self._expire)
+            self._timer = loop.call_at(self._since + self._idle, self._expire)
         try:
             data = await content.readany()
         except asyncio.CancelledError:
@@ -140,6 +143,7 @@ class BodyReader:
         if self._waiter is None:
             return  # between reads: the next read arms a new timer
         due = self._since + self._idle
+        assert self._loop is not None  # set by the read that armed the timer
         if self._loop.time() < due:
             self._timer = self._loop.call_at(due, self._expire)
             return
