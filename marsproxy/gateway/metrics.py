@@ -10,7 +10,6 @@ import asyncio
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Gauge,
     Histogram,
     ProcessCollector,
@@ -76,11 +75,10 @@ class GatewayMetrics:
         Gauge(
             "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
         ).set_function(lambda: self.in_flight.value)
-        self.upstream_errors = Counter(
+        self.upstream_errors = Tally(
             "marsproxy_upstream_errors",
             "Failures talking to workers, by kind.",
             ["worker", "kind"],
-            registry=r,
         )
         self.worker_healthy = Gauge(
             "marsproxy_worker_healthy",
@@ -105,19 +103,17 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.rejections = Counter(
+        self.rejections = Tally(
             "marsproxy_rejections",
             "Requests refused by admission, by reason (queue_full: 429; queue_deadline,"
             " no_healthy_worker, store_unavailable, session_ended, shutting_down: 503).",
             ["reason"],
-            registry=r,
         )
         # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
-        self.continuations = Counter(
+        self.continuations = Tally(
             "marsproxy_continuations",
             "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
             ["level"],
-            registry=r,
         )
         self.dispatch_wait = Histogram(
             "marsproxy_dispatch_wait_seconds",
@@ -125,34 +121,35 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.resumes = Counter(
+        self.resumes = Tally(
             "marsproxy_resumes",
             "Continuations back from a tool phase, by outcome (warm: cached prompt tokens cover"
             " scheduler.warm_resume_min_frac of the context it left with) and whether its prefix"
             " was retained.",
             ["outcome", "retained"],
-            registry=r,
         )
-        self.resume_tokens = Counter(
+        self.resume_tokens = Tally(
             "marsproxy_resume_tokens",
             "Prompt tokens of resumed continuations (prompt) and of those the worker found in its"
             " prefix cache (cached, from usage.prompt_tokens_details.cached_tokens).",
             ["kind"],
-            registry=r,
         )
-        self.retention_decisions = Counter(
+        self.retention_decisions = Tally(
             "marsproxy_retention_decisions",
             "KV retention decisions at the end of continuations, by outcome.",
             ["retain"],
-            registry=r,
         )
-        self.ledger_released = Counter(
+        self.ledger_released = Tally(
             "marsproxy_kv_ledger_released",
             "Reservations that left the KV ledger other than by their session's return, by"
             " reason (expired, pressure, session_end).",
             ["worker", "reason"],
-            registry=r,
         )
+        # Counters the scheduler and admission update per request: tallies too.
+        TallyCollector(
+            [self.upstream_errors, self.rejections, self.continuations, self.resumes,
+             self.resume_tokens, self.retention_decisions, self.ledger_released]
+        ).register(r)
         # The bounded label sets of the scheduler's counters exist from the start, at zero,
         # so a dashboard's ratios of them have data before the first warm resume.
         for outcome in ("warm", "cold"):
