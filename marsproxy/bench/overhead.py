@@ -4,6 +4,8 @@ Targets, each its own process on loopback in front of the same fast upstream
 (:mod:`marsproxy.bench.overhead_upstream`):
 
 - ``direct``: the client talks to the upstream itself (the reference);
+- ``aiohttp-relay``: a bare aiohttp relay on uvloop (:mod:`marsproxy.bench.overhead_relay`),
+  what marsproxy's HTTP stack costs without any of marsproxy's own work;
 - ``marsproxy-fcfs`` / ``marsproxy-mars``: ``marsproxy serve --policy fcfs|mars``;
 - ``nginx``: Debian's nginx as a plain reverse proxy (keep-alive upstream, buffering off);
 - ``litellm``: LiteLLM's proxy from its own virtualenv (see ``benchmarks/overhead/``).
@@ -44,7 +46,7 @@ from typing import Any
 from marsproxy.bench.overhead_report import Measurement, fmt, goals, markdown, summarize
 from marsproxy.bench.procs import free_port, http_status
 
-TARGETS = ("direct", "nginx", "marsproxy-fcfs", "marsproxy-mars", "litellm")
+TARGETS = ("direct", "aiohttp-relay", "nginx", "marsproxy-fcfs", "marsproxy-mars", "litellm")
 MARKER = "OVERHEAD-JSON "
 _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 
@@ -185,6 +187,19 @@ def start_marsproxy(opts: Options, policy: str, upstream: str) -> Target:
     url = f"http://127.0.0.1:{port}"
     _wait(url + "/readyz", proc, 60)
     return Target(f"marsproxy-{policy}", url, proc)
+
+
+def start_relay(opts: Options, upstream: str) -> Target:
+    """The floor: a bare aiohttp relay on uvloop (marsproxy/bench/overhead_relay.py)."""
+    port = free_port()
+    proc = _spawn(
+        [*_pin(opts.proxy_cpus), sys.executable, "-m", "marsproxy.bench.overhead_relay",
+         "--port", str(port), "--upstream", upstream],
+        opts.workdir / "aiohttp-relay.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait(url + "/health", proc, 30)
+    return Target("aiohttp-relay", url, proc)
 
 
 def start_nginx(opts: Options, upstream_port: int) -> Target:
@@ -433,6 +448,8 @@ def run(opts: Options) -> dict[str, Any]:
         for name in names:
             if name == "direct":
                 t = Target("direct", upstream.url, None)
+            elif name == "aiohttp-relay":
+                t = start_relay(opts, upstream.url)
             elif name.startswith("marsproxy-"):
                 t = start_marsproxy(opts, name.split("-", 1)[1], upstream.url)
             elif name == "nginx":

@@ -4,15 +4,16 @@ The app asks its server for ``handler_cancellation``: a client that disconnects 
 handler at once, which closes the upstream connection and so aborts the worker's request even
 while the worker is silent (prefill, queueing).
 
-Middlewares, outermost first: errors (every error the proxy answers is OpenAI-shaped, aiohttp's
-own 404/405/413 included, and an unexpected exception is a logged 500, never a crash), the
-request-head cap, the admin token, the body deadline, and the overhead header.
+One middleware does, outermost first: errors (every error the proxy answers is OpenAI-shaped,
+aiohttp's own 404/405/413 included, and an unexpected exception is a logged 500, never a
+crash), the request-head cap, the admin token, the body deadline, and the overhead header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -48,59 +49,63 @@ GATEWAY_KEY = web.AppKey("marsproxy_gateway", Gateway)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own errors (no route, wrong method, body over client_max_size) and anything a
-    handler did not expect, as OpenAI-shaped answers."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = "body_too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
-        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        return error_response(
-            exc.status, f"{request.method} {request.path}: {exc.reason}", code=code,
-            headers=headers,
-        )
-    except BodyError as exc:
-        return error_response(exc.status, f"{request.path}: {exc.message}", code=exc.code)
-    except (asyncio.CancelledError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(
-            500, f"internal error of the proxy on {request.path}", code="internal_error"
-        )
-
-
-def _guards(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+def _front(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The one middleware; one coroutine layer instead of three (each layer costs on every
+    request). In order: errors, the request-head cap, the admin token, the body deadline, and
+    the overhead header."""
     auth = AdminAuth(cfg.auth)
     limits = cfg.limits
 
     @web.middleware
-    async def guards(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = (
-            head_too_large(request, limits.max_header_bytes)
-            or dot_segments(request)
-            or auth.check(request)
-        )
-        if refused is not None:
-            if request.body_exists:
-                refused.force_close()  # its body is never read
-            return refused
-        if not request.body_exists:
-            return await handler(request)
-        deadline = BodyDeadline(request, limits.body_timeout_s)
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            resp = await handler(request)
-        finally:
-            deadline.cancel()
-        if deadline.expired:
-            resp.force_close()  # the rest of the body may still be on its way
-        return resp
+            refused = (
+                head_too_large(request, limits.max_header_bytes)
+                or dot_segments(request)
+                or auth.check(request)
+            )
+            if refused is not None:
+                if request.body_exists:
+                    refused.force_close()  # its body is never read
+                return refused
+            t0 = time.perf_counter()
+            if not request.body_exists or request.content.is_eof():
+                # No body, or all of it arrived with the head: no deadline to watch.
+                resp = await handler(request)
+            else:
+                deadline = BodyDeadline(request, limits.body_timeout_s)
+                try:
+                    resp = await handler(request)
+                finally:
+                    deadline.cancel()
+                if deadline.expired:
+                    resp.force_close()  # the rest of the body may still be on its way
+            # The admin endpoints' overhead header (the relay sets its own, without upstream
+            # time).
+            if OVERHEAD_HEADER not in resp.headers and not resp.prepared:
+                resp.headers[OVERHEAD_HEADER] = f"{(time.perf_counter() - t0) * 1000:.3f}"
+            return resp
+        except web.HTTPException as exc:
+            # aiohttp's own errors (no route, wrong method, body over client_max_size).
+            if exc.status < 400:
+                raise
+            code = "body_too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+            headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+            return error_response(
+                exc.status, f"{request.method} {request.path}: {exc.reason}", code=code,
+                headers=headers,
+            )
+        except BodyError as exc:
+            return error_response(exc.status, f"{request.path}: {exc.message}", code=exc.code)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:  # what a handler did not expect: a logged 500, never a crash
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            return error_response(
+                500, f"internal error of the proxy on {request.path}", code="internal_error"
+            )
 
-    return guards
+    return front
 
 
 class AccessLog(AbstractAccessLogger):
@@ -112,18 +117,6 @@ class AccessLog(AbstractAccessLogger):
             request.remote, request.method, request.path, response.status,
             response.body_length, time,
         )
-
-
-@web.middleware
-async def _overhead_header(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """The admin endpoints' overhead header (the relay sets its own, excluding upstream time)."""
-    t0 = time.perf_counter()
-    resp = await handler(request)
-    if OVERHEAD_HEADER not in resp.headers and not resp.prepared:
-        resp.headers[OVERHEAD_HEADER] = f"{(time.perf_counter() - t0) * 1000:.3f}"
-    return resp
 
 
 def create_app(cfg: MarsConfig) -> web.Application:
@@ -140,7 +133,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
     app = web.Application(
         client_max_size=cfg.server.max_body_bytes + 1,
         handler_args={"handler_cancellation": True, **parser_args(cfg.limits)},
-        middlewares=[_errors, _guards(cfg), _overhead_header],
+        middlewares=[_front(cfg)],
     )
     app[GATEWAY_KEY] = gw
     # Pressure gauges are read from the state document at scrape time, not kept up to date.
@@ -239,6 +232,10 @@ async def serve(cfg: MarsConfig) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     running = await start(cfg)
+    # What exists now (modules, config, the app) lives as long as the process: frozen out of
+    # the garbage collector's full collections, which then walk only what requests created
+    # (half the objects, half the pause, with a full event ring).
+    gc.freeze()
     log.info(
         "marsproxy listening on %s:%d, workers: %s",
         cfg.server.host,

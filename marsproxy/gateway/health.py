@@ -31,9 +31,10 @@ class WorkerHealth:
         self._states = {w: _State() for w in workers}
         self._eject_after = unhealthy_after
         self._admit_after = healthy_after
+        self._healthy = tuple(workers)  # every request asks; it changes only in record()
 
     def healthy(self) -> list[str]:
-        return [w for w, s in self._states.items() if s.healthy]
+        return list(self._healthy)
 
     def is_healthy(self, worker: str) -> bool:
         return self._states[worker].healthy
@@ -48,13 +49,18 @@ class WorkerHealth:
             s.fails, s.oks = 0, s.oks + 1
             if not s.healthy and s.oks >= self._admit_after:
                 s.healthy = True
+                self._changed()
                 return True
         else:
             s.oks, s.fails = 0, s.fails + 1
             if s.healthy and s.fails >= self._eject_after:
                 s.healthy = False
+                self._changed()
                 return True
         return False
+
+    def _changed(self) -> None:
+        self._healthy = tuple(w for w, s in self._states.items() if s.healthy)
 
 
 class HealthChecker:

@@ -7,11 +7,9 @@ code, error kind, worker label. Never a session id.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Gauge,
     Histogram,
     ProcessCollector,
@@ -19,24 +17,7 @@ from prometheus_client import (
 )
 
 from marsproxy.gateway.sessions import END_REASONS
-
-
-class Labelled:
-    """A labelled metric on the request path, its children looked up once per label values.
-
-    ``prometheus_client``'s ``labels()`` validates and takes a lock on every call: a few µs,
-    several times per request. The label sets here are bounded (see above), so is this cache.
-    """
-
-    def __init__(self, metric: Any) -> None:  # a labelled Counter or Histogram
-        self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self.metric.labels(*values)
-        return child
+from marsproxy.telemetry.tallies import Distribution, Level, Tally, TallyCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOOL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -57,71 +38,52 @@ class GatewayMetrics:
             registry=r,
         ).set_function(_loop_tasks)
         ProcessCollector(registry=r)
-        self.requests = Labelled(
-            Counter(
-                "marsproxy_requests",
-                "Requests answered, by route and status code.",
-                ["route", "code"],
-                registry=r,
-            )
+        # The request path's metrics: lock-free tallies (telemetry.tallies), exposed by one
+        # collector in the same format as prometheus_client's Counter and Histogram.
+        self.requests = Tally(
+            "marsproxy_requests", "Requests answered, by route and status code.",
+            ["route", "code"],
         )
-        self.latency = Labelled(
-            Histogram(
-                "marsproxy_request_duration_seconds",
-                "Request time in the proxy, end to end.",
-                ["route"],
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
+        self.latency = Distribution(
+            "marsproxy_request_duration_seconds", "Request time in the proxy, end to end.",
+            ["route"], _LATENCY_BUCKETS,
         )
-        self.overhead = Labelled(
-            Histogram(
-                "marsproxy_proxy_overhead_seconds",
-                "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
-                ["route"],
-                buckets=_OVERHEAD_BUCKETS,
-                registry=r,
-            )
+        self.overhead = Distribution(
+            "marsproxy_proxy_overhead_seconds",
+            "Time spent in the proxy, excluding the upstream (streams: up to the headers).",
+            ["route"], _OVERHEAD_BUCKETS,
         )
-        self.in_flight = Gauge(
+        self.worker_requests = Tally(
+            "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"]
+        )
+        self.tokens = Tally("marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"])
+        self.ttft = Distribution(
+            "marsproxy_ttft_seconds",
+            "Time from a request's arrival to its first response bytes (streams: first event).",
+            ["route"], _LATENCY_BUCKETS,
+        )
+        self.tool_duration = Distribution(
+            "marsproxy_tool_duration_seconds",
+            "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
+            ["inferred"], _TOOL_BUCKETS,
+        )
+        TallyCollector(
+            [self.requests, self.latency, self.overhead, self.worker_requests, self.tokens,
+             self.ttft, self.tool_duration]
+        ).register(r)
+        self.in_flight = Level()
+        Gauge(
             "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
-        )
-        self.upstream_errors = Counter(
+        ).set_function(lambda: self.in_flight.value)
+        self.upstream_errors = Tally(
             "marsproxy_upstream_errors",
             "Failures talking to workers, by kind.",
             ["worker", "kind"],
-            registry=r,
         )
         self.worker_healthy = Gauge(
             "marsproxy_worker_healthy",
             "1 when the worker takes new sessions.",
             ["worker"],
-            registry=r,
-        )
-        self.worker_requests = Labelled(
-            Counter(
-                "marsproxy_worker_requests", "Requests sent to each worker.", ["worker"], registry=r
-            )
-        )
-        self.tokens = Labelled(
-            Counter(
-                "marsproxy_tokens", "Tokens reported in upstream usage.", ["kind"], registry=r
-            )
-        )
-        self.ttft = Labelled(
-            Histogram(
-                "marsproxy_ttft_seconds",
-                "Time from a request's arrival to its first response bytes (streams: first event).",
-                ["route"],
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
-        )
-        self.tool_duration = Histogram(
-            "marsproxy_tool_duration_seconds",
-            "Tool phases of sessions, inferred (gap between turns) or reported explicitly.",
-            ["inferred"],
-            buckets=_TOOL_BUCKETS,
             registry=r,
         )
         self.session_duration = Histogram(
@@ -141,19 +103,17 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.rejections = Counter(
+        self.rejections = Tally(
             "marsproxy_rejections",
             "Requests refused by admission, by reason (queue_full: 429; queue_deadline,"
             " no_healthy_worker, store_unavailable, session_ended, shutting_down: 503).",
             ["reason"],
-            registry=r,
         )
         # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
-        self.continuations = Counter(
+        self.continuations = Tally(
             "marsproxy_continuations",
             "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
             ["level"],
-            registry=r,
         )
         self.dispatch_wait = Histogram(
             "marsproxy_dispatch_wait_seconds",
@@ -161,34 +121,35 @@ class GatewayMetrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.resumes = Counter(
+        self.resumes = Tally(
             "marsproxy_resumes",
             "Continuations back from a tool phase, by outcome (warm: cached prompt tokens cover"
             " scheduler.warm_resume_min_frac of the context it left with) and whether its prefix"
             " was retained.",
             ["outcome", "retained"],
-            registry=r,
         )
-        self.resume_tokens = Counter(
+        self.resume_tokens = Tally(
             "marsproxy_resume_tokens",
             "Prompt tokens of resumed continuations (prompt) and of those the worker found in its"
             " prefix cache (cached, from usage.prompt_tokens_details.cached_tokens).",
             ["kind"],
-            registry=r,
         )
-        self.retention_decisions = Counter(
+        self.retention_decisions = Tally(
             "marsproxy_retention_decisions",
             "KV retention decisions at the end of continuations, by outcome.",
             ["retain"],
-            registry=r,
         )
-        self.ledger_released = Counter(
+        self.ledger_released = Tally(
             "marsproxy_kv_ledger_released",
             "Reservations that left the KV ledger other than by their session's return, by"
             " reason (expired, pressure, session_end).",
             ["worker", "reason"],
-            registry=r,
         )
+        # Counters the scheduler and admission update per request: tallies too.
+        TallyCollector(
+            [self.upstream_errors, self.rejections, self.continuations, self.resumes,
+             self.resume_tokens, self.retention_decisions, self.ledger_released]
+        ).register(r)
         # The bounded label sets of the scheduler's counters exist from the start, at zero,
         # so a dashboard's ratios of them have data before the first warm resume.
         for outcome in ("warm", "cold"):

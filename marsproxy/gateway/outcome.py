@@ -2,7 +2,8 @@
 events on the bus (dispatch, first_token, llm_end or rejected).
 
 Publishing here is a dataclass construction and a ring append per event; nothing is done per
-subscriber on the request path.
+subscriber on the request path. With no subscriber at all (no sink, no ``/mars/v1/events``
+stream), an event could never be read, so it is only counted, not built.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class RequestEvents:
                 gw.in_flight_by_worker[out.worker.url] -= 1
             out.worker = worker
             gw.in_flight_by_worker[worker.url] += 1
-            if out.scheduled:
+            if out.scheduled and not gw.telemetry.bus.subscribers:
+                gw.telemetry.bus.skip()  # nobody to read it: not built
+            elif out.scheduled:
                 p = out.prepared
                 t = None if p is None else p.ticket
                 gw.telemetry.publish(
@@ -125,7 +128,11 @@ class RequestEvents:
             return
         out.ttft_s = ttft = time.perf_counter() - clock.t0
         self.gw.metrics.ttft.labels(out.route).observe(ttft)
-        self.gw.telemetry.publish(
+        bus = self.gw.telemetry.bus
+        if not bus.subscribers:
+            bus.skip()  # nobody to read it: not built
+            return
+        bus.publish(
             FirstToken(
                 ts=self.gw.telemetry.wall(),
                 session=out.session,
@@ -139,7 +146,9 @@ class RequestEvents:
         gw = self.gw
         if out.worker is not None:
             gw.in_flight_by_worker[out.worker.url] -= 1
-            if out.scheduled:
+            if out.scheduled and not gw.telemetry.bus.subscribers:
+                gw.telemetry.bus.skip()  # nobody to read it: not built
+            elif out.scheduled:
                 u = out.usage or Usage()
                 gw.telemetry.publish(
                     LlmEnd(

@@ -11,6 +11,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from marsproxy.config import UpstreamConfig, WorkerConfig
+from marsproxy.gateway.deadlines import Deadlines
 
 log = logging.getLogger("marsproxy.gateway.upstream")
 
@@ -94,7 +95,7 @@ class BodyReader:
     def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
         self._resp = resp
         self._idle = idle_s
-        self._loop = asyncio.get_running_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None  # once a read has to wait
         self._since = 0.0  # start of the read in progress
         self._waiter: asyncio.Task[object] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -102,14 +103,26 @@ class BodyReader:
 
     async def read(self) -> bytes:
         """Next body bytes; b"" at the end."""
+        content = self._resp.content
+        # What has arrived already needs no wait, hence no timer: a small non-streaming body
+        # usually comes in the same packet as the headers.
+        data = content.read_nowait()
+        if data:
+            return data
+        if content.at_eof():
+            self.close()
+            return b""
         task = asyncio.current_task()
         assert task is not None
-        self._since = self._loop.time()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._since = loop.time()
         self._waiter = task
         if self._timer is None:
-            self._timer = self._loop.call_at(self._since + self._idle, self._expire)
+            self._timer = loop.call_at(self._since + self._idle, self._expire)
         try:
-            data = await self._resp.content.readany()
+            data = await content.readany()
         except asyncio.CancelledError:
             if self._fired and task.uncancel() == 0:
                 raise TimeoutError(f"no body bytes for {self._idle} s") from None
@@ -130,6 +143,7 @@ class BodyReader:
         if self._waiter is None:
             return  # between reads: the next read arms a new timer
         due = self._since + self._idle
+        assert self._loop is not None  # set by the read that armed the timer
         if self._loop.time() < due:
             self._timer = self._loop.call_at(due, self._expire)
             return
@@ -154,6 +168,7 @@ class Upstream:
         self._cfg = cfg
         self._report = on_error
         self.session: aiohttp.ClientSession | None = None
+        self._first_byte = Deadlines(cfg.first_byte_timeout_s)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -167,6 +182,7 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        self._first_byte.close()
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -197,8 +213,9 @@ class Upstream:
                 break
             tried.append(worker)
             t0 = loop.time()
+            wait = self._first_byte.start()
             try:
-                async with asyncio.timeout(self._cfg.first_byte_timeout_s):
+                try:
                     resp = await self.session.request(
                         method,
                         worker.url + path_qs,
@@ -206,21 +223,20 @@ class Upstream:
                         data=body,
                         allow_redirects=False,
                     )
+                finally:
+                    self._first_byte.end(wait)
+            except asyncio.CancelledError as exc:
+                if not wait.timed_out():
+                    raise
+                raise self._first_byte_timeout(worker, waited + loop.time() - t0) from exc
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 waited += loop.time() - t0
                 last_error = f"cannot connect to worker {worker.label}: {exc}"
                 log.warning("%s", last_error)
                 self._report(worker, "connect")
                 continue
-            except TimeoutError as exc:
-                self._report(worker, "first_byte_timeout")
-                raise UpstreamFailure(
-                    504,
-                    "upstream_timeout",
-                    f"worker {worker.label} sent no response headers within "
-                    f"{self._cfg.first_byte_timeout_s} s",
-                    waited + loop.time() - t0,
-                ) from exc
+            except TimeoutError as exc:  # none expected from aiohttp beyond the above
+                raise self._first_byte_timeout(worker, waited + loop.time() - t0) from exc
             except aiohttp.ClientError as exc:
                 self._report(worker, "protocol")
                 raise UpstreamFailure(
@@ -232,3 +248,13 @@ class Upstream:
             reader = BodyReader(resp, self._cfg.idle_timeout_s)
             return Opened(worker, resp, waited + loop.time() - t0, reader)
         raise UpstreamFailure(502, "upstream_connect_failed", last_error, waited)
+
+    def _first_byte_timeout(self, worker: WorkerConfig, upstream_s: float) -> UpstreamFailure:
+        self._report(worker, "first_byte_timeout")
+        return UpstreamFailure(
+            504,
+            "upstream_timeout",
+            f"worker {worker.label} sent no response headers within "
+            f"{self._cfg.first_byte_timeout_s} s",
+            upstream_s,
+        )

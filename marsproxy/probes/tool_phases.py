@@ -20,6 +20,7 @@ Pure code: no I/O; ``now`` is a parameter; methods return the events to publish.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -42,7 +43,34 @@ def quantile(values: deque[float] | list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
+    return _rank(ordered, q)
+
+
+def _rank(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+class _Window:
+    """The last ``size`` durations, also kept sorted: a quantile is an index, not a sort (the
+    tracker asks for one on every closed tool phase, that is on every request)."""
+
+    __slots__ = ("_order", "_size", "_sorted")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._order: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def add(self, value: float) -> None:
+        self._order.append(value)
+        insort(self._sorted, value)
+        if len(self._order) > self._size:
+            old = self._order.popleft()
+            del self._sorted[bisect_left(self._sorted, old)]
+
+    def quantile(self, q: float) -> float | None:
+        """As :func:`quantile` of the window."""
+        return _rank(self._sorted, q) if self._sorted else None
 
 
 @dataclass
@@ -53,14 +81,14 @@ class _SessionTools:
     phase_id: int = 0  # tells a young-phase entry from a later phase of the same session
     pressing: bool = False  # counted in the backlog
     last_tool: str = UNKNOWN_TOOL
-    durations: deque[float] = field(default_factory=deque)
+    durations: _Window = field(default_factory=lambda: _Window(0))  # sized by the tracker
 
 
 class ToolPhaseTracker:
     def __init__(self, settings: ToolTrackerSettings) -> None:
         self.settings = settings
         self._sessions: dict[str, _SessionTools] = {}
-        self._by_kind: dict[str, deque[float]] = {}
+        self._by_kind: dict[str, _Window] = {}
         self.in_flight = 0  # open phases, inferred or explicit
         self._pressing = 0  # explicit phases + inferred phases older than inferred_min_s
         self._young: deque[tuple[float, str, int]] = deque()  # inferred: (start, session, id)
@@ -72,7 +100,9 @@ class ToolPhaseTracker:
     # -- inputs ---------------------------------------------------------------------------
     def response_ended(self, session: str, now: float) -> list[Event]:
         """An LLM response finished: an inferred tool phase begins (if not explicit)."""
-        st = self._sessions.setdefault(session, _SessionTools())
+        st = self._sessions.get(session)
+        if st is None:
+            st = self._sessions[session] = self._new_session()
         if st.explicit or st.phase_start is not None:
             return []
         return [self._open(session, st, now, st.last_tool, inferred=True, queue_wait=None)]
@@ -88,7 +118,9 @@ class ToolPhaseTracker:
         self, session: str, kind: str, tool: str, now: float, queue_wait_s: float | None
     ) -> list[Event]:
         """``tool_start``/``tool_end`` reported by the agent harness; overrides inference."""
-        st = self._sessions.setdefault(session, _SessionTools())
+        st = self._sessions.get(session)
+        if st is None:
+            st = self._sessions[session] = self._new_session()
         out: list[Event] = []
         if not st.explicit and st.phase_start is not None:
             # An inferred phase was open; the explicit report replaces it, uncounted.
@@ -132,13 +164,15 @@ class ToolPhaseTracker:
         q = self.settings.quantile
         st = self._sessions.get(session)
         kind = tool or (st.last_tool if st else UNKNOWN_TOOL)
-        by_kind = quantile(self._by_kind.get(kind, deque()), q)
-        by_session = quantile(st.durations, q) if st else None
+        window = self._by_kind.get(kind)
+        by_kind = window.quantile(q) if window is not None else None
+        by_session = st.durations.quantile(q) if st else None
         estimates = [e for e in (by_kind, by_session) if e is not None]
         return max(estimates) if estimates else None
 
     def usual_duration(self, tool: str) -> float | None:
-        return quantile(self._by_kind.get(tool, deque()), 0.5)
+        window = self._by_kind.get(tool)
+        return window.quantile(0.5) if window is not None else None
 
     def sessions_in_tool_phase(self) -> list[tuple[str, str, float]]:
         """(session, tool, phase start) of every open tool phase."""
@@ -149,6 +183,9 @@ class ToolPhaseTracker:
         ]
 
     # -- internals ------------------------------------------------------------------------
+    def _new_session(self) -> _SessionTools:
+        return _SessionTools(durations=_Window(self.settings.history))
+
     def _unpress(self, st: _SessionTools) -> None:
         # A young entry left in the deque is skipped later: its phase id no longer matches.
         if st.pressing:
@@ -188,9 +225,9 @@ class ToolPhaseTracker:
         if usual is not None and usual > 0:
             a = self.settings.ema_alpha
             self.slowdown_ema = a * (duration / usual) + (1 - a) * self.slowdown_ema
-        n = self.settings.history
-        for hist in (st.durations, self._by_kind.setdefault(tool, deque())):
-            hist.append(duration)
-            if len(hist) > n:
-                hist.popleft()
+        by_kind = self._by_kind.get(tool)
+        if by_kind is None:
+            by_kind = self._by_kind[tool] = _Window(self.settings.history)
+        st.durations.add(duration)
+        by_kind.add(duration)
         return ToolEnd(ts=now, session=session, tool=tool, inferred=inferred, duration_s=duration)

@@ -29,6 +29,9 @@ class EventBus:
 
     def publish(self, event: Event) -> None:
         """Never blocks; callable from synchronous code on the loop thread."""
+        if not self.subscribers:
+            self.skip()
+            return
         self._ring.append(event)
         self._next_seq += 1
         self.published_total += 1
@@ -37,6 +40,19 @@ class EventBus:
             self._waiter = None
             if not w.done():
                 w.set_result(None)
+
+    def skip(self) -> None:
+        """Count an event that nobody can read, without keeping it.
+
+        With no subscriber, an event is never read: a new subscription starts at the next
+        event published. So the request path, which publishes several events per request,
+        need not even build them then (it checks :attr:`subscribers` first); the ring stays
+        empty instead of holding ``capacity`` dead events for the garbage collector to walk.
+        """
+        if self._ring:
+            self._ring.clear()
+        self._next_seq += 1
+        self.published_total += 1
 
     def subscribe(self, accept: EventFilter | None = None) -> Subscription:
         """A cursor starting at the next event published."""

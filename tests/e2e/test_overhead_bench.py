@@ -26,7 +26,7 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable, str(ROOT / "benchmarks" / "overhead" / "run.py"),
-            "--targets", "direct,marsproxy-fcfs,marsproxy-mars,litellm",
+            "--targets", "direct,aiohttp-relay,marsproxy-fcfs,marsproxy-mars,litellm",
             "--points", "tiny", "--duration", "1", "--warmup", "0", "--rounds", "1",
             "--out", str(out), "--workdir", str(tmp_path / "work"),
             "--litellm-venv", str(tmp_path / "no-litellm"),
@@ -41,7 +41,7 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
     assert "--install" in result["skipped"]["litellm"]
 
     rows = {(s["point"], s["target"]): s for s in result["summary"]}
-    targets = ("direct", "marsproxy-fcfs", "marsproxy-mars")
+    targets = ("direct", "aiohttp-relay", "marsproxy-fcfs", "marsproxy-mars")
     assert set(rows) == {(p, t) for p in ("ns-r200-c4", "sse-max-c2") for t in targets}
     for (point, target), s in rows.items():
         assert s["requests"] > 0 and s["errors"] == 0, s

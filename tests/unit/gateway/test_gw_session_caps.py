@@ -58,3 +58,11 @@ def test_a_chain_continuation_at_the_cap_is_not_a_new_session() -> None:
     assert again == turn.session
     with pytest.raises(SessionRefused):
         _start(t, "t", None, now=0.3, history=History.of_text("something else"))
+
+
+def test_control_characters_are_those_of_c0_c1_and_del() -> None:
+    from marsproxy.gateway.sessions import session_id_problem
+
+    for cp in range(0x300):
+        control = cp < 0x20 or 0x7F <= cp < 0xA0
+        assert (session_id_problem(f"a{chr(cp)}b", 256) is not None) == control, hex(cp)

@@ -127,3 +127,20 @@ def test_zero_threshold_counts_every_inferred_phase_at_once() -> None:
     t = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=1.0, inferred_min_s=0.0))
     t.response_ended("a", 0.0)
     assert t.pressing(0.0) == 1
+
+
+def test_window_quantiles_match_sorting_the_last_durations() -> None:
+    import random
+
+    from marsproxy.probes.tool_phases import _Window
+
+    rng = random.Random(7)
+    for size in (1, 3, 64):
+        window, seen = _Window(size), []
+        assert window.quantile(0.5) is None
+        for _ in range(300):
+            v = rng.choice([rng.random() * 10, 1.0, 2.0])  # repeats, as real durations have
+            window.add(v)
+            seen.append(v)
+            for q in (0.0, 0.5, 0.9, 1.0):
+                assert window.quantile(q) == quantile(seen[-size:], q)

@@ -91,3 +91,21 @@ def test_event_wire_form() -> None:
     d = event_to_dict(LlmEnd(ts=3.0, session="t:s", worker="w0", prompt_tokens=10,
                              cached_tokens=8, completion_tokens=2))
     assert d["type"] == "llm_end" and d["cached_tokens"] == 8 and d["worker"] == "w0"
+
+
+def test_without_subscribers_events_are_counted_not_kept() -> None:
+    bus = EventBus(capacity=16)
+    sub = bus.subscribe()
+    bus.publish(SessionEnd(ts=1.0))
+    sub.close()
+    for i in range(3):
+        bus.publish(SessionEnd(ts=float(10 + i)))  # nobody can read these
+    bus.skip()  # what the request path does instead of building an event
+    assert bus.published_total == 5
+    assert len(bus._ring) == 0
+    later = bus.subscribe()  # starts at the next event, as ever
+    bus.publish(SessionEnd(ts=20.0))
+    bus.publish(SessionEnd(ts=21.0))
+    assert [e.ts for e in later.poll()] == [20.0, 21.0]
+    assert later.dropped == 0 and bus.dropped_total == 0
+    assert bus.published_total == 7
