@@ -178,6 +178,9 @@ class Upstream:
         self.session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,  # pass-through bytes stay as the worker encoded them
+            # One session serves every client: a cookie a worker sets for one client goes to
+            # that client (in the relayed Set-Cookie) and must never ride on another's request.
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._cfg.connect_timeout_s),
         )
 

@@ -64,7 +64,7 @@ class FakeWorker:
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
-        return web.json_response(
+        resp = web.json_response(
             {
                 "path": request.path,
                 "method": request.method,
@@ -72,6 +72,9 @@ class FakeWorker:
                 "body": body.decode(),
             }
         )
+        if request.path == "/set-cookie":  # a worker (or what sits before it) setting a cookie
+            resp.set_cookie("worker_affinity", "secret-of-the-first-client")
+        return resp
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

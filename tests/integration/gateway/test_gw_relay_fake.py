@@ -76,6 +76,24 @@ async def test_passthrough_forwards_method_query_auth_and_drops_hop_by_hop(
         await g.stop()
 
 
+async def test_a_workers_cookie_goes_to_its_client_and_is_never_replayed_to_others(
+    fake: Any, http: aiohttp.ClientSession
+) -> None:
+    # By host name, as workers usually are (aiohttp's jar would ignore an IP address's cookies).
+    g = await gateway(config([fake.url.replace("127.0.0.1", "localhost")]))
+    try:
+        async with http.get(url(g, "/set-cookie")) as r:
+            assert r.status == 200
+            assert "worker_affinity=secret-of-the-first-client" in r.headers["Set-Cookie"]
+        async with aiohttp.ClientSession() as other:  # another client, no cookies of its own
+            async with other.get(url(g, "/v1/models")) as r:
+                assert r.status == 200
+        assert fake.seen[-1].path_qs == "/v1/models"
+        assert "Cookie" not in fake.seen[-1].headers, fake.seen[-1].headers
+    finally:
+        await g.stop()
+
+
 async def test_non_streaming_bytes_pass_unchanged(fake: Any, http: aiohttp.ClientSession) -> None:
     g = await gateway(config([fake.url]))
     try:
