@@ -49,12 +49,13 @@ GATEWAY_KEY = web.AppKey("marsproxy_gateway", Gateway)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _front(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+def _front(cfg: MarsConfig, gw: Gateway) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The one middleware; one coroutine layer instead of three (each layer costs on every
     request). In order: errors, the request-head cap, the admin token, the body deadline, and
     the overhead header."""
     auth = AdminAuth(cfg.auth)
     limits = cfg.limits
+    refused_total = gw.metrics.refused
 
     @web.middleware
     async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -67,6 +68,7 @@ def _front(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
             if refused is not None:
                 if request.body_exists:
                     refused.force_close()  # its body is never read
+                refused_total.labels(str(refused.status)).inc()
                 return refused
             t0 = time.perf_counter()
             if not request.body_exists or request.content.is_eof():
@@ -89,6 +91,7 @@ def _front(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
             # aiohttp's own errors (no route, wrong method, body over client_max_size).
             if exc.status < 400:
                 raise
+            refused_total.labels(str(exc.status)).inc()
             code = "body_too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
             headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
             return error_response(
@@ -96,6 +99,7 @@ def _front(cfg: MarsConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
                 headers=headers,
             )
         except BodyError as exc:
+            refused_total.labels(str(exc.status)).inc()
             return error_response(exc.status, f"{request.path}: {exc.message}", code=exc.code)
         except (asyncio.CancelledError, ConnectionError):
             raise
@@ -133,7 +137,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
     app = web.Application(
         client_max_size=cfg.server.max_body_bytes + 1,
         handler_args={"handler_cancellation": True, **parser_args(cfg.limits)},
-        middlewares=[_front(cfg)],
+        middlewares=[_front(cfg, gw)],
     )
     app[GATEWAY_KEY] = gw
     # Pressure gauges are read from the state document at scrape time, not kept up to date.
@@ -210,7 +214,9 @@ async def start(cfg: MarsConfig, app: web.Application | None = None) -> Running:
         access_log_class=AccessLog,
     )
     await runner.setup()
-    site = GuardedSite(runner, cfg.server.host, cfg.server.port, cfg.limits)
+    refused_total = app[GATEWAY_KEY].metrics.refused
+    site = GuardedSite(runner, cfg.server.host, cfg.server.port, cfg.limits,
+                       on_refused=lambda status: refused_total.labels(str(status)).inc())
     await site.start()
     port = cfg.server.port
     for addr in runner.addresses:

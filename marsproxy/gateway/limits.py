@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -95,10 +96,13 @@ def dot_segments(request: web.Request) -> web.Response | None:
 class Connections:
     """How many client connections are open; shared by the site's handlers."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_refused: Callable[[int], None] | None = None) -> None:
         self.limit = limit
         self.open = 0
         self.refused = 0
+        # Told the status of every refusal made below aiohttp's handlers (the connection cap,
+        # unparsable heads): the gateway's metrics count them.
+        self.on_refused: Callable[[int], None] = on_refused or (lambda _status: None)
 
 
 def _raw_response(status: int, reason: str, code: str, message: str, retry_after: int) -> bytes:
@@ -169,6 +173,7 @@ class GuardedHandler(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send an error")
         status, code, text = _classify(status, exc)
+        self._conns.on_refused(status)
         detail = redact(str(exc)) if exc is not None else ""
         if status >= 500:
             log.error("%d %s: %s (%s)", status, code, text, detail, exc_info=exc)
@@ -196,10 +201,13 @@ class GuardedSite(web.BaseSite):
     """``web.TCPSite`` with a connection cap: the listening socket's protocols are counted
     :class:`GuardedHandler` instances, or a :class:`_Refusal` once the cap is reached."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, limits: LimitsConfig) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, limits: LimitsConfig,
+        on_refused: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(runner)
         self._host, self._port = host, port
-        self.connections = Connections(limits.max_connections)
+        self.connections = Connections(limits.max_connections, on_refused)
         self._linger_s = limits.header_timeout_s
         self._refusal = _raw_response(
             429,
@@ -226,6 +234,7 @@ class GuardedSite(web.BaseSite):
         def protocol() -> asyncio.Protocol:
             if conns.open >= conns.limit:
                 conns.refused += 1
+                conns.on_refused(429)
                 log.warning(
                     "429 too_many_connections: %d open (limits.max_connections)", conns.open
                 )

@@ -109,6 +109,13 @@ class GatewayMetrics:
             " no_healthy_worker, store_unavailable, session_ended, shutting_down: 503).",
             ["reason"],
         )
+        self.refused = Tally(
+            "marsproxy_refused",
+            "Requests and connections refused before relaying or admission, by status (400"
+            " malformed head or path, 401 admin token, 404/405 unknown route or method, 408"
+            " slow body, 413 body too large, 429 connection cap, 431 head too large).",
+            ["status"],
+        )
         # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
         self.continuations = Tally(
             "marsproxy_continuations",
@@ -147,7 +154,8 @@ class GatewayMetrics:
         )
         # Counters the scheduler and admission update per request: tallies too.
         TallyCollector(
-            [self.upstream_errors, self.rejections, self.continuations, self.resumes,
+            [self.upstream_errors, self.rejections, self.refused, self.continuations,
+             self.resumes,
              self.resume_tokens, self.retention_decisions, self.ledger_released]
         ).register(r)
         # The bounded label sets of the scheduler's counters exist from the start, at zero,

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 # The live stack comes from conftest.py (fixtures `live`, `make_live`); under importlib
 # imports a test module cannot import it, so helpers ride on the Live object.
@@ -26,6 +27,17 @@ def _err(r: httpx.Response) -> dict[str, Any]:
     body = r.json()
     assert set(body["error"]) >= {"message", "type", "code"}, body
     return body["error"]  # type: ignore[no-any-return]
+
+
+def _refused(live: Live, status: int) -> float:
+    """``marsproxy_refused_total{status}`` on the proxy's /metrics (0 before the first)."""
+    text = live.http.get("/metrics").text
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "marsproxy_refused":
+            for sample in fam.samples:
+                if sample.name.endswith("_total") and sample.labels["status"] == str(status):
+                    return float(sample.value)
+    return 0.0
 
 
 A = {"Authorization": "Bearer sk-tenant-a"}
@@ -40,12 +52,14 @@ EVENT = {"type": "tool_start", "tool": "bash"}
     "path", ["/mars/v1/state", "/mars/v1/openapi.json", "/mars/v1/events", "/mars/v1/nope"]
 )
 def test_operator_endpoints_need_the_admin_token(live: Live, path: str) -> None:
+    before = _refused(live, 401)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": live.token},
                     {"Authorization": f"Basic {live.token}"}, A):
         r = live.http.get(path, headers=headers)
         assert r.status_code == 401, (path, headers)
         assert _err(r)["code"] == "invalid_admin_token"
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert _refused(live, 401) == before + 5  # every refusal is counted
     if path != "/mars/v1/events":  # the stream never ends; its 200 is checked in test_openapi
         r = live.http.get(path, headers=live.admin)
         assert r.status_code == (404 if path.endswith("nope") else 200)
@@ -121,6 +135,7 @@ def test_body_cap_answers_413(make_live: Callable[[dict[str, Any]], Live]) -> No
 
 def test_header_caps_answer_431(live: Live) -> None:
     cap = live.cfg.limits.max_header_bytes
+    before = _refused(live, 431)
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
     one_line = live.raw(head + b"X-Big: " + b"a" * (cap + 1) + b"\r\n\r\n")
     many = b"".join(b"X-%d: %s\r\n" % (i, b"b" * 1000) for i in range(cap // 1000 + 2))
@@ -133,6 +148,7 @@ def test_header_caps_answer_431(live: Live) -> None:
         assert b'"type": "invalid_request_error"' in raw
         assert b"limits.max_header_" in raw  # names the cap
     assert live.http.get("/healthz").status_code == 200
+    assert _refused(live, 431) == before + 4
 
 
 def test_connection_cap_answers_429_then_frees(
@@ -155,6 +171,7 @@ def test_connection_cap_answers_429_then_frees(
         assert time.monotonic() < deadline, "closed connections were never uncounted"
         time.sleep(0.02)
     assert live.http.get("/healthz").status_code == 200
+    assert _refused(live, 429) >= 1  # the connection cap's refusals are counted too
 
 
 def test_sessions_per_tenant_cap_answers_429(make_live: Callable[[dict[str, Any]], Live]) -> None:
