@@ -11,7 +11,6 @@ here; one server start (20-60 s on 2 cores) and ~10 s of traffic.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,43 +20,15 @@ from typing import Any
 import pytest
 
 from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.procs import free_port
 from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import REGIMES, WorkloadSpec, build_workload
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPTS = REPO / "scripts" / "real-vllm"
-HOME = Path(os.environ.get("MARS_REAL_VLLM_HOME")
-            or Path.home() / ".cache" / "marsproxy" / "real-vllm")
-MODEL = HOME / "models" / "tiny"
-INSTALLED = (HOME / "venv" / "bin" / "python").exists() and (MODEL / ".built").exists()
-WANTED = os.environ.get("MARS_REAL_VLLM_TESTS") == "1"
-
-pytestmark = [
-    pytest.mark.skipif(
-        not INSTALLED,
-        reason=f"real vLLM not installed at {HOME} (run scripts/real-vllm/setup.sh tiny)",
-    ),
-    pytest.mark.skipif(
-        INSTALLED and not WANTED,
-        reason="real vLLM installed; set MARS_REAL_VLLM_TESTS=1 to run this (~1 min)",
-    ),
-]
-
 
 @pytest.fixture(scope="module")
-def vllm() -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "SCHEDULING_POLICY": "priority", "SERVED_MODEL_NAME": "tiny",
-           "VLLM_SERVER_DEV_MODE": "1", "HEALTH_TIMEOUT": "150"}
-    subprocess.run([str(SCRIPTS / "start.sh"), str(MODEL), str(port),
-                    "--enable-prompt-tokens-details"],
-                   env=env, check=True, timeout=180, stdout=subprocess.DEVNULL)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(SCRIPTS / "stop.sh"), str(port)], check=False, timeout=60,
-                       stdout=subprocess.DEVNULL)
+def vllm(start_vllm: Any) -> Iterator[str]:
+    with start_vllm("priority", "--enable-prompt-tokens-details",
+                    VLLM_SERVER_DEV_MODE="1") as url:
+        yield url
 
 
 def test_bench_live_against_a_real_vllm(vllm: str, tmp_path: Path) -> None:

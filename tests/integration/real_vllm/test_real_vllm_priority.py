@@ -2,18 +2,14 @@
 engine and changes completion order, and the ``priority: auto`` probe tells a server run with
 ``--scheduling-policy priority`` from one without it (which accepts ``priority`` silently).
 
-Needs ``scripts/real-vllm/setup.sh`` (installs into ``$MARS_REAL_VLLM_HOME``, default
-``~/.cache/marsproxy/real-vllm``) and ``MARS_REAL_VLLM_TESTS=1``; skipped otherwise, saying
-which is missing. Each server takes 20-60 s to start on
-2 cores; the module starts two (priority, fcfs), one after the other.
+Needs the real-vLLM install and ``MARS_REAL_VLLM_TESTS=1`` (conftest.py). Each server takes
+20-60 s to start on 2 cores; the module starts two (priority, fcfs), one after the other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,59 +18,24 @@ import aiohttp
 import psutil
 import pytest
 
-from marsproxy.bench.procs import free_port
 from marsproxy.config import load_config
 from marsproxy.gateway.app import Running, start
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPTS = REPO / "scripts" / "real-vllm"
-HOME = Path(os.environ.get("MARS_REAL_VLLM_HOME")
-            or Path.home() / ".cache" / "marsproxy" / "real-vllm")
-MODEL = HOME / "models" / "tiny"
-
-INSTALLED = (HOME / "venv" / "bin" / "python").exists() and (MODEL / ".built").exists()
-# They cost minutes (two server starts), so the plain suite leaves them to .ci/run, which runs
-# them on their own with their time printed.
-WANTED = os.environ.get("MARS_REAL_VLLM_TESTS") == "1"
-
-pytestmark = [
-    pytest.mark.skipif(
-        not INSTALLED,
-        reason=f"real vLLM not installed at {HOME} (run scripts/real-vllm/setup.sh tiny)",
-    ),
-    pytest.mark.skipif(
-        INSTALLED and not WANTED,
-        reason="real vLLM installed; set MARS_REAL_VLLM_TESTS=1 to run these (2-3 min;"
-        " .ci/run does)",
-    ),
-]
-
-
-def _server(policy: str, *extra: str, **env_extra: str) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "SCHEDULING_POLICY": policy, "SERVED_MODEL_NAME": "tiny",
-           "HEALTH_TIMEOUT": "150", **env_extra}
-    subprocess.run([str(SCRIPTS / "start.sh"), str(MODEL), str(port), *extra], env=env,
-                   check=True, timeout=180, stdout=subprocess.DEVNULL)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(SCRIPTS / "stop.sh"), str(port)], check=False, timeout=60,
-                       stdout=subprocess.DEVNULL)
-
 
 @pytest.fixture(scope="module")
-def vllm_priority() -> Iterator[str]:
+def vllm_priority(start_vllm: Any) -> Iterator[str]:
     # One sequence at a time: everything after the blocker waits in the engine's own queue,
-    # where --scheduling-policy priority orders it by the body's priority.
-    # Room for the blocker (~128 blocks of 32) and the long prompt (~94) at once.
-    yield from _server("priority", "--max-num-seqs", "1", "--max-num-batched-tokens", "512",
-                       NUM_BLOCKS="300")
+    # where --scheduling-policy priority orders it by the body's priority. Room for the blocker
+    # (~128 blocks of 32) and the long prompt (~94) at once.
+    with start_vllm("priority", "--max-num-seqs", "1", "--max-num-batched-tokens", "512",
+                    NUM_BLOCKS="300") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def vllm_fcfs() -> Iterator[str]:
-    yield from _server("fcfs", "--max-num-batched-tokens", "512")
+def vllm_fcfs(start_vllm: Any) -> Iterator[str]:
+    with start_vllm("fcfs", "--max-num-batched-tokens", "512") as url:
+        yield url
 
 
 async def _proxy(url: str, policy: str, priority: bool | str) -> Running:
@@ -104,10 +65,9 @@ async def _complete(http: aiohttp.ClientSession, base: str, session: str, prompt
     return out
 
 
-def _engine_core(url: str) -> psutil.Process:
+def _engine_core(url: str, run_dir: Path) -> psutil.Process:
     """The server's engine-core process (its scheduler), found under the pid start.sh wrote."""
     port = url.rsplit(":", 1)[1]
-    run_dir = Path(os.environ.get("RUN_DIR") or HOME / "run")
     server = psutil.Process(int((run_dir / f"vllm-{port}.pid").read_text()))
     for child in server.children(recursive=True):
         if "EngineCore" in " ".join(child.cmdline()) or "EngineCor" in child.name():
@@ -115,7 +75,8 @@ def _engine_core(url: str) -> psutil.Process:
     raise AssertionError(f"no EngineCore process under the vLLM server {server.pid}")
 
 
-async def _order(http: aiohttp.ClientSession, base: str, engine: str) -> list[str]:
+async def _order(http: aiohttp.ClientSession, base: str, engine: str, run_dir: Path
+                 ) -> list[str]:
     """Five requests reach a paused engine: a blocker (a 4080-token decode), a long cold prompt
     (3000 tokens: level 1), then three short ones (level 0). The engine resumes, runs the blocker
     in its only slot (about a second) while it takes in the other four, then picks among them.
@@ -131,7 +92,7 @@ async def _order(http: aiohttp.ClientSession, base: str, engine: str) -> list[st
     def ids(n: int) -> list[int]:  # fresh ids: no prefix-cache hit shortens anything
         return [rng.randrange(100, 1000) for _ in range(n)]
 
-    core = _engine_core(engine)
+    core = _engine_core(engine, run_dir)
     done: list[str] = []
     core.suspend()
     try:
@@ -150,11 +111,12 @@ async def _order(http: aiohttp.ClientSession, base: str, engine: str) -> list[st
 
 
 async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
-    vllm_priority: str, http: aiohttp.ClientSession
+    vllm_priority: str, http: aiohttp.ClientSession, real_vllm_run_dir: Path
 ) -> None:
     proxy = await _proxy(vllm_priority, "mars-no-admission", True)
     try:
-        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
+        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority,
+                             real_vllm_run_dir)
     finally:
         await proxy.stop()
     assert order[-1] == "long", order  # every short first
@@ -162,7 +124,8 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
     # engine serves in arrival order.
     proxy = await _proxy(vllm_priority, "fcfs", True)
     try:
-        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority)
+        order = await _order(http, f"http://127.0.0.1:{proxy.port}", vllm_priority,
+                             real_vllm_run_dir)
     finally:
         await proxy.stop()
     assert order[0] == "long", order
