@@ -99,7 +99,6 @@ class Connections:
     def __init__(self, limit: int, on_refused: Callable[[int], None] | None = None) -> None:
         self.limit = limit
         self.open = 0
-        self.refused = 0
         # Told the status of every refusal made below aiohttp's handlers (the connection cap,
         # unparsable heads): the gateway's metrics count them.
         self.on_refused: Callable[[int], None] = on_refused or (lambda _status: None)
@@ -233,7 +232,6 @@ class GuardedSite(web.BaseSite):
 
         def protocol() -> asyncio.Protocol:
             if conns.open >= conns.limit:
-                conns.refused += 1
                 conns.on_refused(429)
                 log.warning(
                     "429 too_many_connections: %d open (limits.max_connections)", conns.open

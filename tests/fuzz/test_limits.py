@@ -162,7 +162,6 @@ def test_connection_cap_answers_429_then_frees(
         assert live.status(raw) == 429, raw
         assert b"too_many_connections" in raw and b"limits.max_connections" in raw
         assert b"Retry-After: 1" in raw
-        assert live.on_loop(lambda: live.running.site.connections.refused) >= 1
     finally:
         for s in held:
             s.close()
@@ -171,7 +170,7 @@ def test_connection_cap_answers_429_then_frees(
         assert time.monotonic() < deadline, "closed connections were never uncounted"
         time.sleep(0.02)
     assert live.http.get("/healthz").status_code == 200
-    assert _refused(live, 429) >= 1  # the connection cap's refusals are counted too
+    assert _refused(live, 429) >= 1  # counted in marsproxy_refused_total (read once freed)
 
 
 def test_sessions_per_tenant_cap_answers_429(make_live: Callable[[dict[str, Any]], Live]) -> None:
