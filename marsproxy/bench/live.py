@@ -36,7 +36,7 @@ from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
 from marsproxy.bench.procs import CLI, free_port, wait_up
 from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
+from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, slug
 from marsproxy.bench.timeline import timeline
 from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import PlannedSession, Workload, build_workload
@@ -286,6 +286,10 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         for p, r in zip(wl.sessions, results, strict=True)
     ]
     extra["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    if events:
+        # The proxy's whole event stream, to find out why a policy won or lost.
+        with open(out / f"events-{slug(label, policy)}.jsonl", "w") as f:
+            f.writelines(json.dumps(ev) + "\n" for ev in events)
     return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
                      {"events": len(events), "stats": counters, **extra})
 

@@ -4,7 +4,6 @@ policy the window, KV usage, CPU pressure and admission queue over time (from it
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,13 +13,9 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
 
 from marsproxy.bench.report import groups
-from marsproxy.bench.results import RunResult
+from marsproxy.bench.results import RunResult, slug
 
 _DPI = 80
-
-
-def _slug(*parts: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p)).strip("_") or "run"
 
 
 def latency_cdf(path: Path, group: Sequence[RunResult], title: str) -> None:
@@ -67,11 +62,11 @@ def plot_all(out_dir: Path, runs: Sequence[RunResult]) -> dict[tuple[str, str], 
     made: dict[tuple[str, str], list[str]] = {}
     for (regime, load), group in groups(runs).items():
         names = []
-        cdf = f"cdf-{_slug(regime, load)}.png"
+        cdf = f"cdf-{slug(regime, load)}.png"
         latency_cdf(out_dir / cdf, group, f"latency CDF — regime {regime}, load {load}")
         names.append(cdf)
         for r in group:
-            tl = f"timeline-{_slug(regime, load, r.policy)}.png"
+            tl = f"timeline-{slug(regime, load, r.policy)}.png"
             if timelines(out_dir / tl, r, f"{r.policy} — regime {regime}, load {load}"):
                 names.append(tl)
         made[(regime, load)] = names

@@ -17,12 +17,18 @@ Definitions (docs/benchmarks.md repeats them):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 GOODPUT_FACTOR = 3.0
 WARM_FRACTION = 0.9
+
+
+def slug(*parts: str) -> str:
+    """A file-name part made of a run's labels (regime, load, policy)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p)).strip("_") or "run"
 
 
 @dataclass(slots=True)

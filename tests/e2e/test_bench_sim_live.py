@@ -53,6 +53,10 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     # in the body, as the simulator's default worker mode; not the gated dispatch queue)
     proxy_cfg = (tmp_path / "live" / "logs" / "proxy-mars.yaml").read_text()
     assert "priority: true" in proxy_cfg
+    # the proxy's whole event stream is kept, one JSON object per line
+    (events,) = (tmp_path / "live" / "logs").glob("events-*-mars.jsonl")
+    kinds = {json.loads(line)["type"] for line in events.read_text().splitlines()}
+    assert {"session_queued", "session_admitted", "dispatch", "llm_end"} <= kinds
     assert list((tmp_path / "live").glob("cdf-*.png"))
     assert list((tmp_path / "live").glob("timeline-*mars.png"))
     s, lv = _means(sim), _means(live)
