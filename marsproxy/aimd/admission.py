@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
@@ -55,6 +54,8 @@ class WorkerSignals:
     sessions_elsewhere: int = 0
     """Sessions other replicas hold on this worker (the shared store's leases less ours): the
     forecast-peak fit counts them at the typical forecast, as it cannot see their contexts."""
+    running: int | None = None
+    """Requests the engine runs now (vLLM's running gauge); ``None``: not reported."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -267,15 +268,31 @@ class AdmissionCore:
     # -- views ----------------------------------------------------------------------------------
     def budget(self, worker: str) -> int | None:
         """KV blocks a new session may use on ``worker`` (``None``: no block counts)."""
+        now_budget = self.free_budget(worker)
+        peak = self.peak_room(worker)
+        return now_budget if now_budget is None or peak is None else min(now_budget, peak)
+
+    def free_budget(self, worker: str) -> int | None:
+        """KV blocks free on ``worker`` now for a new session's first prompt, less the reserve,
+        the retained and the promised blocks: the budget without the forecast-peak fit."""
         s = self._signals[worker]
         if s.stale:
             return 0
         if s.free_blocks is None or s.total_blocks is None:
             return None
-        now_budget = kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
-                               s.retained_blocks) - self._pending_on[worker]
-        peak = self.peak_room(worker)
-        return now_budget if peak is None else min(now_budget, peak)
+        return kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
+                         s.retained_blocks) - self._pending_on[worker]
+
+    def idle_s(self, now: float, worker: str) -> float | None:
+        """How long ``worker`` has run nothing while every session admitted on it sits in a
+        tool phase (``None``: something runs, nothing is admitted, or it cannot be known)."""
+        s = self._signals[worker]
+        if s.stale or (s.running or 0) > 0:
+            return None
+        if s.running is None and s.sessions_elsewhere > 0:
+            return None  # other replicas' sessions may be running there: unseen
+        since = self.sessions.dormant_since(worker)
+        return None if since is None else max(0.0, now - since)
 
     def peak_room(self, worker: str) -> int | None:
         """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
@@ -302,33 +319,8 @@ class AdmissionCore:
             return 0
         return None if s.free_blocks is None else s.free_blocks - self._pending_on[worker]
 
-    def views(self) -> list[WorkerView]:
-        return self._views()
-
-    def snapshot(self, now: float) -> dict[str, Any]:
-        """Windows, caps, overload states, admitted sessions and the queue (``/mars/v1/state``)."""
-        workers = {}
-        for w in self.workers:
-            c = self.controllers[w]
-            workers[w] = {
-                "window": c.window, "effective_limit": c.effective_limit,
-                "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap,
-                "kv_overloaded": c.kv_overloaded, "cpu_overloaded": c.cpu_overloaded,
-                "stale": c.stale, "budget_blocks": self.budget(w),
-                "peak_room_blocks": self.peak_room(w),
-                "admitted": self.sessions.sessions_on(w),
-            }
-        return {
-            "enabled": self.cfg.enabled,
-            "peak_growth": self.peaks.growth(),
-            "workers": workers,
-            "queue": {
-                "length": len(self.queue), "mode": str(self.queue.mode),
-                "order": [s for s, _ in self.queue.positions(now)],
-                "admission_rate_per_s": self.queue.admission_rate(now),
-                "retry_after_s": self.queue.retry_after(now),
-            },
-        }
+    def views(self, now: float | None = None) -> list[WorkerView]:
+        return self._views(now)
 
     # -- internals ------------------------------------------------------------------------------
     def _control_signals(self, w: str) -> ControlSignals:
@@ -354,7 +346,7 @@ class AdmissionCore:
         used = s.total_blocks - s.free_blocks
         return max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
 
-    def _views(self) -> list[WorkerView]:
+    def _views(self, now: float | None = None) -> list[WorkerView]:
         out = []
         for w in self.workers:
             s, c = self._signals[w], self.controllers[w]
@@ -366,13 +358,15 @@ class AdmissionCore:
                 block_size=s.block_size or _DEFAULT_BLOCK_SIZE,
                 long_admitted=self.sessions.long_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
+                idle_s=None if now is None else self.idle_s(now, w),
+                free_budget_blocks=self.free_budget(w),
             ))
         return out
 
     def _admit_pass(self, now: float, actions: Actions) -> None:
         if not len(self.queue):
             return
-        for a in self.queue.select(now, self._views()):
+        for a in self.queue.select(now, self._views(now)):
             rec = self.sessions.admit(now, a.entry.session, a.worker)
             self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
             block_size = self._signals[a.worker].block_size or _DEFAULT_BLOCK_SIZE

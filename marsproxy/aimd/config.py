@@ -110,6 +110,19 @@ class AdmissionConfig(_Section):
         " CPU-bound tiny worker at 4/s: 0.59x -> 0.91x direct); hurts at 128k contexts, where"
         " few sessions fit and most wait in tools (4.0x -> 2.1x direct).",
     )
+    idle_admit: bool = Field(
+        True,
+        description="A worker with sessions waiting, whose admitted sessions are all in tool"
+        " phases and whose engine runs nothing (vLLM's running gauge) for idle_admit_after_s,"
+        " admits one more session whose first prompt fits its free KV, even where the"
+        " forecast-peak fit says no: an idle engine with work waiting is the waste the fit is"
+        " there to avoid, and the fit applies again to later admissions.",
+    )
+    idle_admit_after_s: float = Field(
+        0.2, ge=0,
+        description="How long a worker must sit idle that way before idle_admit lets one more"
+        " session in (gaps between an agent's calls are shorter than this).",
+    )
     peak_history: int = Field(
         64, ge=1,
         description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",

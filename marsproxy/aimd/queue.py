@@ -51,6 +51,11 @@ class WorkerView:
     long_admitted: int = 0
     kv_overloaded: bool = False
     cpu_overloaded: bool = False
+    idle_s: float | None = None
+    """How long the worker has run nothing while its sessions sit in tool phases (``None``:
+    something runs there, or nothing is admitted)."""
+    free_budget_blocks: int | None = None
+    """The budget without the forecast-peak fit: free blocks now (idle admissions)."""
 
     @property
     def placeable(self) -> bool:
@@ -64,6 +69,8 @@ class Admission:
     worker: str
     forced: bool = False
     """Admitted by the no-deadlock rule, without fitting."""
+    idle: bool = False
+    """Admitted onto an idle worker past the forecast-peak fit (``admission.idle_admit``)."""
 
 
 @dataclass(slots=True)
@@ -173,6 +180,8 @@ class AdmissionQueue:
             out = self._pass(now, rooms)
             if not out and not any(w.admitted for w in workers):
                 out = self._no_deadlock(rooms)
+            elif self.cfg.idle_admit:
+                out.extend(self._idle_admits(now, rooms, out))
         for a in out:
             self._index.discard(a.entry.session)
         if out:
@@ -295,6 +304,34 @@ class AdmissionQueue:
             room.pack -= blocks
         if e.long:
             room.long_admitted += 1
+
+    def _idle_admits(self, now: float, rooms: list[_Room], taken: list[Admission]) -> list[
+        Admission
+    ]:
+        """One session for each worker idle for ``idle_admit_after_s`` that this pass gave
+        none: the first waiting (in this pass's order) whose first prompt fits its free KV."""
+        idle = [r for r in rooms if r.slots > 0 and r.view.idle_s is not None
+                and r.view.idle_s >= self.cfg.idle_admit_after_s]
+        if not idle:
+            return []
+        busy = {a.worker for a in taken}
+        chosen = {a.entry.session for a in taken}
+        waiting = [e for e in self.ordered(now) if e.session not in chosen]
+        out: list[Admission] = []
+        for r in idle:
+            if r.view.name in busy:
+                continue
+            for e in waiting:
+                if e.long and r.long_admitted >= self.cfg.max_long_in_flight:
+                    continue
+                if fits(blocks_for_tokens(e.est_tokens, r.view.block_size),
+                        r.view.free_budget_blocks):
+                    out.append(Admission(e, r.view.name, idle=True))
+                    waiting.remove(e)
+                    break
+                if self._holds(e, now):
+                    break  # due now: nobody behind it takes the room it waits for
+        return out
 
     def _no_deadlock(self, rooms: list[_Room]) -> list[Admission]:
         free = [r for r in rooms if r.slots > 0]

@@ -118,6 +118,20 @@ class SessionLifecycle:
         return sum(1 for k in self._by_worker.get(worker, ())
                    if self._records[k].in_flight > 0)
 
+    def dormant_since(self, worker: str) -> float | None:
+        """When the last of the sessions admitted on ``worker`` went into its tool phase;
+        ``None`` while any of them has a request in flight, or none is admitted there."""
+        keys = self._by_worker.get(worker)
+        if not keys:
+            return None
+        since = 0.0
+        for k in keys:
+            rec = self._records[k]
+            if rec.in_flight > 0:
+                return None
+            since = max(since, rec.last_active)
+        return since
+
     def long_on(self, worker: str) -> int:
         return self._long_by_worker.get(worker, 0)
 

@@ -59,6 +59,7 @@ def worker_signals(
         base,
         stale=pressure.stale,
         kv_usage=m.kv_usage,
+        running=m.running,
         free_blocks=free_blocks_from_usage(m.kv_usage, total),
         total_blocks=total,
         block_size=m.block_size,

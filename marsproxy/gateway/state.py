@@ -65,13 +65,15 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
             "window": c.window, "effective_limit": c.effective_limit, "limit": adm.limit(w),
             "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap, "kv_overloaded": c.kv_overloaded,
             "cpu_overloaded": c.cpu_overloaded, "stale": c.stale,
-            "budget_blocks": core.budget(w), "admitted": core.sessions.admitted_on(w),
+            "budget_blocks": core.budget(w), "peak_room_blocks": core.peak_room(w),
+            "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
             "admitted_store": adm.store_admitted(w),
             "sessions": [unscoped_id(k) for k in core.sessions.sessions_on(w)[:50]],
         }
     q, store = core.queue, adm.store
     return {
         "enabled": True,
+        "peak_growth": core.peaks.growth(),
         "workers": workers,
         "queue": {
             "length": len(q), "pending": adm.pending, "mode": str(q.mode),

@@ -146,6 +146,10 @@ class AdmissionWorkerState(TypedDict):
     cpu_overloaded: bool
     stale: bool
     budget_blocks: int | None
+    peak_room_blocks: int | None
+    """First-prompt blocks the forecast-peak fit leaves (``None``: off or no block counts)."""
+    idle_s: float | None
+    """How long the worker has run nothing while its sessions sit in tool phases."""
     admitted: int
     """Sessions this replica's core holds on the worker (pending confirmation included)."""
     admitted_store: int
@@ -176,6 +180,8 @@ class StoreState(TypedDict):
 
 class AdmissionState(TypedDict):
     enabled: bool
+    peak_growth: float
+    """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState
     store: StoreState

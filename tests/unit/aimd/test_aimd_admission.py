@@ -187,17 +187,6 @@ def test_window_change_events_from_tick() -> None:
     assert acts.window_changes[0] in acts.events
 
 
-def test_snapshot() -> None:
-    c = core(window_init=1, window_min=1)
-    c.on_request(1.0, "a", "t", 10)
-    c.on_request(1.0, "b", "t", 10)
-    snap = c.snapshot(1.0)
-    w = snap["workers"]["w0"]
-    assert w["admitted"] == ["a"] and w["window"] == 1 and w["effective_limit"] == 1
-    assert snap["queue"]["length"] == 1 and snap["queue"]["order"] == ["b"]
-    assert c.sessions.get("a").state is SessionState.ADMITTED  # type: ignore[union-attr]
-
-
 def test_adopting_a_session_admitted_elsewhere_is_not_a_new_admission() -> None:
     c = core(window_init=2, window_min=2, window_max=2)
     for i in range(2):

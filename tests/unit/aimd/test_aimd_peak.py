@@ -78,8 +78,10 @@ def sig(**kw: Any) -> WorkerSignals:
 
 
 def core(**cfg: Any) -> AdmissionCore:
+    # Idle admission off: these tests are about the fit it overrides (test_aimd_idle_admit).
     base: dict[str, Any] = dict(window_init=8, window_min=2, window_max=8, kv_reserve_frac=0.1,
-                                peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0)
+                                peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0,
+                                idle_admit=False)
     base.update(cfg)
     c = AdmissionCore(AdmissionConfig(**base), ["w0"])
     c.tick(0.0, {"w0": sig()})

@@ -54,10 +54,12 @@ def _admission() -> AdmissionState:
     row = {
         "window": 8, "effective_limit": 6, "limit": 5, "kv_cap": 6, "cpu_cap": 30,
         "kv_overloaded": True, "cpu_overloaded": False, "stale": False, "budget_blocks": 40,
-        "admitted": 5, "admitted_store": 7, "sessions": ["a", "b"],
+        "peak_room_blocks": 40, "idle_s": None, "admitted": 5, "admitted_store": 7,
+        "sessions": ["a", "b"],
     }
     return {
         "enabled": True,
+        "peak_growth": 2.0,
         "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1}},  # type: ignore[typeddict-item]
         "queue": {"length": 3, "pending": 1, "mode": "shortest_first", "order": ["x", "y", "z"],
                   "admission_rate_per_s": 0.5, "retry_after_s": 8},

@@ -1,0 +1,59 @@
+"""Idle admission through the gateway: a session the forecast-peak fit holds back is let in
+once every admitted session has sat in its tool phase, with nothing running on the engine,
+for ``admission.idle_admit_after_s`` (scraped from a real emulated worker's /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from marsproxy.emulator.server import EmulatorOptions, create_app
+
+_Factory = Any
+
+# 64 blocks of 16 tokens, 10 % reserved: 57 usable. A ~300-token first prompt forecasts
+# 2 × 300 = 600 tokens (38 blocks), so the second one's forecast does not fit beside it.
+_PROMPT = "word " * 300
+
+
+def _small_worker() -> web.Application:
+    return create_app(EmulatorOptions(profile="tiny", time_scale=0.05, num_blocks=64))
+
+
+async def _holder_in_its_tool_phase(s: Any) -> asyncio.Task[Any]:
+    assert (await s.chat("holder", content=_PROMPT))[0] == 200  # now in its tool phase
+    waiter = asyncio.create_task(s.chat("waiter", content=_PROMPT))
+    await s.until(lambda: _queued(s, 1))
+    return waiter
+
+
+async def test_the_held_session_goes_in_once_the_worker_sat_idle(make_stack: _Factory) -> None:
+    s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0,
+                         idle_admit_after_s=0.3)
+    waiter = await _holder_in_its_tool_phase(s)
+    assert (await asyncio.wait_for(waiter, 10))[0] == 200
+    row = (await s.state())["admission"]["workers"]["w0"]
+    assert sorted(row["sessions"]) == ["holder", "waiter"]
+    # Both in tool phases now, the worker idle again; the fit still has no room.
+    assert row["peak_room_blocks"] is not None and row["peak_room_blocks"] < 19
+
+
+async def test_off_the_fit_holds_it_until_the_holder_ends(make_stack: _Factory) -> None:
+    s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0, idle_admit=False,
+                         idle_admit_after_s=0.3)
+    waiter = await _holder_in_its_tool_phase(s)
+
+    async def idle_a_while() -> bool:
+        idle = (await s.state())["admission"]["workers"]["w0"]["idle_s"]
+        return idle is not None and idle > 1.0
+
+    await s.until(idle_a_while)  # idle far past idle_admit_after_s, and still held
+    assert not waiter.done() and await _queued(s, 1)
+    assert (await s.chat("holder", final=True))[0] == 200
+    assert (await asyncio.wait_for(waiter, 10))[0] == 200
+
+
+async def _queued(s: Any, n: int) -> bool:
+    return bool(await s.queue_length() == n)
