@@ -218,8 +218,12 @@ async def replay_plan(
             sent_tokens += tr.completion_tokens
         if turn.tool_s is not None and i < len(turns) - 1:
             if on_tool is not None:
-                await on_tool(plan.id, "tool_start", turn.tool)
-            await tool(turn.tool_s, turn.tool)
+                # The tool does not wait for its start report (an agent's telemetry should not
+                # delay its work); the end report goes out before the next call, in order.
+                await asyncio.gather(on_tool(plan.id, "tool_start", turn.tool),
+                                     tool(turn.tool_s, turn.tool))
+            else:
+                await tool(turn.tool_s, turn.tool)
             if on_tool is not None:
                 await on_tool(plan.id, "tool_end", turn.tool)
     result.ended = time.perf_counter()

@@ -1,0 +1,57 @@
+"""The benchmark's agent against a real (emulated) worker: every turn sent in order, and each
+tool phase reported around the tool itself, the end report before the next call."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from marsproxy.bench.agent import ReplayOptions, filler, replay_plan
+from marsproxy.bench.workload import PlannedSession, PlannedTurn
+from marsproxy.emulator.server import EmulatorOptions, create_app
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    runner = web.AppRunner(create_app(EmulatorOptions(profile="tiny", time_scale=0.01)))
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    await runner.cleanup()
+
+
+async def test_tool_phases_are_reported_around_the_tool(worker: str) -> None:
+    plan = PlannedSession("s1", "t", 0.0, (
+        PlannedTurn(200, 4, 0.05, "pytest"),
+        PlannedTurn(260, 4, 0.02, "grep"),
+        PlannedTurn(300, 4, None, ""),
+    ))
+    log: list[tuple[str, str, float]] = []
+
+    async def on_tool(session: str, kind: str, tool: str) -> None:
+        assert session == "s1"
+        log.append((kind, tool, time.perf_counter()))
+
+    async def tool(seconds: float, kind: str) -> None:
+        log.append(("run", kind, time.perf_counter()))
+
+    opts = ReplayOptions(base_url=worker, model="tiny-emulated", system_prompt_tokens=50)
+    async with aiohttp.ClientSession() as http:
+        res = await replay_plan(http, plan, opts, filler(50, random.Random(0)),
+                                tool, on_tool)
+    assert [t.ok for t in res.turns] == [True, True, True]
+    assert sorted(k for k, _, _ in log[:2]) == ["run", "tool_start"]  # side by side
+    assert [(k, t) for k, t, _ in log if k != "run"] == [
+        ("tool_start", "pytest"), ("tool_end", "pytest"),
+        ("tool_start", "grep"), ("tool_end", "grep")]
+    ends = [ts for k, _, ts in log if k == "tool_end"]
+    # each end report precedes the next call
+    assert all(end < turn.sent_at for end, turn in zip(ends, res.turns[1:], strict=True))
