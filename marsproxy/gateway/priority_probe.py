@@ -93,15 +93,14 @@ async def _run(http: aiohttp.ClientSession, base: str, min_lead: float) -> Probe
                 "max_tokens": 1, "ignore_eos": True, "temperature": 0, "priority": priority}
 
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
     a = asyncio.create_task(_complete(http, base, body(p.blocker_tokens, 0), loop))
     await asyncio.sleep(_SEND_GAP_S)
     b = asyncio.create_task(_complete(http, base, body(p.long_tokens, 1), loop))
     await asyncio.sleep(_SEND_GAP_S)
     c = asyncio.create_task(_complete(http, base, body(p.short_tokens, 0), loop))
     try:
-        _, long_done, short_done = await asyncio.gather(a, b, c)
+        blocker_done, long_done, short_done = await asyncio.gather(a, b, c)
     finally:
         for t in (a, b, c):
             t.cancel()
-    return read(t0, long_done, short_done, min_lead)
+    return read(blocker_done, long_done, short_done, min_lead)

@@ -100,8 +100,8 @@ class SchedulerConfig(_Section):
     probe_min_lead: float = Field(
         0.25, gt=0, lt=1,
         description="The probe reads a worker as honouring priority when its short,"
-        " high-priority request finishes at least this share of the probe's time before the"
-        " long, low-priority one sent ahead of it.",
+        " high-priority request finishes before the long, low-priority one sent ahead of it by"
+        " at least this share of the time from the blocker's end to the long one's end.",
     )
     # -- Hints ------------------------------------------------------------------------------
     hint_encoder: HintEncoderName = Field(

@@ -13,12 +13,11 @@ that keeps the engine busy, and sees which one the engine picks first:
 Running requests are scheduled before waiting ones under both policies; the difference is in
 the waiting queue. FCFS takes B first, so C finishes no sooner than the step in which B's
 prefill ends. The priority policy takes C first, in the step where A's last chunk leaves room,
-well before B (twice A's prefill) is done: the lead is B's prefill over the whole run, about
-half or more. All three use ``max_tokens`` 1 and
-fresh random token ids (no prefix-cache hits). The worker honours priority iff C finished a
-clear share of the probe's time before B. Anything else (an error, a timeout, prompts too
-short to need several chunks, a tie) reads as *gated*, which is always safe: the proxy then
-orders continuations itself.
+well before B (twice A's prefill) is done. All three use ``max_tokens`` 1 and fresh random
+token ids (no prefix-cache hits). The worker honours priority iff C finished ahead of B by a
+clear share of the time from A's end (when the engine chooses) to B's end. Anything else (an
+error, a timeout, prompts too short to need several chunks, a tie) reads as *gated*, which is
+always safe: the proxy then orders continuations itself.
 """
 
 from __future__ import annotations
@@ -58,14 +57,20 @@ def plan(max_model_len: int | None, kv_tokens: int | None) -> ProbePlan | None:
     return ProbePlan(n) if n >= _MIN_LONG_TOKENS else None
 
 
-def read(t0: float, long_done: float, short_done: float, min_lead: float) -> ProbeReading:
-    """Judge one run: ``t0`` when A was sent, ``long_done``/``short_done`` when B/C finished."""
-    span = long_done - t0
+def read(blocker_done: float, long_done: float, short_done: float,
+         min_lead: float) -> ProbeReading:
+    """Judge one run from when A, B and C finished. The engine chooses between B and C when A
+    leaves room, so the lead is C's head start on B over the time from A's end to B's end (not
+    from when A was sent: how long the requests took to reach the engine says nothing about
+    its order)."""
+    span = long_done - blocker_done
     if span <= 0:
-        return ProbeReading(False, "probe timings out of order")
+        return ProbeReading(False, "probe timings out of order: the long request finished"
+                                   " no later than the blocker")
     lead = (long_done - short_done) / span
-    told = (f"short high-priority request done {short_done - t0:.3f} s, long low-priority one"
-            f" {span:.3f} s after start (lead {lead:.0%}, needs {min_lead:.0%})")
+    told = (f"short high-priority request done {short_done - blocker_done:.3f} s, long"
+            f" low-priority one {span:.3f} s after the blocker (lead {lead:.0%}, needs"
+            f" {min_lead:.0%})")
     if lead >= min_lead:
         return ProbeReading(True, "honours priority: " + told)
     return ProbeReading(False, "no priority ordering seen: " + told)

@@ -131,8 +131,19 @@ async def test_proxy_priority_reaches_the_engine_and_changes_completion_order(
     assert order[0] == "long", order
 
 
-async def _probed(url: str) -> tuple[str, str]:
-    proxy = await _proxy(url, "mars-no-admission", "auto")
+async def _probed(url: str, run_dir: Path) -> tuple[str, str]:
+    """The proxy's start-up probe against ``url``, its three requests sent while the engine
+    core is paused, so they meet in the engine's queue as the probe intends. Unpaused, a fast
+    engine finishes the probe's blocker before the API server (sharing 2 cores with everything
+    else) hands it the next request, and the probe reads a priority server as gated: safe, but
+    not what these tests are about."""
+    core = _engine_core(url, run_dir)
+    core.suspend()
+    try:
+        proxy = await _proxy(url, "mars-no-admission", "auto")
+        await asyncio.sleep(1.5)  # the probe's requests reach the API server and wait there
+    finally:
+        core.resume()
     try:
         shell = proxy.gateway.scheduler
         for _ in range(600):
@@ -144,12 +155,16 @@ async def _probed(url: str) -> tuple[str, str]:
         await proxy.stop()
 
 
-async def test_auto_probe_finds_priority_on_a_priority_server(vllm_priority: str) -> None:
-    mode, reason = await _probed(vllm_priority)
+async def test_auto_probe_finds_priority_on_a_priority_server(
+    vllm_priority: str, real_vllm_run_dir: Path
+) -> None:
+    mode, reason = await _probed(vllm_priority, real_vllm_run_dir)
     assert mode == "priority", reason
 
 
-async def test_auto_probe_finds_no_priority_on_a_default_server(vllm_fcfs: str) -> None:
-    mode, reason = await _probed(vllm_fcfs)
+async def test_auto_probe_finds_no_priority_on_a_default_server(
+    vllm_fcfs: str, real_vllm_run_dir: Path
+) -> None:
+    mode, reason = await _probed(vllm_fcfs, real_vllm_run_dir)
     assert mode == "gated", reason
     assert "no priority ordering" in reason

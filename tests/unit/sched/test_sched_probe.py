@@ -14,10 +14,17 @@ def test_plan_fits_context_and_kv_or_gives_up() -> None:
 
 
 def test_read_needs_a_clear_lead_of_the_short_request() -> None:
-    # short done at 0.3 s, long at 1.0 s: 70 % lead → priority
-    yes = read(0.0, 1.0, 0.3, 0.25)
-    assert yes.honours_priority and "70%" in yes.reason
+    # blocker done at 0.2 s, short at 0.4 s, long at 1.2 s: lead 0.8 of 1.0 s → priority
+    yes = read(0.2, 1.2, 0.4, 0.25)
+    assert yes.honours_priority and "80%" in yes.reason
     # FCFS: the short one finishes with (or after) the long one
-    assert not read(0.0, 1.0, 0.98, 0.25).honours_priority
-    assert not read(0.0, 1.0, 1.2, 0.25).honours_priority
+    assert not read(0.2, 1.0, 0.98, 0.25).honours_priority
+    assert not read(0.2, 1.0, 1.2, 0.25).honours_priority
     assert not read(5.0, 5.0, 4.0, 0.25).honours_priority  # no span: unreadable
+
+
+def test_the_lead_is_measured_from_the_blockers_end_not_from_sending() -> None:
+    # The requests took 1.5 s to reach the engine (a busy API server): the engine's choice
+    # (short 0.1 s after the blocker, long 0.2 s after) is what counts, not the wait before.
+    slow_delivery = read(1.53, 1.63, 1.54, 0.25)
+    assert slow_delivery.honours_priority, slow_delivery.reason
