@@ -268,9 +268,7 @@ class AdmissionCore:
     # -- views ----------------------------------------------------------------------------------
     def budget(self, worker: str) -> int | None:
         """KV blocks a new session may use on ``worker`` (``None``: no block counts)."""
-        now_budget = self.free_budget(worker)
-        peak = self.peak_room(worker)
-        return now_budget if now_budget is None or peak is None else min(now_budget, peak)
+        return _smaller(self.free_budget(worker), self.peak_room(worker))
 
     def free_budget(self, worker: str) -> int | None:
         """KV blocks free on ``worker`` now for a new session's first prompt, less the reserve,
@@ -350,16 +348,18 @@ class AdmissionCore:
         out = []
         for w in self.workers:
             s, c = self._signals[w], self.controllers[w]
+            # Each once: the forecast's room sums over every session on the worker.
+            free, peak = self.free_budget(w), self.peak_room(w)
             out.append(WorkerView(
                 name=w, admitted=self.sessions.admitted_on(w), limit=c.effective_limit,
-                healthy=s.healthy, stale=s.stale, budget_blocks=self.budget(w),
+                healthy=s.healthy, stale=s.stale, budget_blocks=_smaller(free, peak),
                 free_blocks=self._free(w), retained_blocks=s.retained_blocks,
-                peak_room_blocks=self.peak_room(w),
+                peak_room_blocks=peak,
                 block_size=s.block_size or _DEFAULT_BLOCK_SIZE,
                 long_admitted=self.sessions.long_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
-                free_budget_blocks=self.free_budget(w),
+                free_budget_blocks=free,
             ))
         return out
 
@@ -408,3 +408,8 @@ class AdmissionCore:
             ts=now, session=session, worker=rec.worker, reason=str(reason), turns=rec.turns,
             duration_s=now - rec.queued_at))
         return True
+
+
+def _smaller(free: int | None, peak: int | None) -> int | None:
+    """The budget: the free-block budget, bounded by the forecast's room where there is one."""
+    return free if free is None or peak is None else min(free, peak)
