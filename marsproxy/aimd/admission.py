@@ -359,7 +359,7 @@ class AdmissionCore:
                 long_admitted=self.sessions.long_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
-                free_budget_blocks=free,
+                free_budget_blocks=free, idle_limit=c.idle_limit,
             ))
         return out
 

@@ -79,6 +79,15 @@ class AimdController:
         return min(self._window, self._kv_cap, self._cpu_cap)
 
     @property
+    def idle_limit(self) -> int:
+        """The limit for an idle admission (``admission.idle_admit``): without the window and
+        the CPU cap while KV is healthy. Both shrink on tool-CPU overload, which an engine
+        with nothing to run does not add to until the admitted session's call is done."""
+        if self._kv_over or self._stale:
+            return self.effective_limit
+        return min(self._kv_cap, self.cfg.window_max)
+
+    @property
     def kv_overloaded(self) -> bool:
         return self._kv_over
 

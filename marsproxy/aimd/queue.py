@@ -56,6 +56,9 @@ class WorkerView:
     something runs there, or nothing is admitted)."""
     free_budget_blocks: int | None = None
     """The budget without the forecast-peak fit: free blocks now (idle admissions)."""
+    idle_limit: int = 0
+    """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
+    bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
 
     @property
     def placeable(self) -> bool:
@@ -180,8 +183,9 @@ class AdmissionQueue:
             out = self._pass(now, rooms)
             if not out and not any(w.admitted for w in workers):
                 out = self._no_deadlock(rooms)
-            elif self.cfg.idle_admit:
-                out.extend(self._idle_admits(now, rooms, out))
+        if len(self._index) > len(out) and self.cfg.idle_admit:
+            # Also where no slot is free: the idle rule has its own limit (idle_limit).
+            out.extend(self._idle_admits(now, rooms, out))
         for a in out:
             self._index.discard(a.entry.session)
         if out:
@@ -310,8 +314,8 @@ class AdmissionQueue:
     ]:
         """One session for each worker idle for ``idle_admit_after_s`` that this pass gave
         none: the first waiting (in this pass's order) whose first prompt fits its free KV."""
-        idle = [r for r in rooms if r.slots > 0 and r.view.idle_s is not None
-                and r.view.idle_s >= self.cfg.idle_admit_after_s]
+        idle = [r for r in rooms if r.view.admitted < r.view.idle_limit
+                and r.view.idle_s is not None and r.view.idle_s >= self.cfg.idle_admit_after_s]
         if not idle:
             return []
         busy = {a.worker for a in taken}

@@ -100,3 +100,36 @@ def test_nothing_admitted_is_not_idle_and_sessions_in_flight_are_not_dormant() -
     c.on_response_end(2.0, "s0", prompt_tokens=FIRST)
     assert c.idle_s(5.0, "w0") == 3.0
     assert c.sessions.dormant_since("w0") == 2.0
+
+
+def cpu_bound(**kw: Any) -> WorkerSignals:
+    # Six tools on one CPU: CPU overload, the window walks down to window_min (2).
+    base: dict[str, Any] = dict(kv_usage=0.3, free_blocks=700, tools_in_flight=6,
+                                backlog_ratio=6.0, tool_cpus=1.0)
+    base.update(kw)
+    return sig(**base)
+
+
+def test_a_tool_cpu_limit_does_not_stop_an_idle_admission() -> None:
+    # The window and the CPU cap shrink on tool-CPU overload; an engine with nothing to run
+    # adds nothing to the tools until the new session's call is done, so the idle rule passes
+    # them (up to the KV cap).
+    c = core(idle_admit_after_s=1.0)
+    two_in_tools(c)  # idle from 1.2
+    c.on_request(1.3, "x", "t", FIRST)
+    for k in range(4):
+        assert not c.tick(1.3 + 0.2 * k, {"w0": cpu_bound()}).admitted
+    ctl = c.controllers["w0"]
+    assert ctl.cpu_overloaded and ctl.effective_limit == 2 and ctl.idle_limit == 8
+    acts = c.tick(2.2, {"w0": cpu_bound()})
+    assert [a.entry.session for a in acts.admitted] == ["x"]
+
+
+def test_kv_overload_stops_an_idle_admission() -> None:
+    c = core()
+    two_in_tools(c)
+    c.on_request(1.3, "x", "t", FIRST)
+    acts = c.tick(2.0, {"w0": cpu_bound(kv_usage=0.95, free_blocks=700)})
+    ctl = c.controllers["w0"]
+    assert ctl.kv_overloaded and ctl.idle_limit == ctl.effective_limit == 2
+    assert not acts.admitted and "x" in c.queue
