@@ -14,6 +14,7 @@ Pure code: no I/O; ``now`` is a parameter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -21,6 +22,7 @@ from enum import StrEnum
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
 from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, fits, kv_budget
+from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
 from marsproxy.core.events import (
@@ -56,6 +58,9 @@ class WorkerSignals:
     forecast-peak fit counts them at the typical forecast, as it cannot see their contexts."""
     running: int | None = None
     """Requests the engine runs now (vLLM's running gauge); ``None``: not reported."""
+    preemptions_total: float | None = None
+    """The engine's preemption counter (vLLM's ``num_preemptions_total``); ``None``: not
+    reported."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -114,6 +119,7 @@ class AdmissionCore:
         )
         self.estimator = PromptEstimator(cfg.chars_per_token)
         self.peaks = PeakForecast(cfg.peak_growth_prior, cfg.peak_history, cfg.peak_min_samples)
+        self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         # Blocks promised to sessions admitted whose first prompt the worker has not served
         # yet: its free-block gauge cannot show them, so the budget must.
@@ -241,6 +247,7 @@ class AdmissionCore:
             # A worker the probes did not report on is unseen: fail closed.
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
             changes = self.controllers[w].tick(now, self._control_signals(w))
+            self._observe_overlap(now, w)
             actions.window_changes.extend(changes)
             actions.events.extend(changes)
         for rec in self.sessions.idle_expired(now):
@@ -307,8 +314,23 @@ class AdmissionCore:
             return None
         return self.peaks.room_blocks(worker, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac, self.cfg.peak_overcommit,
+                                      self.cfg.kv_reserve_frac, self.overlaps.factor(worker),
                                       s.sessions_elsewhere)
+
+    def _observe_overlap(self, now: float, worker: str) -> None:
+        s = self._signals[worker]
+        if (not self.cfg.kv_fit_peak or s.stale or not s.total_blocks
+                or s.free_blocks is None):
+            return
+        usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
+        block_size = s.block_size or _DEFAULT_BLOCK_SIZE
+        committed = math.ceil(self.peaks.committed_tokens(worker, s.sessions_elsewhere)
+                              / block_size)
+        used = s.total_blocks - s.free_blocks + s.retained_blocks
+        self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
+                              usable_blocks=usable,
+                              sessions=self.sessions.admitted_on(worker) + s.sessions_elsewhere,
+                              preemptions_total=s.preemptions_total)
 
     def _free(self, worker: str) -> int | None:
         # Free blocks as the load balancer should see them: less what is promised already.
@@ -400,6 +422,8 @@ class AdmissionCore:
         rec = self.sessions.end(now, session, reason)
         self._settle(session)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
+        if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:
+            self.overlaps.session_lived(now - rec.admitted_at)
         self.estimator.forget(session)
         if rec is None:
             return False

@@ -93,9 +93,33 @@ class AdmissionConfig(_Section):
     )
     peak_overcommit: float = Field(
         1.0, gt=0,
-        description="Forecast peaks may sum to this many times a worker's usable KV (sessions"
-        " rarely peak at the same moment). Simulated 32k: 1.2 about as good as 1.0, 1.5 brings"
-        " back the preemptions and the window's saw-tooth.",
+        description="Forecast peaks may always sum to this many times a worker's usable KV: the"
+        " floor of the overcommit measured from the overlap (peak_overcommit_max). As a fixed"
+        " factor, simulated 32k: 1.2 about as good as 1.0, 1.5 brings back the preemptions.",
+    )
+    peak_overcommit_max: float = Field(
+        3.0, gt=0,
+        description="Largest overcommit the fit may take from the measured overlap: the"
+        " blocks the engine holds for the admitted sessions over the sum of their forecasts,"
+        " a decaying maximum (starts at 1, halves once per mean session lifetime, resets on a"
+        " preemption). The fit's factor is peak_overlap_target / overlap, between"
+        " peak_overcommit and this; equal to peak_overcommit: a fixed factor.",
+    )
+    peak_overlap_target: float = Field(
+        0.8, gt=0, le=1,
+        description="Share of the usable KV that the admitted sessions should be seen to hold"
+        " at most: the fit overcommits by this / overlap (below kv_leave, so that what the"
+        " overcommit lets in keeps clear of the KV overload marks).",
+    )
+    peak_overlap_min_sessions: int = Field(
+        4, ge=1,
+        description="Sessions a worker must hold before its overlap is measured: with fewer,"
+        " one session's growth decides it, and the fit stays at peak_overcommit.",
+    )
+    peak_overlap_min_fill: float = Field(
+        0.5, ge=0, le=1,
+        description="Share of a worker's usable blocks its sessions' forecasts must fill"
+        " before its overlap is measured.",
     )
     peak_free_sessions: int = Field(
         2, ge=0,

@@ -60,6 +60,7 @@ def worker_signals(
         stale=pressure.stale,
         kv_usage=m.kv_usage,
         running=m.running,
+        preemptions_total=m.preemptions_total,
         free_blocks=free_blocks_from_usage(m.kv_usage, total),
         total_blocks=total,
         block_size=m.block_size,

@@ -66,6 +66,7 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
             "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap, "kv_overloaded": c.kv_overloaded,
             "cpu_overloaded": c.cpu_overloaded, "stale": c.stale,
             "budget_blocks": core.budget(w), "peak_room_blocks": core.peak_room(w),
+            "peak_overlap": core.overlaps.overlap(w), "peak_overcommit": core.overlaps.factor(w),
             "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
             "admitted_store": adm.store_admitted(w),
             "sessions": [unscoped_id(k) for k in core.sessions.sessions_on(w)[:50]],
@@ -74,6 +75,7 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
     return {
         "enabled": True,
         "peak_growth": core.peaks.growth(),
+        "session_lifetime_s": finite(core.overlaps.lifetime_s),
         "workers": workers,
         "queue": {
             "length": len(q), "pending": adm.pending, "mode": str(q.mode),

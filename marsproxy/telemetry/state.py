@@ -148,6 +148,11 @@ class AdmissionWorkerState(TypedDict):
     budget_blocks: int | None
     peak_room_blocks: int | None
     """First-prompt blocks the forecast-peak fit leaves (``None``: off or no block counts)."""
+    peak_overlap: float
+    """Measured share of their forecast peaks that admitted sessions hold at once (1: none
+    measured yet)."""
+    peak_overcommit: float
+    """The factor the forecast-peak fit uses now: peak_overlap_target / peak_overlap, clamped."""
     idle_s: float | None
     """How long the worker has run nothing while its sessions sit in tool phases."""
     admitted: int
@@ -181,6 +186,8 @@ class StoreState(TypedDict):
 class AdmissionState(TypedDict):
     enabled: bool
     peak_growth: float
+    session_lifetime_s: float | None
+    """Mean time admitted of recent sessions that ran their course (the overlap's pace)."""
     """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState

@@ -27,11 +27,13 @@ def _tracker() -> ToolPhaseTracker:
 
 
 def test_signals_from_a_fresh_vllm_sample() -> None:
-    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000)
+    m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000,
+                      running=3, preemptions_total=7.0)
     s = worker_signals(_pressure(m), healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0,
                        now=0.0)
     assert not s.stale and s.kv_usage == 0.25
     assert s.free_blocks == 750 and s.total_blocks == 1000 and s.block_size == 16
+    assert s.running == 3 and s.preemptions_total == 7.0
     assert s.tool_cpus == 4.0 and s.psi_some_avg10 is None
 
 
@@ -54,12 +56,14 @@ def _admission() -> AdmissionState:
     row = {
         "window": 8, "effective_limit": 6, "limit": 5, "kv_cap": 6, "cpu_cap": 30,
         "kv_overloaded": True, "cpu_overloaded": False, "stale": False, "budget_blocks": 40,
-        "peak_room_blocks": 40, "idle_s": None, "admitted": 5, "admitted_store": 7,
+        "peak_room_blocks": 40, "peak_overlap": 1.0, "peak_overcommit": 1.0, "idle_s": None,
+        "admitted": 5, "admitted_store": 7,
         "sessions": ["a", "b"],
     }
     return {
         "enabled": True,
         "peak_growth": 2.0,
+        "session_lifetime_s": None,
         "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1}},  # type: ignore[typeddict-item]
         "queue": {"length": 3, "pending": 1, "mode": "shortest_first", "order": ["x", "y", "z"],
                   "admission_rate_per_s": 0.5, "retry_after_s": 8},
