@@ -244,9 +244,12 @@ def _admission(doc: Mapping[str, Any]) -> list[str]:
         row = _map(w)
         flags = [f for f in ("kv", "cpu") if row.get(f"{f}_overloaded") is True]
         over = f" ({'+'.join(flags)} overload)" if flags else ""
+        ovc = row.get("peak_overcommit")
+        # The fit's factor only where the measured overlap lifted it past the strict fit.
+        fit = f" fit x{ovc:.2f}" if isinstance(ovc, (int, float)) and ovc > 1.0 else ""
         cells.append(
             f"{name} {fmt_int(row.get('admitted'))}/{fmt_int(row.get('limit'))}"
-            f" win {fmt_int(row.get('window'))}{over}"
+            f" win {fmt_int(row.get('window'))}{fit}{over}"
         )
     q, st = _map(adm.get("queue")), _map(adm.get("store"))
     leader = " leader" if st.get("is_leader") is True else ""

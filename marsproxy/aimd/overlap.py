@@ -57,7 +57,10 @@ class OverlapTracker:
 
     def factor(self, worker: str) -> float:
         """The overcommit the fit may use on ``worker`` now."""
-        return min(self.ceiling, max(self.floor, self.target / self.overlap(worker)))
+        o = self.overlap(worker)
+        if o * self.ceiling <= self.target:  # also an overlap decayed to 0: no division
+            return self.ceiling
+        return max(self.floor, self.target / o)
 
     def overlap(self, worker: str) -> float:
         return self._workers[worker].overlap

@@ -160,6 +160,12 @@ _ADMISSION_GAUGES: tuple[tuple[str, str, str], ...] = (
         "admitted",
         "Sessions this replica holds admitted on the worker (sum over replicas for the total).",
     ),
+    (
+        "marsproxy_admission_peak_overcommit",
+        "peak_overcommit",
+        "Factor the forecast-peak fit uses on the worker now (from the measured overlap; 1:"
+        " the strict fit).",
+    ),
 )
 
 

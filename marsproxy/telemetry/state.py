@@ -186,9 +186,9 @@ class StoreState(TypedDict):
 class AdmissionState(TypedDict):
     enabled: bool
     peak_growth: float
+    """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     session_lifetime_s: float | None
     """Mean time admitted of recent sessions that ran their course (the overlap's pace)."""
-    """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState
     store: StoreState

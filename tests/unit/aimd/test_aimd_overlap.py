@@ -50,6 +50,14 @@ def test_decays_by_half_per_session_lifetime_down_to_what_is_held() -> None:
     assert t.factor("w0") == 1.0
 
 
+def test_an_overlap_decayed_to_nothing_gives_the_ceiling() -> None:
+    t = tracker()
+    t.session_lived(1e-3)
+    for i in range(2000):  # sessions that hold nothing, for a million lifetimes
+        read(t, float(i), used=0)
+    assert t.overlap("w0") == 0.0 and t.factor("w0") == 3.0
+
+
 def test_lifetime_is_the_mean_of_the_last_peak_history_sessions() -> None:
     t = tracker(peak_history=2)
     for s in (100.0, 4.0, 6.0):

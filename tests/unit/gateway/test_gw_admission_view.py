@@ -64,7 +64,8 @@ def _admission() -> AdmissionState:
         "enabled": True,
         "peak_growth": 2.0,
         "session_lifetime_s": None,
-        "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1}},  # type: ignore[typeddict-item]
+        "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1,
+                                      "peak_overcommit": 1.6}},  # type: ignore[typeddict-item]
         "queue": {"length": 3, "pending": 1, "mode": "shortest_first", "order": ["x", "y", "z"],
                   "admission_rate_per_s": 0.5, "retry_after_s": 8},
         "store": {"backend": "redis", "mode": "shared", "up": True, "is_leader": True,
@@ -104,6 +105,9 @@ def test_collector_exports_admission() -> None:
     kv = {s.labels["worker"]: s.value for s in fams["marsproxy_admission_kv_cap"].samples}
     cpu = {s.labels["worker"]: s.value for s in fams["marsproxy_admission_cpu_cap"].samples}
     assert kv == {"w0": 6.0, "w1": 6.0} and cpu == {"w0": 30.0, "w1": 30.0}
+    ovc = {s.labels["worker"]: s.value
+           for s in fams["marsproxy_admission_peak_overcommit"].samples}
+    assert ovc == {"w0": 1.0, "w1": 1.6}
     assert fams["marsproxy_admission_queue_length"].samples[0].value == 4  # queued + pending
     assert fams["marsproxy_store_up"].samples[0].value == 1
     assert "marsproxy_admission_window" not in _families(_doc(False))
@@ -112,7 +116,7 @@ def test_collector_exports_admission() -> None:
 def test_status_shows_admission_and_tolerates_its_absence() -> None:
     text = render_state(_doc(True), 160)  # type: ignore[arg-type]
     line = next(ln for ln in text.splitlines() if ln.startswith("Admission"))
-    assert "w0 5/5 win 8 (kv overload)" in line and "w1 1/5 win 8" in line
+    assert "w0 5/5 win 8 (kv overload)" in line and "w1 1/5 win 8 fit x1.60" in line
     queue = next(ln for ln in text.splitlines() if ln.startswith("Queue"))
     assert "waiting 3" in queue and "pending 1" in queue and "redis/shared leader" in queue
     plain = render_state(_doc(False), 160)  # type: ignore[arg-type]
