@@ -135,12 +135,17 @@ def fill(c: AdmissionCore, n: int, at: float = 0.1) -> list[str]:
             if c.on_request(at, f"s{i}", "t", FIRST).kind is DecisionKind.ADMITTED]
 
 
+def first_runs_its_course(c: AdmissionCore, end: float) -> None:
+    """s0 makes its final call and ends at ``end``: the lifetime the overlap decays by."""
+    c.on_response_end(1.0, "s0", prompt_tokens=FIRST)
+    c.on_request(1.0, "s0", "t", FIRST, final=True)
+    c.on_response_end(end, "s0", prompt_tokens=FIRST)
+
+
 def test_sessions_seen_holding_little_let_the_fit_admit_more() -> None:
     c = core()
     assert fill(c, 6) == ["s0", "s1", "s2", "s3"]  # the strict fit: four forecasts
-    c.on_response_end(1.0, "s0", prompt_tokens=FIRST)
-    c.on_request(1.0, "s0", "t", FIRST, final=True)
-    c.on_response_end(5.0, "s0", prompt_tokens=FIRST)  # ran its course: lived 4.9 s
+    first_runs_its_course(c, 5.0)  # admitted at 0.1: lived 4.9 s
     assert c.overlaps.lifetime_s == pytest.approx(4.9)
     # s1-s3 and the one admitted in s0's place hold 20 % of the blocks (in tool phases).
     assert c.sessions.admitted_on("w0") == 4
@@ -158,9 +163,7 @@ def test_sessions_seen_holding_little_let_the_fit_admit_more() -> None:
 def test_a_preemption_puts_the_strict_fit_back() -> None:
     c = core()
     fill(c, 5)
-    c.on_response_end(1.0, "s0", prompt_tokens=FIRST)
-    c.on_request(1.0, "s0", "t", FIRST, final=True)
-    c.on_response_end(2.0, "s0", prompt_tokens=FIRST)
+    first_runs_its_course(c, 2.0)
     for k in range(1, 40):
         c.tick(2.0 + 0.2 * k, {"w0": sig(kv_usage=0.2, free_blocks=800)})
     assert c.overlaps.factor("w0") > 1.0
@@ -175,9 +178,7 @@ def test_a_worker_that_reports_no_preemption_counter_keeps_the_strict_fit() -> N
     # The counter is the safety net of the overcommit: without it, none is taken.
     c = core()
     fill(c, 5)
-    c.on_response_end(1.0, "s0", prompt_tokens=FIRST)
-    c.on_request(1.0, "s0", "t", FIRST, final=True)
-    c.on_response_end(2.0, "s0", prompt_tokens=FIRST)
+    first_runs_its_course(c, 2.0)
     for k in range(1, 40):
         c.tick(2.0 + 0.2 * k, {"w0": sig(kv_usage=0.2, free_blocks=800, preemptions_total=None)})
     assert c.overlaps.overlap("w0") == 1.0 and c.overlaps.factor("w0") == 1.0
