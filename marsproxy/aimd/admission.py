@@ -246,8 +246,11 @@ class AdmissionCore:
         for w in self.workers:
             # A worker the probes did not report on is unseen: fail closed.
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
-            changes = self.controllers[w].tick(now, self._control_signals(w))
-            self._observe_overlap(now, w)
+            # The forecasts' sum once per worker: the controller's budget and the overlap.
+            committed = (self.peaks.committed_tokens(w, self._signals[w].sessions_elsewhere)
+                         if self.cfg.kv_fit_peak else 0)
+            changes = self.controllers[w].tick(now, self._control_signals(w, committed))
+            self._observe_overlap(now, w, committed)
             actions.window_changes.extend(changes)
             actions.events.extend(changes)
         for rec in self.sessions.idle_expired(now):
@@ -299,10 +302,11 @@ class AdmissionCore:
         since = self.sessions.dormant_since(worker)
         return None if since is None else max(0.0, now - since)
 
-    def peak_room(self, worker: str) -> int | None:
+    def peak_room(self, worker: str, committed_tokens: int | None = None) -> int | None:
         """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
         that its forecast peak fits beside the forecasts of the sessions admitted there
-        (``None``: off, or the worker reports no block counts)."""
+        (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
+        forecasts' sum, when the caller has it."""
         s = self._signals[worker]
         if not self.cfg.kv_fit_peak or s.total_blocks is None:
             return None
@@ -315,17 +319,15 @@ class AdmissionCore:
         return self.peaks.room_blocks(worker, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
                                       self.cfg.kv_reserve_frac, self.overlaps.factor(worker),
-                                      s.sessions_elsewhere)
+                                      s.sessions_elsewhere, committed_tokens)
 
-    def _observe_overlap(self, now: float, worker: str) -> None:
+    def _observe_overlap(self, now: float, worker: str, committed_tokens: int) -> None:
         s = self._signals[worker]
         if (not self.cfg.kv_fit_peak or s.stale or not s.total_blocks
                 or s.free_blocks is None):
             return
         usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
-        block_size = s.block_size or _DEFAULT_BLOCK_SIZE
-        committed = math.ceil(self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-                              / block_size)
+        committed = math.ceil(committed_tokens / (s.block_size or _DEFAULT_BLOCK_SIZE))
         used = s.total_blocks - s.free_blocks + s.retained_blocks
         self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
                               usable_blocks=usable,
@@ -343,11 +345,12 @@ class AdmissionCore:
         return self._views(now)
 
     # -- internals ------------------------------------------------------------------------------
-    def _control_signals(self, w: str) -> ControlSignals:
+    def _control_signals(self, w: str, committed_tokens: int) -> ControlSignals:
         s = self._signals[w]
+        budget = _smaller(self.free_budget(w), self.peak_room(w, committed_tokens))
         return ControlSignals(
             kv_usage=self.kv_signal(w), stale=s.stale, free_blocks=s.free_blocks,
-            budget_blocks=self.budget(w), tools_in_flight=s.tools_in_flight,
+            budget_blocks=budget, tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
             admitted=self.sessions.admitted_on(w),

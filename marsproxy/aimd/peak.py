@@ -116,13 +116,16 @@ class PeakForecast:
 
     def room_blocks(
         self, worker: str, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0, elsewhere: int = 0,
+        overcommit: float = 1.0, elsewhere: int = 0, committed_tokens: int | None = None,
     ) -> int:
         """Blocks of *first prompt* a new session on ``worker`` may have so that its forecast
         peak fits beside those admitted: (usable × overcommit − committed blocks) ÷ G (may be
-        negative)."""
+        negative). ``committed_tokens``: ``committed_tokens(worker, elsewhere)`` when the
+        caller has it already."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
-        committed = math.ceil(self.committed_tokens(worker, elsewhere) / block_size)
+        if committed_tokens is None:
+            committed_tokens = self.committed_tokens(worker, elsewhere)
+        committed = math.ceil(committed_tokens / block_size)
         return math.floor((usable - committed) / self.growth())
 
     def __len__(self) -> int:
