@@ -276,9 +276,10 @@ class AdmissionCore:
             self._signals[worker] = replace(s, retained_blocks=blocks)
 
     # -- views ----------------------------------------------------------------------------------
-    def budget(self, worker: str) -> int | None:
-        """KV blocks a new session may use on ``worker`` (``None``: no block counts)."""
-        return _smaller(self.free_budget(worker), self.peak_room(worker))
+    def budget(self, worker: str, committed_tokens: int | None = None) -> int | None:
+        """KV blocks a new session may use on ``worker`` (``None``: no block counts);
+        ``committed_tokens``: the forecasts' sum there, when the caller has it."""
+        return _smaller(self.free_budget(worker), self.peak_room(worker, committed_tokens))
 
     def free_budget(self, worker: str) -> int | None:
         """KV blocks free on ``worker`` now for a new session's first prompt, less the reserve,
@@ -347,10 +348,9 @@ class AdmissionCore:
     # -- internals ------------------------------------------------------------------------------
     def _control_signals(self, w: str, committed_tokens: int) -> ControlSignals:
         s = self._signals[w]
-        budget = _smaller(self.free_budget(w), self.peak_room(w, committed_tokens))
         return ControlSignals(
             kv_usage=self.kv_signal(w), stale=s.stale, free_blocks=s.free_blocks,
-            budget_blocks=budget, tools_in_flight=s.tools_in_flight,
+            budget_blocks=self.budget(w, committed_tokens), tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
             admitted=self.sessions.admitted_on(w),
