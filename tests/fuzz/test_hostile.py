@@ -110,7 +110,7 @@ def test_hostile_header_values(live: Live, name: str, value: bytes) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sid=st.text(
     alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=80
-))
+).filter(lambda s: s not in _DOT_SEGMENTS))
 def test_any_valid_session_id_can_be_ended_by_its_owner(live: Live, sid: str) -> None:
     from urllib.parse import quote
 
@@ -120,6 +120,19 @@ def test_any_valid_session_id_can_be_ended_by_its_owner(live: Live, sid: str) ->
     assert intruder.status_code == 404
     r = live.http.delete(path, headers={"Authorization": "Bearer sk-owner"})
     assert r.status_code == 200 and r.json()["session"] == sid, (sid, r.text)
+
+
+_DOT_SEGMENTS = (".", "..")
+
+
+@pytest.mark.parametrize("sid", _DOT_SEGMENTS)
+def test_a_dot_segment_session_id_cannot_be_addressed_in_a_path(live: Live, sid: str) -> None:
+    # Clients drop "." and ".." path segments, and the proxy refuses them even encoded
+    # (docs/security.md): such a session is served, and ends by its final call or idle timeout.
+    assert live.chat(sid, key="sk-owner").status_code == 200
+    r = live.http.delete(f"/mars/v1/sessions/{sid.replace('.', '%2E')}",
+                         headers={"Authorization": "Bearer sk-owner"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
 
 
 # -- a corpus of malformed requests ------------------------------------------------------------
