@@ -245,7 +245,7 @@ def _admission(doc: Mapping[str, Any]) -> list[str]:
         flags = [f for f in ("kv", "cpu") if row.get(f"{f}_overloaded") is True]
         over = f" ({'+'.join(flags)} overload)" if flags else ""
         ovc = row.get("peak_overcommit")
-        # The fit's factor only where the measured overlap lifted it past the strict fit.
+        # The fit's factor only where the measured overlap (or cheap preemption) lifted it.
         fit = f" fit x{ovc:.2f}" if isinstance(ovc, (int, float)) and ovc > 1.0 else ""
         cells.append(
             f"{name} {fmt_int(row.get('admitted'))}/{fmt_int(row.get('limit'))}"

@@ -61,6 +61,8 @@ class WorkerSignals:
     preemptions_total: float | None = None
     """The engine's preemption counter (vLLM's ``num_preemptions_total``); ``None``: not
     reported."""
+    prefill_tokens_per_s: float | None = None
+    """The engine's measured prefill speed (the scraper's estimate); ``None``: not known yet."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -311,16 +313,43 @@ class AdmissionCore:
         s = self._signals[worker]
         if not self.cfg.kv_fit_peak or s.total_blocks is None:
             return None
-        if self.cfg.peak_free_active:
-            held = self.sessions.active_on(worker)
-        else:
-            held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
-        if held < self.cfg.peak_free_sessions:
+        if self.sessions.admitted_on(worker) + s.sessions_elsewhere < self.cfg.peak_free_sessions:
             return None
+        if committed_tokens is None:
+            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return self.peaks.room_blocks(worker, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac, self.overlaps.factor(worker),
+                                      self.cfg.kv_reserve_frac,
+                                      self.peak_factor(worker, committed_tokens),
                                       s.sessions_elsewhere, committed_tokens)
+
+    def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
+        """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
+        (``overlap.py``), or ``peak_overcommit_max`` while a preemption there is cheap (see
+        :meth:`reprefill_s`) and fewer than ``peak_free_sessions`` sessions are in a call
+        (those of other replicas count as in a call: this replica cannot see them)."""
+        factor = self.overlaps.factor(worker)
+        limit = self.cfg.peak_cheap_reprefill_s
+        if limit <= 0 or factor >= self.overlaps.ceiling:
+            return factor
+        s = self._signals[worker]
+        if self.sessions.active_on(worker) + s.sessions_elsewhere >= self.cfg.peak_free_sessions:
+            return factor
+        reprefill = self.reprefill_s(worker, committed_tokens)
+        return self.overlaps.ceiling if reprefill is not None and reprefill <= limit else factor
+
+    def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
+        """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held
+        there, at its measured prefill speed: what a preemption costs it (``None``: no session
+        held, or no speed measured yet)."""
+        s = self._signals[worker]
+        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
+        speed = s.prefill_tokens_per_s
+        if held <= 0 or speed is None or speed <= 0 or s.stale:
+            return None
+        if committed_tokens is None:
+            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
+        return committed_tokens / held / speed
 
     def _observe_overlap(self, now: float, worker: str, committed_tokens: int) -> None:
         s = self._signals[worker]

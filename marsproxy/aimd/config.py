@@ -127,12 +127,15 @@ class AdmissionConfig(_Section):
         " first-prompt fit below that): on a worker whose KV holds few sessions' peaks, an"
         " idle engine costs more than an occasional preemption.",
     )
-    peak_free_active: bool = Field(
-        False,
-        description="Count only sessions in an LLM call (not those in a tool phase) toward"
-        " peak_free_sessions. Helps when tools are long and the cache small (simulated"
-        " CPU-bound tiny worker at 4/s: 0.59x -> 0.91x direct); hurts at 128k contexts, where"
-        " few sessions fit and most wait in tools (4.0x -> 2.1x direct).",
+    peak_cheap_reprefill_s: float = Field(
+        1.0, ge=0,
+        description="Where the worker re-prefills a typical forecast peak of its sessions (their"
+        " mean forecast over its measured prefill speed) within this many seconds, and fewer than"
+        " peak_free_sessions of them are in an LLM call, the fit overcommits by"
+        " peak_overcommit_max: such preemptions cost less than sessions held back while the"
+        " engine has little to run (simulated CPU-bound tiny worker at 4/s: 1.17x -> 1.72x"
+        " direct). 0: off. H200 at 32k-128k re-prefills a peak in 2-26 s, so the rule stays"
+        " off there.",
     )
     idle_admit: bool = Field(
         True,

@@ -61,6 +61,7 @@ def worker_signals(
         kv_usage=m.kv_usage,
         running=m.running,
         preemptions_total=m.preemptions_total,
+        prefill_tokens_per_s=pressure.rates.prefill_tokens_per_s,
         free_blocks=free_blocks_from_usage(m.kv_usage, total),
         total_blocks=total,
         block_size=m.block_size,

@@ -387,6 +387,7 @@ class Simulation:
         retained = self.sched.retained_blocks(w) if self.sched else 0
         return WorkerSignals(
             running=eng.stats().running, preemptions_total=float(eng.num_preemptions),
+            prefill_tokens_per_s=self.prefill[w].sample(),
             kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
             total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
             tools_in_flight=self.tracker.in_flight, backlog_ratio=self.tracker.backlog_ratio(now),

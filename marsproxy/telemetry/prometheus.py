@@ -163,8 +163,8 @@ _ADMISSION_GAUGES: tuple[tuple[str, str, str], ...] = (
     (
         "marsproxy_admission_peak_overcommit",
         "peak_overcommit",
-        "Factor the forecast-peak fit uses on the worker now (from the measured overlap; 1:"
-        " the strict fit).",
+        "Factor the forecast-peak fit uses on the worker now (from the measured overlap, or"
+        " peak_overcommit_max while a preemption there is cheap; 1: the strict fit).",
     ),
 )
 

@@ -152,7 +152,11 @@ class AdmissionWorkerState(TypedDict):
     """Measured share of their forecast peaks that admitted sessions hold at once (1: none
     measured yet)."""
     peak_overcommit: float
-    """The factor the forecast-peak fit uses now: peak_overlap_target / peak_overlap, clamped."""
+    """The factor the forecast-peak fit uses now: peak_overlap_target / peak_overlap, clamped,
+    or peak_overcommit_max while a preemption is cheap there (reprefill_s)."""
+    reprefill_s: float | None
+    """Seconds the worker takes to re-prefill the mean forecast peak of its sessions, at its
+    measured prefill speed (``None``: no session held or no speed measured yet)."""
     idle_s: float | None
     """How long the worker has run nothing while its sessions sit in tool phases."""
     admitted: int

@@ -173,22 +173,54 @@ def test_the_core_budgets_sessions_of_other_replicas() -> None:
     assert c.on_request(1.5, "s1", "t", 100 * 16).kind is DecisionKind.WAIT
 
 
-def test_peak_free_active_counts_only_sessions_in_an_llm_call() -> None:
-    # Two sessions of forecast 450 blocks fill the 900 usable; both in tool phases. Counting
-    # admitted sessions the third waits; counting active ones (none) it goes on its first
-    # prompt, and waits again once two are in LLM calls.
-    def two_in_tools(c: AdmissionCore) -> None:
-        for i in range(2):
-            c.on_request(1.0, f"s{i}", "t", 150 * 16)
-            c.on_response_end(1.5, f"s{i}", prompt_tokens=150 * 16)
-    admitted, active = core(peak_free_sessions=2), core(peak_free_sessions=2,
-                                                          peak_free_active=True)
-    two_in_tools(admitted)
-    two_in_tools(active)
-    assert admitted.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.WAIT
-    assert active.sessions.active_on("w0") == 0
-    assert active.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.ADMITTED
+def _two_in_tools(c: AdmissionCore) -> None:
+    # Two sessions of forecast 450 blocks (150 × growth 3) fill the 900 usable blocks; both
+    # finish their call and sit in tool phases.
     for i in range(2):
-        active.on_request(3.0, f"s{i}", "t", 200 * 16)  # back from their tools
-    assert active.sessions.active_on("w0") == 3
-    assert active.on_request(3.0, "y", "t", 10 * 16).kind is DecisionKind.WAIT
+        c.on_request(1.0, f"s{i}", "t", 150 * 16)
+        c.on_response_end(1.5, f"s{i}", prompt_tokens=150 * 16)
+
+
+def _cheap_core(speed: float | None, **cfg: Any) -> AdmissionCore:
+    c = core(peak_free_sessions=2, peak_overcommit_max=3.0, **cfg)
+    c.tick(0.5, {"w0": sig(prefill_tokens_per_s=speed)})
+    return c
+
+
+def test_cheap_preemption_overcommits_while_few_sessions_are_in_a_call() -> None:
+    # Re-prefilling a 7200-token forecast at 72k tokens/s takes 0.1 s, within the 1 s default:
+    # with both sessions in tools the fit uses peak_overcommit_max (3 × 900 − 900 committed,
+    # ÷ growth 3 = 600 first-prompt blocks of room), so the third goes in on its forecast.
+    c = _cheap_core(72_000.0)
+    _two_in_tools(c)
+    assert c.reprefill_s("w0") == pytest.approx(0.1)
+    assert c.peak_factor("w0") == 3.0 and c.peak_room("w0") == 600
+    assert c.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.ADMITTED
+    for i in range(2):
+        c.on_request(3.0, f"s{i}", "t", 200 * 16)  # back from their tools: three in a call
+    assert c.sessions.active_on("w0") == 3
+    assert c.peak_factor("w0") == 1.0  # the strict fit again
+    assert c.on_request(3.0, "y", "t", 10 * 16).kind is DecisionKind.WAIT
+
+
+@pytest.mark.parametrize(("speed", "cfg"), [
+    (1_000.0, {}),  # 7.2 s to re-prefill a forecast: a preemption is dear, the fit holds
+    (None, {}),  # no speed measured yet: nothing says it is cheap
+    (72_000.0, {"peak_cheap_reprefill_s": 0.0}),  # the rule is off
+])
+def test_dear_or_unknown_preemption_keeps_the_strict_fit(
+    speed: float | None, cfg: dict[str, Any],
+) -> None:
+    c = _cheap_core(speed, **cfg)
+    _two_in_tools(c)
+    assert c.peak_factor("w0") == 1.0
+    assert c.on_request(2.0, "x", "t", 150 * 16).kind is DecisionKind.WAIT
+
+
+def test_other_replicas_sessions_count_as_in_a_call() -> None:
+    # This replica cannot see whether the sessions other replicas hold are in a call: two of
+    # them there keep the strict fit although its own sessions sit in tools.
+    c = _cheap_core(72_000.0)
+    _two_in_tools(c)
+    c.tick(1.6, {"w0": sig(prefill_tokens_per_s=72_000.0, sessions_elsewhere=2)})
+    assert c.peak_factor("w0") == 1.0

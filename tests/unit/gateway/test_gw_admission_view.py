@@ -18,8 +18,8 @@ from marsproxy.telemetry.state import AdmissionState, StateDoc
 
 
 def _pressure(metrics: WorkerMetrics | None, *, stale: bool = False,
-              errors: int = 0) -> WorkerPressure:
-    return WorkerPressure("w0", metrics, WorkerRates(), stale, None, errors, None)
+              errors: int = 0, rates: WorkerRates | None = None) -> WorkerPressure:
+    return WorkerPressure("w0", metrics, rates or WorkerRates(), stale, None, errors, None)
 
 
 def _tracker() -> ToolPhaseTracker:
@@ -29,11 +29,12 @@ def _tracker() -> ToolPhaseTracker:
 def test_signals_from_a_fresh_vllm_sample() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000,
                       running=3, preemptions_total=7.0)
-    s = worker_signals(_pressure(m), healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0,
-                       now=0.0)
+    s = worker_signals(_pressure(m, rates=WorkerRates(prefill_tokens_per_s=5000.0)),
+                       healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0, now=0.0)
     assert not s.stale and s.kv_usage == 0.25
     assert s.free_blocks == 750 and s.total_blocks == 1000 and s.block_size == 16
     assert s.running == 3 and s.preemptions_total == 7.0
+    assert s.prefill_tokens_per_s == 5000.0  # what a preemption costs (peak_cheap_reprefill_s)
     assert s.tool_cpus == 4.0 and s.psi_some_avg10 is None
 
 
@@ -56,7 +57,8 @@ def _admission() -> AdmissionState:
     row = {
         "window": 8, "effective_limit": 6, "limit": 5, "kv_cap": 6, "cpu_cap": 30,
         "kv_overloaded": True, "cpu_overloaded": False, "stale": False, "budget_blocks": 40,
-        "peak_room_blocks": 40, "peak_overlap": 1.0, "peak_overcommit": 1.0, "idle_s": None,
+        "peak_room_blocks": 40, "peak_overlap": 1.0, "peak_overcommit": 1.0, "reprefill_s": None,
+        "idle_s": None,
         "admitted": 5, "admitted_store": 7,
         "sessions": ["a", "b"],
     }
