@@ -134,8 +134,8 @@ class AdmissionConfig(_Section):
         " peak_free_sessions of them are in an LLM call, the fit overcommits by"
         " peak_overcommit_max: such preemptions cost less than sessions held back while the"
         " engine has little to run (simulated CPU-bound tiny worker at 4/s: 1.17x -> 1.72x"
-        " direct). 0: off. H200 at 32k-128k re-prefills a peak in 2-26 s, so the rule stays"
-        " off there.",
+        " direct). 0: off. The simulated H200 takes 1.6-26 s at 32k-128k contexts, so the"
+        " rule stays off there.",
     )
     idle_admit: bool = Field(
         True,
