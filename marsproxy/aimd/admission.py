@@ -317,11 +317,10 @@ class AdmissionCore:
             return None
         if committed_tokens is None:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-        return self.peaks.room_blocks(worker, s.total_blocks,
+        return self.peaks.room_blocks(committed_tokens, s.total_blocks,
                                       s.block_size or _DEFAULT_BLOCK_SIZE,
                                       self.cfg.kv_reserve_frac,
-                                      self.peak_factor(worker, committed_tokens),
-                                      s.sessions_elsewhere, committed_tokens)
+                                      self.peak_factor(worker, committed_tokens))
 
     def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
         """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
@@ -332,11 +331,12 @@ class AdmissionCore:
         limit = self.cfg.peak_cheap_reprefill_s
         if limit <= 0 or factor >= self.overlaps.ceiling:
             return factor
-        s = self._signals[worker]
-        if self.sessions.active_on(worker) + s.sessions_elsewhere >= self.cfg.peak_free_sessions:
-            return factor
         reprefill = self.reprefill_s(worker, committed_tokens)
-        return self.overlaps.ceiling if reprefill is not None and reprefill <= limit else factor
+        if reprefill is None or reprefill > limit:
+            return factor
+        # The price first: counting the sessions in a call walks them all.
+        in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
+        return self.overlaps.ceiling if in_call < self.cfg.peak_free_sessions else factor
 
     def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
         """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held

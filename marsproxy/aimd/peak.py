@@ -115,16 +115,14 @@ class PeakForecast:
         return total
 
     def room_blocks(
-        self, worker: str, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0, elsewhere: int = 0, committed_tokens: int | None = None,
+        self, committed_tokens: int, total_blocks: int, block_size: int, reserve_frac: float,
+        overcommit: float = 1.0,
     ) -> int:
-        """Blocks of *first prompt* a new session on ``worker`` may have so that its forecast
-        peak fits beside those admitted: (usable × overcommit − committed blocks) ÷ G (may be
-        negative). ``committed_tokens``: ``committed_tokens(worker, elsewhere)`` when the
-        caller has it already."""
+        """Blocks of *first prompt* a new session may have on a worker whose admitted sessions'
+        forecasts sum to ``committed_tokens`` (:meth:`committed_tokens`), so that its forecast
+        peak fits beside them: (usable × overcommit − committed blocks) ÷ G (may be
+        negative)."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
-        if committed_tokens is None:
-            committed_tokens = self.committed_tokens(worker, elsewhere)
         committed = math.ceil(committed_tokens / block_size)
         return math.floor((usable - committed) / self.growth())
 

@@ -64,11 +64,11 @@ def test_room_counts_every_admitted_session_on_the_worker() -> None:
     p.admit("a", "w0", 160)  # forecast 320 tokens = 20 blocks of 16
     p.admit("b", "w1", 1600)  # another worker: not counted on w0
     # 110 blocks, 10 % reserve (11) → 99 usable; 99 − 20 = 79 blocks of peak; ÷ 2 → 39.
-    assert p.room_blocks("w0", 110, 16, 0.10) == 39
+    assert p.room_blocks(p.committed_tokens("w0"), 110, 16, 0.10) == 39
     # Overcommit 1.5: ⌊1.5 · 99⌋ = 148; (148 − 20) / 2 = 64.
-    assert p.room_blocks("w0", 110, 16, 0.10, overcommit=1.5) == 64
+    assert p.room_blocks(p.committed_tokens("w0"), 110, 16, 0.10, overcommit=1.5) == 64
     p.move("a", "w1")
-    assert p.room_blocks("w0", 110, 16, 0.10) == 49
+    assert p.room_blocks(p.committed_tokens("w0"), 110, 16, 0.10) == 49
 
 
 def sig(**kw: Any) -> WorkerSignals:
