@@ -2,11 +2,13 @@
 
 Two overload state machines (KV and tool CPU) each enter at a high mark and leave at a low
 mark, so a pressure that hovers between the marks neither grows nor shrinks the window. While
-either is overloaded the window shrinks multiplicatively on every control tick; it grows by a
-constant only when both pressures are below their low marks, the KV budget is positive and the
-window is actually used. Caps derived from the current pressure bound the limit immediately,
-without waiting for the window to walk down. The CPU cap counts sessions, not tools, so by
-default (``cpu_cap_always`` false) it binds only while CPU is overloaded.
+KV is overloaded the window shrinks multiplicatively on every control tick; CPU overload holds
+it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no work) and lets the CPU cap
+bound the limit. The window grows by a constant only when both pressures are below their low
+marks, the KV budget is positive and the window is actually used. Caps derived from the
+current pressure bound the limit immediately, without waiting for the window to walk down. The
+CPU cap counts sessions, not tools, so by default (``cpu_cap_always`` false) it binds only
+while CPU is overloaded.
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -81,8 +83,8 @@ class AimdController:
     @property
     def idle_limit(self) -> int:
         """The limit for an idle admission (``admission.idle_admit``): without the window and
-        the CPU cap while KV is healthy. Both shrink on tool-CPU overload, which an engine
-        with nothing to run does not add to until the admitted session's call is done."""
+        the CPU cap while KV is healthy. The CPU cap binds on tool-CPU overload, which an
+        engine with nothing to run does not add to until the admitted session's call is done."""
         if self._kv_over or self._stale:
             return self.effective_limit
         return min(self._kv_cap, self.cfg.window_max)
@@ -124,7 +126,7 @@ class AimdController:
 
         old = self._window
         reason = ""
-        if self._kv_over or self._cpu_over:
+        if self._kv_over or (self._cpu_over and cfg.cpu_overload_shrinks):
             self._window = max(cfg.window_min, math.floor(cfg.decrease * old + _EPS))
             reason = self._overload_reason()
         elif self._may_grow(usage, signals):
@@ -195,5 +197,5 @@ class AimdController:
         cfg = self.cfg
         if tool_cpus <= 0:
             return cfg.window_max
-        cap = math.ceil(tool_cpus * (cfg.cpu_backlog_leave + cfg.cpu_backlog_enter) / 2)
+        cap = math.ceil(tool_cpus * cfg.cpu_cap_backlog - _EPS)
         return max(cfg.window_min, min(cfg.window_max, cap))

@@ -14,7 +14,7 @@ Drivers of the same pure code the gateway drives:
   the worker's facts (KV usage, block counts, the prefill speed a scraper would compute), and
   ``session_ended``; the ledger's retained blocks go into the admission signals;
 - engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to back while it has work;
-- tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus`` cores.
+- tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus - busy_cpus`` cores.
 
 ``direct`` has no proxy: each session goes straight to one worker (round robin), FCFS.
 
@@ -64,6 +64,10 @@ class SimSetup:
     profile: EngineProfile
     workers: int = 1
     tool_cpus: float = 16.0
+    busy_cpus: float = 0.0
+    """Of the ``tool_cpus`` cores, those taken by other work on the tools' host (the engine's
+    host process, the proxy, the agents): tools share ``tool_cpus - busy_cpus`` of them while
+    the proxy counts ``tool_cpus``, as on a live host where they all run side by side."""
     system_prompt_tokens: int = 600
     worker_mode: Mode = "priority"
     """How workers order continuations (with a priority policy): ``priority`` — engines
@@ -119,7 +123,7 @@ class Simulation:
             tool_cpus=setup.tool_cpus,
             inferred_min_s=cfg.tools.inferred_min_s if cfg else 0.5,
         ))
-        self.cpu = ProcessorSharing(setup.tool_cpus)
+        self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
         self._progress = progress
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()

@@ -64,6 +64,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--time-scale", type=float, default=1.0,
                    help="seconds per modelled engine second (mirror a live run's emulators)")
     e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
+    e.add_argument("--busy-cpus", type=float, default=0.0,
+                   help="of those K cores, the share other work takes (the engine's host"
+                   " process, the proxy, the agents): tools get K minus this, the proxy counts"
+                   " K (a live run on a 2-core host: about 0.4)")
     e.add_argument("--horizon", type=float, default=1e7,
                    help="stop at this virtual time (s); sessions not done by then count as failed")
     e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
@@ -80,10 +84,14 @@ def main(args: argparse.Namespace) -> int:
         cases = options.cases(args, profile.effective_max_model_len)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets)
+        if not 0 <= args.busy_cpus < args.tool_cpus:
+            raise ValueError(f"--busy-cpus must be >= 0 and below --tool-cpus"
+                             f" ({args.tool_cpus}), got {args.busy_cpus}")
     except ValueError as exc:
         sys.stderr.write(f"marsproxy sim: {exc}\n")
         return 2
     setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
+                     busy_cpus=args.busy_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
                      report_tools=not args.infer_tools, worker_mode=args.worker_mode,
                      time_scale=args.time_scale,
@@ -98,6 +106,7 @@ def main(args: argparse.Namespace) -> int:
             "workers": args.workers, "worker_mode": args.worker_mode,
             "time_scale": args.time_scale,
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+            "busy_cpus": args.busy_cpus,
             "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,

@@ -58,11 +58,34 @@ def test_window_change_events_carry_reason_and_values() -> None:
         healthy(backlog_ratio=3.0, tool_wait_ema_s=9.0),
     ],
 )
-def test_collapse_under_cpu_overload(signals: ControlSignals) -> None:
-    c = AimdController(CFG)
+def test_collapse_under_cpu_overload_as_designed(signals: ControlSignals) -> None:
+    c = AimdController(AdmissionConfig(cpu_overload_shrinks=True))
     assert run(c, [signals] * 6) == [21, 14, 9, 6, 4, 4]
     assert c.cpu_overloaded and not c.kv_overloaded
     assert c.tick(99.0, signals)[0:1] == []  # at min already
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [healthy(backlog_ratio=2.0, tool_cpus=2.0), healthy(tool_wait_ema_s=5.0, tool_cpus=2.0)],
+)
+def test_cpu_overload_holds_the_window_and_the_cap_binds(signals: ControlSignals) -> None:
+    # By default CPU overload neither shrinks nor grows the window; the cap, ceil(2 · 4) = 8,
+    # bounds the limit at once and for as long as the overload lasts.
+    c = AimdController(AdmissionConfig(window_init=20))
+    assert run(c, [signals] * 6) == [20] * 6
+    assert c.cpu_overloaded and (c.cpu_cap, c.effective_limit) == (8, 8)
+    assert c.tick(99.0, signals) == []  # no window change to publish
+    # Left (ratio ≤ 1, wait ≤ 2 s): the cap lifts and the window grows from where it was.
+    assert run(c, [healthy(tool_cpus=2.0)] * 2, t0=100.0) == [21, 22]
+    assert not c.cpu_overloaded and c.effective_limit == 22
+
+
+def test_kv_overload_still_shrinks_while_cpu_is_overloaded() -> None:
+    c = AimdController(CFG)
+    assert run(c, [healthy(kv_usage=0.95, backlog_ratio=3.0)] * 3) == [21, 14, 9]
+    # KV back to healthy, CPU still overloaded: held, not cut further and not grown.
+    assert run(c, [healthy(kv_usage=0.5, backlog_ratio=3.0)] * 3, t0=5.0) == [9, 9, 9]
 
 
 def test_both_overloaded_reason() -> None:
@@ -76,7 +99,7 @@ def test_psi_only_when_enabled() -> None:
     off = AimdController(CFG)
     off.tick(0.0, s)
     assert not off.cpu_overloaded and off.window == 30
-    on = AimdController(AdmissionConfig(use_psi=True))
+    on = AimdController(AdmissionConfig(use_psi=True, cpu_overload_shrinks=True))
     (ev,) = on.tick(0.0, s)
     assert on.cpu_overloaded and ev.reason == "cpu_overload"
     # PSI 40 % is inside its band: still overloaded; 30 % leaves.
@@ -136,20 +159,26 @@ def test_no_oscillation_inside_band_after_overload() -> None:
 
 
 def test_cpu_overload_needs_both_marks_to_leave() -> None:
-    c = AimdController(CFG)
+    c = AimdController(AdmissionConfig(window_init=20))
     c.tick(0.0, healthy(backlog_ratio=2.5))
     c.tick(0.2, healthy(backlog_ratio=0.5, tool_wait_ema_s=3.0))  # wait above its leave mark
-    assert c.cpu_overloaded and c.window == 14
+    assert c.cpu_overloaded and c.window == 20
     c.tick(0.4, healthy(backlog_ratio=0.5, tool_wait_ema_s=2.0))
-    assert not c.cpu_overloaded and c.window == 15
+    assert not c.cpu_overloaded and c.window == 21
 
 
 @pytest.mark.parametrize(
-    ("tool_cpus", "cap"), [(0.0, 30), (1.0, 4), (3.0, 5), (8.0, 12), (7.5, 12), (100.0, 30)]
+    ("per_cpu", "tool_cpus", "cap"),
+    [
+        # The default: ceil(cpus · 4) clamped to [4, 30]; 0 CPUs means unknown: no cap.
+        (4.0, 0.0, 30), (4.0, 0.5, 4), (4.0, 1.0, 4), (4.0, 1.6, 7), (4.0, 2.0, 8),
+        (4.0, 7.5, 30),
+        # DESIGN's derivation, the backlog marks' mean: ceil(cpus · (1.0 + 2.0) / 2).
+        (1.5, 1.0, 4), (1.5, 3.0, 5), (1.5, 8.0, 12), (1.5, 7.5, 12), (1.5, 100.0, 30),
+    ],
 )
-def test_cpu_cap(tool_cpus: float, cap: int) -> None:
-    # ceil(cpus · (1.0 + 2.0) / 2) clamped to [4, 30]; 0 CPUs means unknown: no cap.
-    c = AimdController(AdmissionConfig(cpu_cap_always=True))
+def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
+    c = AimdController(AdmissionConfig(cpu_cap_always=True, cpu_cap_backlog=per_cpu))
     c.tick(0.0, healthy(tool_cpus=tool_cpus))
     assert c.cpu_cap == cap
     assert c.effective_limit == min(c.window, cap)
@@ -166,8 +195,10 @@ def test_kv_cap_is_linear_between_marks(usage: float, cap: int) -> None:
 
 
 def test_cpu_cap_binds_only_while_cpu_is_overloaded_by_default() -> None:
-    # 8 tool CPUs: cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window (20) rules.
-    c = AimdController(AdmissionConfig(window_init=20))
+    # As DESIGN has it: 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window
+    # (20) rules.
+    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_backlog=1.5,
+                                       cpu_overload_shrinks=True))
     c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
     assert (c.cpu_cap, c.effective_limit) == (30, 20)
     # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the shrunk window (14).
@@ -179,7 +210,7 @@ def test_cpu_cap_binds_only_while_cpu_is_overloaded_by_default() -> None:
 
 
 def test_effective_limit_is_min_of_window_and_caps() -> None:
-    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_always=True))
+    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_always=True, cpu_cap_backlog=1.5))
     c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, admitted=0))
     assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 24, 12, 12)
     c.tick(0.2, healthy(kv_usage=0.88, tool_cpus=100.0, admitted=0))

@@ -111,10 +111,10 @@ def cpu_bound(**kw: Any) -> WorkerSignals:
 
 
 def test_a_tool_cpu_limit_does_not_stop_an_idle_admission() -> None:
-    # The window and the CPU cap shrink on tool-CPU overload; an engine with nothing to run
-    # adds nothing to the tools until the new session's call is done, so the idle rule passes
-    # them (up to the KV cap).
-    c = core(idle_admit_after_s=1.0)
+    # The CPU cap binds on tool-CPU overload (here DESIGN's ceil(1 CPU · 1.5) = 2); an engine
+    # with nothing to run adds nothing to the tools until the new session's call is done, so
+    # the idle rule passes it (up to the KV cap).
+    c = core(idle_admit_after_s=1.0, cpu_cap_backlog=1.5)
     two_in_tools(c)  # idle from 1.2
     c.on_request(1.3, "x", "t", FIRST)
     for k in range(4):

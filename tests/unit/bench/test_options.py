@@ -60,3 +60,11 @@ def test_cli_refuses_bad_options_clearly() -> None:
                         "--no-plots"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2
     assert "marsproxy sim: unknown policy nope" in r.stderr
+
+
+def test_sim_refuses_busy_cpus_that_leave_tools_no_core() -> None:
+    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "sim", "--tool-cpus", "2",
+                        "--busy-cpus", "2", "--no-plots"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    assert "--busy-cpus must be >= 0 and below --tool-cpus (2.0), got 2.0" in r.stderr

@@ -120,3 +120,17 @@ def test_time_scale_stretches_llm_time_only() -> None:
     fast = Simulation(wl, "direct", SETUP, None).run().outcomes[0]
     slow = Simulation(wl, "direct", dataclasses.replace(SETUP, time_scale=2.0), None).run()
     assert slow.outcomes[0].e2e_s == pytest.approx(2 * (fast.e2e_s or 0), rel=1e-6)
+
+
+def test_busy_cpus_slow_the_tools_only() -> None:
+    # One session alone: with 1.5 of its 2 cores busy elsewhere its tools get half a core, so
+    # each tool phase takes twice its time and the session ends exactly its tool time later.
+    wl = _workload(sessions=1, tool_scale=1.0)
+    tool_s = wl.sessions[0].tool_s_total
+    assert tool_s > 0
+    free = Simulation(wl, "direct", SETUP, None).run().outcomes[0]
+    busy = Simulation(wl, "direct", dataclasses.replace(SETUP, busy_cpus=1.5), None).run()
+    assert (busy.outcomes[0].e2e_s or 0) - (free.e2e_s or 0) == pytest.approx(tool_s, rel=1e-6)
+    # The proxy still counts every core: its tool backlog reads against tool_cpus.
+    sim = Simulation(wl, "mars", dataclasses.replace(SETUP, busy_cpus=1.5), _cfg("mars"))
+    assert sim.cpu.cpus == 0.5 and sim._signals("w0", 0.0).tool_cpus == 2
