@@ -143,14 +143,15 @@ class AdmissionConfig(_Section):
         " idle engine costs more than an occasional preemption.",
     )
     peak_cheap_reprefill_s: float = Field(
-        1.0, ge=0,
+        0.5, ge=0,
         description="Where the worker re-prefills a typical forecast peak of its sessions (their"
         " mean forecast over its measured prefill speed) within this many seconds, and fewer than"
         " peak_free_sessions of them are in an LLM call, the fit overcommits by"
         " peak_overcommit_max: such preemptions cost less than sessions held back while the"
         " engine has little to run (simulated CPU-bound tiny worker at 4/s: 1.17x -> 1.72x"
-        " direct). 0: off. The simulated H200 takes 1.6-26 s at 32k-128k contexts, so the"
-        " rule stays off there.",
+        " direct). 0: off. The simulated H200 takes 1.6-26 s at 32k-128k contexts, and the"
+        " real vLLM on a 2-core CPU 0.55-1.9 s for 1.2-1.9k tokens, so the rule stays off"
+        " there (at 1 s it fired on that vLLM and cost it a third of its speed-up).",
     )
     idle_admit: bool = Field(
         True,
