@@ -91,7 +91,7 @@ def test_demo_runs_with_a_policy_preset(policy: str) -> None:
     assert ("(admission on)" in out) is admits and ("(admission off)" in out) is not admits
 
 
-def test_default_demo_window_shrinks_in_the_burst_and_grows_back() -> None:
+def test_default_demo_limit_binds_in_the_burst_and_lifts() -> None:
     # The main job on its defaults (~40 s): what the README promises it shows.
     r = subprocess.run(
         [sys.executable, "-m", "marsproxy.cli", "demo"],
@@ -100,9 +100,16 @@ def test_default_demo_window_shrinks_in_the_burst_and_grows_back() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "sessions finished: 30/30" in out
-    rows = re.findall(r"^  window (w\d): (\d+) -> (\d+), lowest (\d+) \(.*(?:cpu|kv)_overload",
-                      out, re.M)
-    assert rows, f"no window shrank under pressure:\n{out}"
-    for _w, _start, end, lowest in rows:
-        assert int(lowest) <= 8 and int(end) > int(lowest), out
+    # The burst's tools overload the 3 declared CPUs: the CPU cap, ceil(3 · 4) = 12, takes the
+    # limit below the window on some worker (the first column is the stale start), and the
+    # limit is the window again once the burst has passed.
+    bound = False
+    for w in ("w0", "w1"):
+        window, limit = _row(out, f"{w} window"), _row(out, f"{w} limit")
+        bound |= any(lim < win for lim, win in zip(limit[1:], window[1:], strict=True))
+        assert limit[-1] == window[-1], out
+    assert bound, f"the limit never bound under pressure:\n{out}"
+    # Admission holds sessions back and spares the engines the preemptions of the run without.
+    pre = dict(re.findall(r"^(without admission|with admission)\s.*preemptions (\d+)", out, re.M))
+    assert int(pre["with admission"]) < int(pre["without admission"]), out
     assert re.search(r"^  waiting\s+.*[1-9]", out, re.M), "no session waited"
