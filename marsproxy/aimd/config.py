@@ -65,8 +65,9 @@ class AdmissionConfig(_Section):
         description="Sessions per tool CPU the CPU cap allows: cap = ceil(tool_cpus × this),"
         " clamped to [window_min, window_max]. DESIGN derives 1.5 (the backlog marks' mean),"
         " which on a 2-core host is window_min and queues short sessions behind long tool"
-        " phases while the cores are busy anyway (simulated CPU-bound 2-core twins, 8 seeds:"
-        " 1.26x -> 1.60x direct with cpu_overload_shrinks false).",
+        " phases while the cores are busy anyway (simulated CPU-bound twins of the live"
+        " benchmark, 2 tool CPUs of which 0.4 busy, 8 seeds, window held: 1.26x -> 1.60x"
+        " direct).",
     )
     cpu_overload_shrinks: bool = Field(
         False,
