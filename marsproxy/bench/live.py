@@ -62,6 +62,8 @@ class LiveSetup:
     system_prompt_tokens: int = 60
     request_timeout_s: float = 900.0
     start_timeout_s: float = 60.0
+    state_every_s: float = 1.0
+    """Read the proxy's ``GET /mars/v1/state`` this often during a run (0: never)."""
     sets: dict[str, Any] = field(default_factory=dict)
 
     def engine_profile(self) -> EngineProfile:
@@ -162,6 +164,19 @@ async def _record_events(http: aiohttp.ClientSession, url: str, sink: list[dict[
                 sink.append(ev)
 
 
+async def _record_state(http: aiohttp.ClientSession, url: str, sink: list[dict[str, Any]],
+                        every_s: float) -> None:
+    """Reads ``GET /mars/v1/state`` into ``sink`` every ``every_s`` until cancelled: the
+    window, caps, the fit's factor and the queue, which the event stream does not carry.
+    Each snapshot gets ``recv_ts`` (epoch seconds); a failed read is skipped, not retried."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            async with http.get(f"{url}/mars/v1/state") as r:
+                if r.status == 200:
+                    sink.append({"recv_ts": time.time(), **(await r.json())})
+        await asyncio.sleep(every_s)
+
+
 _WORKER_COUNTERS = {
     "vllm:num_preemptions_total": "preemptions",
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
@@ -202,7 +217,7 @@ def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float
 
 async def _replay_all(
     wl: Workload, targets: list[str], proxy: str | None, setup: LiveSetup, bar: Progress,
-    workers: list[str],
+    workers: list[str], states: list[dict[str, Any]],
 ) -> tuple[list[SessionResult], list[dict[str, Any]], float, float, dict[str, float]]:
     timeout = aiohttp.ClientTimeout(total=setup.request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
@@ -217,6 +232,9 @@ async def _replay_all(
             ready = asyncio.Event()
             recorder = asyncio.create_task(_record_events(http, proxy, events, ready))
             await asyncio.wait_for(ready.wait(), 10)
+        poller = None
+        if proxy is not None and setup.state_every_s > 0:
+            poller = asyncio.create_task(_record_state(http, proxy, states, setup.state_every_s))
         cpt = setup.vllm.chars_per_token if setup.vllm else 4.0
         opts = [ReplayOptions(base_url=url, model=model,
                               system_prompt_tokens=setup.system_prompt_tokens,
@@ -246,9 +264,11 @@ async def _replay_all(
         counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
         if recorder is not None:
             await asyncio.sleep(0.5)  # the last session_end events
-            recorder.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
-                await recorder
+        for task in (recorder, poller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await task
     return results, events, t0, wall0, counters
 
 
@@ -278,20 +298,24 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         # direct: each agent is configured with one worker URL, round robin (as the sim does).
         targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)
+        states: list[dict[str, Any]] = []
         results, events, t0, wall0, counters = asyncio.run(
-            _replay_all(wl, targets, proxy, setup, bar, workers))
+            _replay_all(wl, targets, proxy, setup, bar, workers, states))
         bar.close()
     outcomes = [
         _outcome(p, r, t0, _ideal(p, setup))
         for p, r in zip(wl.sessions, results, strict=True)
     ]
     extra["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    if events:
-        # The proxy's whole event stream, to find out why a policy won or lost.
-        with open(out / f"events-{slug(label, policy)}.jsonl", "w") as f:
-            f.writelines(json.dumps(ev) + "\n" for ev in events)
+    # The proxy's whole event stream and its state over time, to find out why a policy won or
+    # lost (the state holds what no event carries: caps, the fit's factor, the queue).
+    for kind, rows in (("events", events), ("state", states)):
+        if rows:
+            with open(out / f"{kind}-{slug(label, policy)}.jsonl", "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
     return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
-                     {"events": len(events), "stats": counters, **extra})
+                     {"events": len(events), "state_snapshots": len(states), "stats": counters,
+                      **extra})
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -318,6 +342,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="tool phases shorter than this (s) are waits, not a CPU-burning process")
     e.add_argument("--no-tool-events", action="store_true",
                    help="agents do not report tool_start/tool_end; the proxy infers them")
+    e.add_argument("--state-every", type=float, default=1.0, metavar="S",
+                   help="read each proxy's /mars/v1/state every S seconds into"
+                   " logs/state-*.jsonl (0: never)")
     p.set_defaults(func=main)
 
 
@@ -340,13 +367,15 @@ def main(args: argparse.Namespace) -> int:
         cases = options.cases(args, context)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets)
+        if args.state_every < 0:
+            raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
         setup = LiveSetup(
             profile=args.profile, time_scale=args.time_scale, workers=args.workers,
             num_blocks=args.num_blocks, vllm_urls=vllm_urls,
             vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
-            min_tool_cpu_s=args.min_tool_cpu,
+            min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
             system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets)
         setup.engine_profile()
     except ValueError as exc:

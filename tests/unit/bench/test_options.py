@@ -68,3 +68,11 @@ def test_sim_refuses_busy_cpus_that_leave_tools_no_core() -> None:
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2
     assert "--busy-cpus must be >= 0 and below --tool-cpus (2.0), got 2.0" in r.stderr
+
+
+def test_bench_live_refuses_a_negative_state_period() -> None:
+    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "bench", "live",
+                        "--state-every", "-1", "--no-plots"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    assert "marsproxy bench live: --state-every must be >= 0, got -1.0" in r.stderr
