@@ -168,12 +168,17 @@ async def _record_state(http: aiohttp.ClientSession, url: str, sink: list[dict[s
                         every_s: float) -> None:
     """Reads ``GET /mars/v1/state`` into ``sink`` every ``every_s`` until cancelled: the
     window, caps, the fit's factor and the queue, which the event stream does not carry.
-    Each snapshot gets ``recv_ts`` (epoch seconds); a failed read is skipped, not retried."""
+    Each snapshot gets ``recv_ts`` (epoch seconds); a failed read leaves a row with ``error``
+    instead (the run goes on: the state is for reading afterwards, not for the replay)."""
     while True:
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        row: dict[str, Any] = {"recv_ts": time.time()}
+        try:
             async with http.get(f"{url}/mars/v1/state") as r:
-                if r.status == 200:
-                    sink.append({"recv_ts": time.time(), **(await r.json())})
+                r.raise_for_status()
+                row.update(await r.json())
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            row["error"] = repr(exc)
+        sink.append(row)
         await asyncio.sleep(every_s)
 
 

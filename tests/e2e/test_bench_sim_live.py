@@ -59,12 +59,14 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     assert {"session_queued", "session_admitted", "dispatch", "llm_end"} <= kinds
     # and its state, read about once a second: the limit, the caps and the queue over time
     (state,) = (tmp_path / "live" / "logs").glob("state-*-mars.jsonl")
-    snaps = [json.loads(line) for line in state.read_text().splitlines()]
-    assert snaps and all(isinstance(x["recv_ts"], float) for x in snaps)
+    rows = [json.loads(line) for line in state.read_text().splitlines()]
+    assert all(isinstance(x["recv_ts"], float) for x in rows)
+    snaps = [x for x in rows if "error" not in x]
+    assert len(snaps) >= len(rows) - 1, rows  # a read may fail at most as the proxy stops
     assert max(x["admission"]["queue"]["length"] for x in snaps) > 0
     (worker,) = snaps[0]["admission"]["workers"].values()
     assert {"limit", "cpu_cap", "peak_overcommit"} <= set(worker)
-    assert runs["mars"]["extra"]["state_snapshots"] == len(snaps)
+    assert runs["mars"]["extra"]["state_snapshots"] == len(rows)
     assert list((tmp_path / "live").glob("cdf-*.png"))
     assert list((tmp_path / "live").glob("timeline-*mars.png"))
     s, lv = _means(sim), _means(live)
