@@ -55,24 +55,15 @@ def test_cases_nest_regimes_over_rates_and_cap_the_context() -> None:
         options.cases(_args(regimes="16k"), engine_context=8192)
 
 
-def test_cli_refuses_bad_options_clearly() -> None:
-    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "sim", "--policies", "nope",
-                        "--no-plots"], capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 2
-    assert "marsproxy sim: unknown policy nope" in r.stderr
-
-
-def test_sim_refuses_busy_cpus_that_leave_tools_no_core() -> None:
-    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "sim", "--tool-cpus", "2",
-                        "--busy-cpus", "2", "--no-plots"],
+@pytest.mark.parametrize(("args", "message"), [
+    (["sim", "--policies", "nope"], "marsproxy sim: unknown policy nope"),
+    (["sim", "--tool-cpus", "2", "--busy-cpus", "2"],
+     "--busy-cpus must be >= 0 and below --tool-cpus (2.0), got 2.0"),
+    (["bench", "live", "--state-every", "-1"],
+     "marsproxy bench live: --state-every must be >= 0, got -1.0"),
+])
+def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2
-    assert "--busy-cpus must be >= 0 and below --tool-cpus (2.0), got 2.0" in r.stderr
-
-
-def test_bench_live_refuses_a_negative_state_period() -> None:
-    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "bench", "live",
-                        "--state-every", "-1", "--no-plots"],
-                       capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 2
-    assert "marsproxy bench live: --state-every must be >= 0, got -1.0" in r.stderr
+    assert message in r.stderr
