@@ -395,15 +395,16 @@ def main(args: argparse.Namespace) -> int:
     for case in cases:
         wl = build_workload(traces, case.spec)
         for policy in pols:
-            res = run_policy(wl, policy, setup, logs, sys.stderr, f"{case.regime} {case.load}")
-            res.regime, res.load = case.regime, case.load
+            res = run_policy(wl, policy, setup, logs, sys.stderr, case.label)
+            res.regime, res.load, res.seed = case.regime, case.load, case.seed
             res.extra["workload"] = wl.describe()
             results.append(res)
     meta: dict[str, Any] = {
         "kind": "live", "backend": ", ".join(setup.vllm_urls) or
         f"{args.workers} emulated worker(s), profile {args.profile}, time scale {args.time_scale}",
         "host CPUs": os.cpu_count(), "tool_cpus (proxy)": args.tool_cpus or "host",
-        "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
+        "trace": args.trace or "packaged sample", "sessions": args.sessions,
+        "seed": ", ".join(str(x) for x in options.seeds(args)),
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,
@@ -423,7 +424,7 @@ def main(args: argparse.Namespace) -> int:
             f"NOT reliably emptied (answers {resets}; serve with VLLM_SERVER_DEV_MODE=1)",
         })
     meta["load average (1 min) per run, start→end"] = ", ".join(
-        f"{r.regime} {r.load} {r.policy} {r.extra['loadavg_start'][0]}→"
+        f"{r.regime} {r.case_load} {r.policy} {r.extra['loadavg_start'][0]}→"
         f"{r.extra['loadavg_end'][0]}" for r in results)
     path = report.write(out, results, "marsproxy bench live", meta, make_plots=not args.no_plots)
     sys.stdout.write(f"{path}\n")

@@ -39,6 +39,11 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     g.add_argument("--sessions", type=int, default=sessions, help="sessions per run")
     g.add_argument("--seed", type=int, default=0, help="seed of sampling and arrivals")
     g.add_argument(
+        "--seeds", default=None, metavar="LIST",
+        help="comma-separated seeds, replacing --seed: every workload runs once per seed and the"
+        " report adds the mean over them (one seed's ratios can be off by 0.5x)",
+    )
+    g.add_argument(
         "--regimes", default=regimes,
         help=f"input-length regimes, comma-separated: {', '.join(REGIMES)}, or 'trace' (as"
         " recorded)",
@@ -75,6 +80,13 @@ class Case:
     regime: str
     load: str
     spec: WorkloadSpec
+    seed: int | None = None
+    """Set when the run covers several seeds (``--seeds``); the report then averages them."""
+
+    @property
+    def label(self) -> str:
+        """Regime, load and (with several seeds) seed: names the case in logs and progress."""
+        return f"{self.regime} {self.load}" + ("" if self.seed is None else f" seed {self.seed}")
 
 
 def policies(text: str) -> list[str]:
@@ -90,10 +102,24 @@ def policies(text: str) -> list[str]:
     return out
 
 
+def seeds(args: argparse.Namespace) -> list[int]:
+    """``--seeds`` as a list, or ``[--seed]``."""
+    if args.seeds is None:
+        return [args.seed]
+    try:
+        out = [int(p) for p in _csv(args.seeds)]
+    except ValueError:
+        raise ValueError(f"--seeds needs comma-separated integers, got {args.seeds!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"--seeds needs distinct integers, got {args.seeds!r}")
+    return out
+
+
 def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
-    """One workload per (regime, rate), in that nesting order. Prompts stay within
+    """One workload per (regime, rate, seed), in that nesting order. Prompts stay within
     ``--max-context``, by default ``engine_context`` less room for the reply."""
     max_context = args.max_context or max(16, engine_context - 1024)
+    seed_list = seeds(args)
     out = []
     for regime in _csv(args.regimes) or ["trace"]:
         if regime != "trace" and regime not in REGIMES:
@@ -101,13 +127,15 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
         for rate_text in _csv(args.rates):
             rate = float(rate_text)
             arrivals = ArrivalSpec(args.arrivals, rate, args.burst_size)
-            spec = WorkloadSpec(
-                sessions=args.sessions, seed=args.seed,
-                regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
-                token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
-                max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
-            )
-            out.append(Case(regime, arrivals.label(), spec))
+            for seed in seed_list:
+                spec = WorkloadSpec(
+                    sessions=args.sessions, seed=seed,
+                    regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
+                    token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
+                    max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
+                )
+                out.append(Case(regime, arrivals.label(), spec,
+                                seed if len(seed_list) > 1 else None))
     return out
 
 

@@ -5,7 +5,11 @@ Ratios are speed-ups: ``baseline / policy`` for latencies (above 1: the policy i
 "best other" is the best policy whose name does not start with ``mars`` (``direct``, ``fcfs``,
 ``autellix``, ``continuum``): lowest mean latency for the latency ratios, highest goodput for
 the goodput ratio, lowest P95 for the P95 ratio. Every ratio compares runs of the same workload
-(same regime and load) in the same invocation.
+(same regime, load and seed) in the same invocation.
+
+With several seeds (``--seeds``) each seed is its own workload, and a last section averages
+over them per regime and load: the mean of each figure, and the mean of the per-seed ratios
+(each ratio still compares runs of one workload).
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ def is_baseline(policy: str) -> bool:
 
 
 def groups(runs: Iterable[RunResult]) -> dict[tuple[str, str], list[RunResult]]:
-    """Runs by (regime, load), in first-seen order."""
+    """Runs by workload, (regime, load and seed), in first-seen order."""
     out: dict[tuple[str, str], list[RunResult]] = {}
     for r in runs:
-        out.setdefault((r.regime, r.load), []).append(r)
+        out.setdefault((r.regime, r.case_load), []).append(r)
     return out
 
 
@@ -69,6 +73,53 @@ def ratios(summaries: dict[str, Summary]) -> dict[str, dict[str, float]]:
                 _ratio(summaries[best_p95].p95_s, s.p95_s) if best_p95 else math.nan),
         }
     return out
+
+
+def over_seeds(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Per (regime, load) run under several seeds: per policy, the seeds, the mean of each
+    summary figure and of each ratio, and the per-seed mean-latency ratio against direct."""
+    by_load: dict[tuple[str, str], dict[int, list[RunResult]]] = {}
+    for r in runs:
+        if r.seed is not None:
+            by_load.setdefault((r.regime, r.load), {}).setdefault(r.seed, []).append(r)
+    out = []
+    for (regime, load), per_seed in by_load.items():
+        figs: dict[str, dict[str, list[float]]] = {}
+        for group in per_seed.values():
+            summaries = {r.policy: r.summary() for r in group}
+            for p, rs in ratios(summaries).items():
+                f = figs.setdefault(p, {})
+                for k, v in {**summaries[p].to_dict(), **rs}.items():
+                    f.setdefault(k, []).append(float(v))
+        out.append({
+            "regime": regime, "load": load, "seeds": list(per_seed),
+            "policies": {p: {"seeds": len(f["mean_s"]),
+                             "mean": {k: _nanmean(v) for k, v in f.items()},
+                             "mean_vs_direct_per_seed": f["mean_vs_direct"]}
+                         for p, f in figs.items()},
+        })
+    return out
+
+
+def _nanmean(xs: Sequence[float]) -> float:
+    """The mean of the defined values (NaN: no finished session, no baseline)."""
+    ok = [x for x in xs if not math.isnan(x)]
+    return sum(ok) / len(ok) if ok else math.nan
+
+
+def seeds_table(fig: dict[str, Any]) -> list[str]:
+    head = ("| policy | seeds | mean s | P95 s | goodput /s | mean ×direct | ×direct per seed "
+            "| mean ×best other | goodput ×best other | P95 ×best other |")
+    lines = [head, "|" + "---|" * 10]
+    for p, f in fig["policies"].items():
+        m = f["mean"]
+        per = " ".join(_f(x, 2) for x in f["mean_vs_direct_per_seed"])
+        lines.append(
+            f"| {p} | {f['seeds']} | {_f(m['mean_s'])} | {_f(m['p95_s'])} | "
+            f"{_g(m['goodput_per_s'])} | {_f(m['mean_vs_direct'], 2)} | {per} | "
+            f"{_f(m['mean_vs_best_other'], 2)} | {_f(m['goodput_vs_best_other'], 2)} | "
+            f"{_f(m['p95_vs_best_other'], 2)} |")
+    return lines
 
 
 def _f(x: float, digits: int = 1) -> str:
@@ -125,6 +176,13 @@ def render(runs: Sequence[RunResult], title: str, meta: dict[str, Any],
         out += table(group)
         for path in (plots or {}).get((regime, load), []):
             out += ["", f"![{Path(path).stem}]({path})"]
+    for fig in over_seeds(runs):
+        seeds = ", ".join(str(s) for s in fig["seeds"])
+        out += ["", f"## regime {fig['regime'] or '-'}, load {fig['load'] or '-'}: mean over "
+                f"seeds {seeds}", "",
+                "Each figure is the mean over the seeds; each ratio is the mean of the per-seed "
+                "ratios.", ""]
+        out += seeds_table(fig)
     return "\n".join(out) + "\n"
 
 
@@ -141,12 +199,14 @@ def _clean(x: Any) -> Any:
 
 def results_json(runs: Sequence[RunResult], meta: dict[str, Any]) -> dict[str, Any]:
     figures = []
-    for (regime, load), group in groups(runs).items():
+    for group in groups(runs).values():
         summaries = {r.policy: r.summary() for r in group}
-        figures.append({"regime": regime, "load": load, "ratios": ratios(summaries),
+        figures.append({"regime": group[0].regime, "load": group[0].load,
+                        "seed": group[0].seed, "ratios": ratios(summaries),
                         "summaries": {p: s.to_dict() for p, s in summaries.items()}})
     out: dict[str, Any] = _clean(
-        {"meta": meta, "figures": figures, "runs": [r.to_dict() for r in runs]})
+        {"meta": meta, "figures": figures, "over_seeds": over_seeds(runs),
+         "runs": [r.to_dict() for r in runs]})
     return out
 
 

@@ -157,7 +157,7 @@ def summarize(outcomes: Sequence[SessionOutcome], factor: float = GOODPUT_FACTOR
 
 @dataclass(slots=True)
 class RunResult:
-    """One policy on one workload (a regime at a load)."""
+    """One policy on one workload (a regime at a load, from one seed)."""
 
     policy: str
     regime: str
@@ -165,13 +165,20 @@ class RunResult:
     outcomes: list[SessionOutcome]
     timeline: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    """The workload's seed when the run covers several (``--seeds``), else ``None``."""
+
+    @property
+    def case_load(self) -> str:
+        """The load, and the seed when there are several: one workload's name in the report."""
+        return self.load if self.seed is None else f"{self.load}, seed {self.seed}"
 
     def summary(self) -> Summary:
         return summarize(self.outcomes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "policy": self.policy, "regime": self.regime, "load": self.load,
+            "policy": self.policy, "regime": self.regime, "load": self.load, "seed": self.seed,
             "summary": self.summary().to_dict(),
             "sessions": [
                 {**asdict(o), "ok": o.ok, "e2e_s": o.e2e_s} for o in self.outcomes

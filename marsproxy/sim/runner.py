@@ -41,11 +41,11 @@ def run_cases(
         for policy in run.policies:
             cfg = None if policy == options.DIRECT else options.proxy_config(
                 policy, dict(run.sets), workers)
-            bar = Progress(f"{case.regime} {case.load} {policy}", len(wl.sessions), out)
+            bar = Progress(f"{case.label} {policy}", len(wl.sessions), out)
             t0 = time.perf_counter()
             res = Simulation(wl, policy, run.setup, cfg, progress=bar.update).run()
             bar.close()
-            res.regime, res.load = case.regime, case.load
+            res.regime, res.load, res.seed = case.regime, case.load, case.seed
             res.extra["cpu_s"] = round(time.perf_counter() - t0, 2)
             res.extra["workload"] = wl.describe()
             results.append(res)
@@ -107,7 +107,8 @@ def main(args: argparse.Namespace) -> int:
             "time_scale": args.time_scale,
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
             "busy_cpus": args.busy_cpus,
-            "trace": args.trace or "packaged sample", "sessions": args.sessions, "seed": args.seed,
+            "trace": args.trace or "packaged sample", "sessions": args.sessions,
+            "seed": ", ".join(str(x) for x in options.seeds(args)),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
             "overrides": sets, "agents report tool events": not args.infer_tools,

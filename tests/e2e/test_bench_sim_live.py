@@ -74,3 +74,19 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     assert sure, f"the simulator separates no policies: {s}"
     for faster, slower in sure:
         assert lv[faster] < lv[slower], f"sim {s} vs live {lv}"
+
+
+def test_sim_over_several_seeds_reports_each_and_their_mean(tmp_path: Path) -> None:
+    data = _run(["sim", *WORKLOAD, "--sessions", "6", "--seeds", "4,7", "--no-plots"],
+                tmp_path)
+    loads = [(f["seed"], f["load"]) for f in data["figures"]]
+    assert loads == [(4, "poisson 0/s"), (7, "poisson 0/s")]
+    assert [r["seed"] for r in data["runs"]] == [4, 4, 7, 7]
+    # different seeds sample different sessions
+    ids = [sorted(s["id"] for s in r["sessions"]) for r in data["runs"]]
+    assert ids[0] == ids[1] and ids[0] != ids[2]
+    (avg,) = data["over_seeds"]
+    per_seed = [f["ratios"]["mars"]["mean_vs_direct"] for f in data["figures"]]
+    assert avg["policies"]["mars"]["mean_vs_direct_per_seed"] == per_seed
+    assert data["meta"]["seed"] == "4, 7"
+    assert "mean over seeds 4, 7" in (tmp_path / "report.md").read_text()

@@ -55,12 +55,26 @@ def test_cases_nest_regimes_over_rates_and_cap_the_context() -> None:
         options.cases(_args(regimes="16k"), engine_context=8192)
 
 
+def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
+    cases = options.cases(_args(rates="0.1,1", seeds="3,1"), engine_context=8192)
+    assert [(c.load, c.seed, c.spec.seed) for c in cases] == [
+        ("poisson 0.1/s", 3, 3), ("poisson 0.1/s", 1, 1), ("poisson 1/s", 3, 3),
+        ("poisson 1/s", 1, 1)]
+    assert cases[1].label == "trace poisson 0.1/s seed 1"
+    one = options.cases(_args(seed=5), engine_context=8192)
+    assert [(c.seed, c.spec.seed, c.label) for c in one] == [(None, 5, "trace poisson 0.5/s")]
+    for bad in ("1,x", "2,2", ","):
+        with pytest.raises(ValueError, match="--seeds needs"):
+            options.cases(_args(seeds=bad), engine_context=8192)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["sim", "--policies", "nope"], "marsproxy sim: unknown policy nope"),
     (["sim", "--tool-cpus", "2", "--busy-cpus", "2"],
      "--busy-cpus must be >= 0 and below --tool-cpus (2.0), got 2.0"),
     (["bench", "live", "--state-every", "-1"],
      "marsproxy bench live: --state-every must be >= 0, got -1.0"),
+    (["sim", "--seeds", "0,0"], "marsproxy sim: --seeds needs distinct integers, got '0,0'"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],

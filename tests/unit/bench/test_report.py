@@ -98,3 +98,42 @@ def test_written_report_and_json(tmp_path: Path) -> None:
     assert len(data["runs"]) == 3 and len(data["runs"][2]["sessions"]) == 4
     assert data["runs"][2]["sessions"][3]["e2e_s"] is None  # NaN-free JSON
     assert (tmp_path / "cdf-32k-heavy.png").stat().st_size > 1000
+
+
+def _seeded(seed: int, direct_end: float, mars_end: float) -> list[RunResult]:
+    # One session per policy, e2e = its end (arrival 0, ideal 10).
+    return [RunResult(p, "trace", "heavy", [_session("a", 0, 10, end, [0.1], [0])], seed=seed)
+            for p, end in (("direct", direct_end), ("mars", mars_end))]
+
+
+def test_several_seeds_are_separate_workloads_then_averaged(tmp_path: Path) -> None:
+    # Seed 0: direct 30 s, mars 10 s (3×); seed 1: direct 20 s, mars 40 s (0.5×).
+    runs = _seeded(0, 30, 10) + _seeded(1, 20, 40)
+    assert list(report.groups(runs)) == [("trace", "heavy, seed 0"), ("trace", "heavy, seed 1")]
+    [fig] = report.over_seeds(runs)
+    assert (fig["regime"], fig["load"], fig["seeds"]) == ("trace", "heavy", [0, 1])
+    mars = fig["policies"]["mars"]
+    assert mars["seeds"] == 2
+    assert mars["mean_vs_direct_per_seed"] == [3.0, 0.5]
+    # The mean of the ratios, not the ratio of the means (25 / 25 = 1).
+    assert mars["mean"]["mean_vs_direct"] == pytest.approx(1.75)
+    assert mars["mean"]["mean_s"] == pytest.approx(25.0)
+    # Goodput: seed 0 within 3× ideal (1/10 s), seed 1 not (0).
+    assert mars["mean"]["goodput_per_s"] == pytest.approx(0.05)
+    assert fig["policies"]["direct"]["mean"]["mean_vs_direct"] == 1.0
+
+    text = report.write(tmp_path, runs, "seeds", {}, make_plots=False).read_text()
+    assert "## regime trace, load heavy, seed 1" in text
+    assert "## regime trace, load heavy: mean over seeds 0, 1" in text
+    assert "| mars | 2 | 25.0 | " in text and "| 1.75 | 3.00 0.50 |" in text
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [f["seed"] for f in data["figures"]] == [0, 1]
+    assert data["figures"][1]["load"] == "heavy"
+    assert data["over_seeds"][0]["policies"]["mars"]["mean_vs_direct_per_seed"] == [3.0, 0.5]
+    assert data["runs"][3]["seed"] == 1
+
+
+def test_one_seed_has_no_average() -> None:
+    runs = _runs()
+    assert report.over_seeds(runs) == []
+    assert list(report.groups(runs)) == [("32k", "heavy")]
