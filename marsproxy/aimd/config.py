@@ -6,6 +6,8 @@ design's default, so code, YAML, docs and Prometheus share one name for it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from marsproxy.config_section import Section as _Section
@@ -186,6 +188,14 @@ class AdmissionConfig(_Section):
         0.5, gt=0, description="Timeout of that /tokenize call; past it, the character estimate."
     )
     # -- Admission order (DESIGN §5.2) ----------------------------------------------------
+    cpu_overload_order: Literal["arrival", "longest_first"] = Field(
+        "arrival",
+        description="Queue order while tool CPUs are overloaded: arrival, or longest estimated"
+        " first prompt first (DESIGN §5.2: GPU-heavy, tool-light work). A first prompt says"
+        " little about a session's tool work (the shipped traces' first prompts differ by about"
+        " 2 % within a trace), so longest-first is close to a lottery that lets later arrivals"
+        " bypass a session up to max_bypass times.",
+    )
     long_prompt_tokens: int = Field(
         50_000, ge=1, description="A session whose first prompt exceeds this many tokens is long."
     )

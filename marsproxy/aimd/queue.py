@@ -1,7 +1,8 @@
 """The admission queue and the global load balancer (DESIGN §5.2).
 
-Waiting sessions are ordered by the load: arrival order while everything fits, longest prompt
-first when tool CPUs are the bottleneck (GPU-heavy, tool-light work keeps the GPU busy),
+Waiting sessions are ordered by the load: arrival order while everything fits, and while tool
+CPUs are the bottleneck (``cpu_overload_order``; DESIGN's longest prompt first, meant to keep
+the GPU busy with tool-light work, is an option: a first prompt hardly tells tool work apart),
 otherwise shortest first (most sessions per block). Long sessions are capped per worker while
 short ones wait, and packed into a fraction of free KV once only long ones remain.
 
@@ -152,7 +153,7 @@ class AdmissionQueue:
     def choose_mode(self, workers: Sequence[WorkerView]) -> OrderMode:
         live = [w for w in workers if w.placeable]
         if any(w.cpu_overloaded for w in live):
-            return OrderMode.LONGEST_FIRST
+            return OrderMode(self.cfg.cpu_overload_order)
         if not live or any(w.kv_overloaded for w in live):
             return OrderMode.SHORTEST_FIRST if live else OrderMode.ARRIVAL
         slots = sum(max(0, w.limit - w.admitted) for w in live)

@@ -12,6 +12,8 @@ from marsproxy.aimd.rate import AdmissionRate, retry_after_s
 
 # Long = more than 1000 tokens; 16-token blocks.
 CFG = AdmissionConfig(long_prompt_tokens=1000)
+# DESIGN §5.2's order under CPU overload (the default is arrival order).
+LONGEST = AdmissionConfig(long_prompt_tokens=1000, cpu_overload_order="longest_first")
 
 
 def worker(name: str = "w0", **kw: Any) -> WorkerView:
@@ -61,14 +63,25 @@ def test_kv_overload_is_shortest_first() -> None:
     assert q.choose_mode([worker(kv_overloaded=True)]) is OrderMode.SHORTEST_FIRST
 
 
-def test_cpu_overload_is_longest_first() -> None:
+def test_cpu_overload_is_arrival_order_by_default() -> None:
     q = AdmissionQueue(CFG)
+    fill(q, [100, 800, 500, 800])
+    w = worker(limit=2, cpu_overloaded=True, kv_overloaded=True)
+    assert q.choose_mode([w]) is OrderMode.ARRIVAL  # not shortest first, though KV is full too
+    assert picked(q, 10.0, [w]) == ["s0", "s1"]
+    assert [s for s, _ in q.positions(10.0)] == ["s2", "s3"]
+
+
+def test_cpu_overload_is_longest_first_as_designed() -> None:
+    q = AdmissionQueue(LONGEST)
     fill(q, [100, 800, 500, 800])
     w = worker(limit=2, cpu_overloaded=True)
     assert q.choose_mode([w]) is OrderMode.LONGEST_FIRST
     assert picked(q, 10.0, [w]) == ["s1", "s3"]  # ties by arrival
     assert q.mode is OrderMode.LONGEST_FIRST
     assert [s for s, _ in q.positions(10.0)] == ["s2", "s0"]
+    # without CPU overload the option changes nothing
+    assert q.choose_mode([worker(limit=2)]) is OrderMode.ARRIVAL
 
 
 def test_unplaceable_workers_do_not_count() -> None:
@@ -252,7 +265,7 @@ def test_retry_after_s(ahead: int, rate: float | None, expected: int) -> None:
 
 
 def test_longest_first_skips_capped_long_sessions() -> None:
-    q = AdmissionQueue(CFG)
+    q = AdmissionQueue(LONGEST)
     fill(q, [3000, 100, 2500, 600])
     w = worker(cpu_overloaded=True, admitted=2, long_admitted=2)
     assert picked(q, 10.0, [w]) == ["s3", "s1"]  # shorts, longest first; longs at their cap
@@ -275,14 +288,14 @@ def test_misfits_are_skipped_outside_shortest_first() -> None:
     assert q.choose_mode(ws) is OrderMode.ARRIVAL
     assert picked(q, 10.0, ws) == ["s0", "s1", "s3"]  # s2 no longer fits anywhere
     # Longest first, only long ones: the larger misses the pack room, the smaller fits it.
-    q = AdmissionQueue(CFG)
+    q = AdmissionQueue(LONGEST)
     fill(q, [2000, 1600])  # 125 and 100 blocks; pack room ⌊0.9 · 120⌋ = 108
     w = worker(budget_blocks=200, free_blocks=120, cpu_overloaded=True)
     assert picked(q, 10.0, [w]) == ["s1"]
 
 
 def test_longest_first_takes_long_sessions_under_the_cap() -> None:
-    q = AdmissionQueue(CFG)
+    q = AdmissionQueue(LONGEST)
     fill(q, [100, 2000, 3000])
     w = worker(limit=2, cpu_overloaded=True, long_admitted=1, admitted=0)
     assert picked(q, 10.0, [w]) == ["s2", "s0"]  # one long fits under the cap of 2
