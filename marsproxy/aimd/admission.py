@@ -104,6 +104,9 @@ class Decision:
     status: int = 0
     retry_after_s: int | None = None
     reason: str = ""
+    idle: bool = False
+    """Admitted onto an idle worker past the limit (``admission.idle_admit``): the store must
+    confirm it against the idle limit."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""
 
@@ -157,7 +160,7 @@ class AdmissionCore:
             return Decision(DecisionKind.WAIT, reason="queued", actions=actions)
         actions.admitted.remove(mine)
         return Decision(DecisionKind.ADMITTED, worker=mine.worker, reason="admitted",
-                        actions=actions)
+                        idle=mine.idle, actions=actions)
 
     def on_adopt(
         self, now: float, session: str, tenant: str, worker: str, est_tokens: int, *,

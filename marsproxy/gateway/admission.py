@@ -160,7 +160,7 @@ class AdmissionShell:
         store, now_ms = self.store, wall_clock_ms()
         if await store.try_lead(now_ms):
             records = {
-                w: WindowRecord(c.effective_limit, c.window, now_ms)
+                w: WindowRecord(c.effective_limit, c.window, now_ms, idle_limit=c.idle_limit)
                 for w, c in self.core.controllers.items()
             }
             await store.publish_windows(records)
@@ -280,10 +280,17 @@ class AdmissionShell:
             await self.store.delete_session(skey)
         return True
 
-    def limit(self, worker: str) -> int:
-        """The limit the store enforces on ``worker``: the leader's if published, else ours."""
+    def limit(self, worker: str, idle: bool = False) -> int:
+        """The limit the store enforces on ``worker``: the leader's if published, else ours;
+        ``idle``: for an idle admission (the core admitted it past the limit, see
+        ``AdmissionQueue._idle_admits``), the idle limit."""
         rec = self._windows.get(worker)
-        return rec.limit if rec is not None else self.core.controllers[worker].effective_limit
+        c = self.core.controllers[worker]
+        if not idle:
+            return rec.limit if rec is not None else c.effective_limit
+        if rec is None:
+            return c.idle_limit
+        return rec.limit if rec.idle_limit is None else rec.idle_limit
 
     def _expire_pending(self, actions: Actions) -> None:
         # The core's deadline covers its own queue; pending sessions are this shell's to expire.
@@ -330,7 +337,7 @@ class AdmissionShell:
             self._arrival.setdefault(key, (now, wall_clock_ms()))
         elif decision.reason != "continuation" and decision.worker is not None:
             self._arrival.setdefault(key, (now, wall_clock_ms()))
-            self._propose(key, decision.worker)
+            self._propose(key, decision.worker, idle=decision.idle)
         self._arriving[key] = self._arriving.get(key, 0) + 1
         try:
             await self._carry(decision.actions)
@@ -421,7 +428,7 @@ class AdmissionShell:
     # -- carrying out ---------------------------------------------------------------------
     async def _carry(self, actions: Actions) -> None:
         for a in actions.admitted:
-            self._propose(a.entry.session, a.worker)
+            self._propose(a.entry.session, a.worker, idle=a.idle)
         for e in actions.expired:
             self._arrival.pop(e.session, None)
             self._refuse(e.session, Refused(
@@ -434,10 +441,10 @@ class AdmissionShell:
         if self._pending:
             await self._confirm_pending()
 
-    def _propose(self, key: str, worker: str) -> None:
+    def _propose(self, key: str, worker: str, idle: bool = False) -> None:
         arrived = self._arrival.pop(key, None)
         since, ms = arrived if arrived is not None else (self.now(), wall_clock_ms())
-        self._pending[key] = Pending(worker, since, ms)
+        self._pending[key] = Pending(worker, since, ms, idle)
 
     async def _ended(self, key: str, reason: EndReason) -> None:
         self._arrival.pop(key, None)
@@ -474,12 +481,15 @@ class AdmissionShell:
             free = sum(room.values())
             for key, p in sorted(self._pending.items(), key=lambda kv: kv[1].arrival_ms):
                 skey = self._store_key(key)
-                if room[p.worker] <= 0:
+                if room[p.worker] <= 0 and not p.idle:
                     self._relocate(key, p, room)
+                # An idle admission is one slot past the limit, on its idle worker: checked
+                # against the idle limit, with one more rank than the free slots allow.
                 # The ask also puts it in the global queue when it is not there yet (its first
                 # ask, or after a Redis restart), in the same round trip.
-                ok = await store.admit_if_ranked(skey, free, p.worker, self.limit(p.worker),
-                                                 now_ms, float(p.arrival_ms))
+                ok = await store.admit_if_ranked(
+                    skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
+                    now_ms, float(p.arrival_ms))
                 if self._pending.get(key) is not p:  # ended while we asked: undo
                     if ok:
                         await store.release(p.worker, skey)

@@ -44,3 +44,5 @@ class Pending:
     worker: str
     since: float  # monotonic arrival of its first request
     arrival_ms: int  # wall-clock arrival: its score in the global queue
+    idle: bool = False
+    """An idle admission: confirmed against the idle limit, on this worker only."""

@@ -34,6 +34,9 @@ class WindowRecord:
     window: int  # the AIMD window before caps
     updated_ms: int
     reason: str = ""
+    idle_limit: int | None = None
+    """What an idle admission checks against (``admission.idle_admit``); ``None``: ``limit``
+    (a record written before this field existed)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -41,7 +44,9 @@ class WindowRecord:
     @classmethod
     def from_json(cls, raw: str | bytes) -> WindowRecord:
         d = json.loads(raw)
-        return cls(int(d["limit"]), int(d["window"]), int(d["updated_ms"]), str(d["reason"]))
+        idle = d.get("idle_limit")
+        return cls(int(d["limit"]), int(d["window"]), int(d["updated_ms"]), str(d["reason"]),
+                   None if idle is None else int(idle))
 
 
 @runtime_checkable

@@ -86,14 +86,15 @@ StackFactory = Callable[..., Awaitable[Stack]]
 @pytest.fixture
 async def make_stack() -> AsyncIterator[StackFactory]:
     """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``;
-    ``share=stack`` puts a second gateway (a replica) in front of that stack's workers."""
+    ``share=stack`` puts a second gateway (a replica) in front of that stack's workers;
+    ``cpu={...}`` overrides ``probes.cpu``."""
     made: list[Stack] = []
     http = aiohttp.ClientSession()
 
     async def make(
         workers: int = 1, window: int = 1, store: dict[str, Any] | None = None,
         app: Callable[[], web.Application] | None = None, share: Stack | None = None,
-        **admission: Any
+        cpu: dict[str, Any] | None = None, **admission: Any
     ) -> Stack:
         build = app or (lambda: create_app(EmulatorOptions(profile="tiny", time_scale=0.05)))
         if share is not None:
@@ -112,7 +113,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 "probes": {
                     "vllm": {"period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.5},
                     "nvml": {"enabled": False},
-                    "cpu": {"period_s": 0.1},
+                    "cpu": {"period_s": 0.1} | (cpu or {}),
                 },
                 "admission": {
                     "window_init": window, "window_min": window, "window_max": window,

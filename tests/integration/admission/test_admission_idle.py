@@ -57,3 +57,25 @@ async def test_off_the_fit_holds_it_until_the_holder_ends(make_stack: _Factory) 
 
 async def _queued(s: Any, n: int) -> bool:
     return bool(await s.queue_length() == n)
+
+
+async def test_an_idle_admission_past_the_cpu_cap_is_confirmed_by_the_store(
+    make_stack: _Factory,
+) -> None:
+    # The CPU cap binds on every tick: 1 tool CPU × 1 session = a limit of 1. An idle engine
+    # adds no tool CPU until its call is done, so the idle limit is the window (4). The core
+    # admits the waiter past the limit; the store must confirm it against the idle limit,
+    # not hold it as pending until the holder ends.
+    s = await make_stack(window=4, window_min=1, cpu_cap_always=True, cpu_cap_backlog=1.0,
+                         idle_admit_after_s=0.3, cpu={"tool_cpus": 1.0})
+    assert (await s.chat("holder"))[0] == 200  # now in its tool phase, for good
+
+    async def capped() -> bool:
+        row = (await s.state())["admission"]["workers"]["w0"]
+        return bool(row["cpu_cap"] == 1 and row["limit"] == 1)
+
+    await s.until(capped)
+    assert (await asyncio.wait_for(s.chat("waiter"), 10))[0] == 200
+    state = await s.state()
+    assert sorted(state["admission"]["workers"]["w0"]["sessions"]) == ["holder", "waiter"]
+    assert state["admission"]["queue"]["pending"] == 0

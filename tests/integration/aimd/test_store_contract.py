@@ -132,7 +132,8 @@ async def test_one_leader_and_failover_after_its_ttl(replicas: Replicas) -> None
     now = replicas.clock()
     assert await a.try_lead(now) and a.is_leader
     assert not await b.try_lead(now) and not b.is_leader
-    rec = {"w1": WindowRecord(limit=7, window=9, updated_ms=now, reason="increase")}
+    rec = {"w1": WindowRecord(limit=7, window=9, updated_ms=now, reason="increase",
+                              idle_limit=9)}
     assert await a.publish_windows(rec)
     assert not await b.publish_windows({"w1": WindowRecord(1, 1, now)})  # fenced
     assert await b.read_windows() == rec

@@ -133,3 +133,15 @@ def test_kv_overload_stops_an_idle_admission() -> None:
     ctl = c.controllers["w0"]
     assert ctl.kv_overloaded and ctl.idle_limit == ctl.effective_limit == 2
     assert not acts.admitted and "x" in c.queue
+
+
+def test_a_request_admitted_by_the_idle_rule_says_so() -> None:
+    # The shell needs to know: the store confirms an idle admission against the idle limit.
+    c = core()
+    assert c.on_request(0.5, "a", "t", FIRST).idle is False  # a plain admission
+    c.on_response_end(0.6, "a", prompt_tokens=FIRST)
+    c.on_request(1.0, "b", "t", FIRST)
+    c.on_response_end(1.1, "b", prompt_tokens=FIRST)  # the fit is full, the worker idle
+    c.tick(1.7, {"w0": sig(kv_usage=0.3, free_blocks=700)})
+    d = c.on_request(1.7, "x", "t", FIRST)
+    assert (d.kind, d.worker, d.idle) == (DecisionKind.ADMITTED, "w0", True)

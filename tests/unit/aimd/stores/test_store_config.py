@@ -45,6 +45,11 @@ def test_keys_share_one_cluster_hash_tag() -> None:
 def test_window_record_round_trips_through_json() -> None:
     rec = WindowRecord(limit=7, window=9, updated_ms=123, reason="kv_overload")
     assert WindowRecord.from_json(rec.to_json()) == rec
+    idle = WindowRecord(limit=2, window=9, updated_ms=123, idle_limit=9)
+    assert WindowRecord.from_json(idle.to_json()) == idle
+    # A record from a replica without the idle limit: idle admissions check the limit.
+    old = WindowRecord.from_json('{"limit":7,"window":9,"updated_ms":123,"reason":""}')
+    assert old.idle_limit is None
 
 
 async def test_factory_builds_the_configured_backend() -> None:
