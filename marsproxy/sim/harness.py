@@ -82,6 +82,11 @@ class SimSetup:
     simulation can mirror a live run on slowed-down emulated workers."""
     horizon_s: float = 1e7
     """Give up at this virtual time (a policy that deadlocks must not hang the run)."""
+    call_overhead_s: float = 0.0
+    """Seconds between a tool phase's end and the agent's next call reaching the proxy: what
+    the agent, the HTTP stacks and the proxy spend per call outside the engine and the tools.
+    The session holds its admission slot meanwhile. Zero by default; a live run on a busy
+    2-core host spends some 10–15 ms (docs/benchmarks.md)."""
 
 
 @dataclass(slots=True)
@@ -173,7 +178,7 @@ class Simulation:
             self._push(0.0, "sched_tick")
         handlers: dict[str, Callable[[float, Any], None]] = {
             "arrive": self._on_arrive, "step": self._on_step_done, "cpu": self._on_cpu,
-            "tick": self._on_tick, "sched_tick": self._on_sched_tick,
+            "tick": self._on_tick, "sched_tick": self._on_sched_tick, "send": self._request,
         }
         now = 0.0
         while self._heap and self._unfinished > 0:
@@ -358,7 +363,10 @@ class Simulation:
             else:
                 self.tracker.request_started(sid, now)
             agent.turn += 1
-            self._request(now, agent)
+            if self.setup.call_overhead_s > 0:
+                self._push(now + self.setup.call_overhead_s, "send", agent)
+            else:
+                self._request(now, agent)
         self._schedule_cpu()
 
     # -- engines -----------------------------------------------------------------------------

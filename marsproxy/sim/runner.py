@@ -68,6 +68,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="of those K cores, the share other work takes (the engine's host"
                    " process, the proxy, the agents): tools get K minus this, the proxy counts"
                    " K (a live run on a 2-core host: about 0.4)")
+    e.add_argument("--call-overhead", type=float, default=0.0, metavar="S",
+                   help="seconds each call after the first spends between the end of the tool"
+                   " phase and the proxy (agent, HTTP, proxy), holding its slot (a live run on"
+                   " a busy 2-core host: about 0.01)")
     e.add_argument("--horizon", type=float, default=1e7,
                    help="stop at this virtual time (s); sessions not done by then count as failed")
     e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
@@ -87,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
         if not 0 <= args.busy_cpus < args.tool_cpus:
             raise ValueError(f"--busy-cpus must be >= 0 and below --tool-cpus"
                              f" ({args.tool_cpus}), got {args.busy_cpus}")
+        if args.call_overhead < 0:
+            raise ValueError(f"--call-overhead must be >= 0, got {args.call_overhead}")
     except ValueError as exc:
         sys.stderr.write(f"marsproxy sim: {exc}\n")
         return 2
@@ -94,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
                      busy_cpus=args.busy_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
                      report_tools=not args.infer_tools, worker_mode=args.worker_mode,
-                     time_scale=args.time_scale,
+                     time_scale=args.time_scale, call_overhead_s=args.call_overhead,
                      horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
@@ -106,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
             "workers": args.workers, "worker_mode": args.worker_mode,
             "time_scale": args.time_scale,
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
-            "busy_cpus": args.busy_cpus,
+            "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
             "trace": args.trace or "packaged sample", "sessions": args.sessions,
             "seed": ", ".join(str(x) for x in options.seeds(args)),
             "arrivals": args.arrivals, "token_scale": args.token_scale,

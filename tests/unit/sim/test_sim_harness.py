@@ -122,6 +122,20 @@ def test_time_scale_stretches_llm_time_only() -> None:
     assert slow.outcomes[0].e2e_s == pytest.approx(2 * (fast.e2e_s or 0), rel=1e-6)
 
 
+def test_call_overhead_delays_every_call_after_the_first() -> None:
+    # One session alone: each of its calls after the first reaches the proxy 50 ms after its
+    # tool phase, so it ends (turns - 1) x 50 ms later, with or without the proxy's core.
+    wl = _workload(sessions=1, tool_scale=1.0)
+    turns = len(wl.sessions[0].turns)
+    assert turns > 1
+    slow = dataclasses.replace(SETUP, call_overhead_s=0.05)
+    for policy, cfg in (("direct", None), ("mars", _cfg("mars"))):
+        base = Simulation(wl, policy, SETUP, cfg).run().outcomes[0]
+        late = Simulation(wl, policy, slow, cfg).run().outcomes[0]
+        assert late.ok and late.turns[0].sent_s == base.turns[0].sent_s
+        assert (late.e2e_s or 0) - (base.e2e_s or 0) == pytest.approx(0.05 * (turns - 1))
+
+
 def test_busy_cpus_slow_the_tools_only() -> None:
     # One session alone: with 1.5 of its 2 cores busy elsewhere its tools get half a core, so
     # each tool phase takes twice its time and the session ends exactly its tool time later.
