@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from marsproxy.bench.arrivals import ArrivalSpec
+from marsproxy.bench.results import load_label
 from marsproxy.bench.workload import REGIMES, WorkloadSpec
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.policies import policy_names
@@ -86,7 +87,7 @@ class Case:
     @property
     def label(self) -> str:
         """Regime, load and (with several seeds) seed: names the case in logs and progress."""
-        return f"{self.regime} {self.load}" + ("" if self.seed is None else f" seed {self.seed}")
+        return f"{self.regime} {load_label(self.load, self.seed)}"
 
 
 def policies(text: str) -> list[str]:

@@ -76,6 +76,11 @@ class SessionOutcome:
         return warm, total
 
 
+def load_label(load: str, seed: int | None) -> str:
+    """One workload's name: its load, and its seed when a run covers several (``--seeds``)."""
+    return load if seed is None else f"{load}, seed {seed}"
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default); NaN when empty."""
     if not values:
@@ -170,8 +175,7 @@ class RunResult:
 
     @property
     def case_load(self) -> str:
-        """The load, and the seed when there are several: one workload's name in the report."""
-        return self.load if self.seed is None else f"{self.load}, seed {self.seed}"
+        return load_label(self.load, self.seed)
 
     def summary(self) -> Summary:
         return summarize(self.outcomes)

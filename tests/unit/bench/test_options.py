@@ -60,7 +60,7 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
     assert [(c.load, c.seed, c.spec.seed) for c in cases] == [
         ("poisson 0.1/s", 3, 3), ("poisson 0.1/s", 1, 1), ("poisson 1/s", 3, 3),
         ("poisson 1/s", 1, 1)]
-    assert cases[1].label == "trace poisson 0.1/s seed 1"
+    assert cases[1].label == "trace poisson 0.1/s, seed 1"
     one = options.cases(_args(seed=5), engine_context=8192)
     assert [(c.seed, c.spec.seed, c.label) for c in one] == [(None, 5, "trace poisson 0.5/s")]
     for bad in ("1,x", "2,2", ","):
