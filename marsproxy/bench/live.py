@@ -36,7 +36,7 @@ from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
 from marsproxy.bench.procs import CLI, free_port, wait_up
 from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, slug
+from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, write_log
 from marsproxy.bench.timeline import timeline
 from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import PlannedSession, Workload, build_workload
@@ -315,9 +315,7 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
     # The proxy's whole event stream and its state over time, to find out why a policy won or
     # lost (the state holds what no event carries: caps, the fit's factor, the queue).
     for kind, rows in (("events", events), ("state", states)):
-        if rows:
-            with open(out / f"{kind}-{slug(label, policy)}.jsonl", "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in rows)
+        write_log(out, kind, label, policy, rows)
     return RunResult(policy, "", "", outcomes, timeline(events, wall0, "recv_ts"),
                      {"events": len(events), "state_snapshots": len(states), "stats": counters,
                       **extra})

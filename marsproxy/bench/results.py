@@ -16,10 +16,12 @@ Definitions (docs/benchmarks.md repeats them):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 GOODPUT_FACTOR = 3.0
@@ -29,6 +31,14 @@ WARM_FRACTION = 0.9
 def slug(*parts: str) -> str:
     """A file-name part made of a run's labels (regime, load, policy)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p)).strip("_") or "run"
+
+
+def write_log(logs: Path, kind: str, label: str, policy: str, rows: Sequence[Any]) -> None:
+    """``logs/<kind>-<label>-<policy>.jsonl``, one JSON row per line (nothing when no rows): a
+    run's event stream or state snapshots, live or simulated, under one name."""
+    if rows:
+        with open(logs / f"{kind}-{slug(label, policy)}.jsonl", "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 @dataclass(slots=True)

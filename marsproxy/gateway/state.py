@@ -15,6 +15,7 @@ from marsproxy.gateway.admission import AdmissionShell
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import unscoped_id
 from marsproxy.probes.nvml import GpuPressure
+from marsproxy.telemetry.admission_state import core_state
 from marsproxy.telemetry.state import (
     SESSION_STATES,
     AdmissionState,
@@ -57,33 +58,20 @@ def build_state(
 
 
 def _admission(adm: AdmissionShell) -> AdmissionState:
-    """Windows, limits, admitted sessions, the queue and the store (ids without tenant)."""
-    core, now = adm.core, adm.now()
-    workers: dict[str, AdmissionWorkerState] = {}
-    for w, c in core.controllers.items():
-        workers[w] = {
-            "window": c.window, "effective_limit": c.effective_limit, "limit": adm.limit(w),
-            "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap, "kv_overloaded": c.kv_overloaded,
-            "cpu_overloaded": c.cpu_overloaded, "stale": c.stale,
-            "budget_blocks": core.budget(w), "peak_room_blocks": core.peak_room(w),
-            "peak_overlap": core.overlaps.overlap(w), "peak_overcommit": core.peak_factor(w),
-            "reprefill_s": core.reprefill_s(w),
-            "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
-            "admitted_store": adm.store_admitted(w),
-            "sessions": [unscoped_id(k) for k in core.sessions.sessions_on(w)[:50]],
-        }
-    q, store = core.queue, adm.store
+    """The core's windows, limits, fit and queue, with what the shell and the store add (ids
+    without tenant)."""
+    base = core_state(adm.core, adm.now(), unscoped_id)
+    workers: dict[str, AdmissionWorkerState] = {
+        w: {**v, "limit": adm.limit(w), "admitted_store": adm.store_admitted(w)}
+        for w, v in base["workers"].items()
+    }
+    store = adm.store
     return {
         "enabled": True,
-        "peak_growth": core.peaks.growth(),
-        "session_lifetime_s": finite(core.overlaps.lifetime_s),
+        "peak_growth": base["peak_growth"],
+        "session_lifetime_s": base["session_lifetime_s"],
         "workers": workers,
-        "queue": {
-            "length": len(q), "pending": adm.pending, "mode": str(q.mode),
-            "order": [unscoped_id(s) for s, i in q.positions(now) if i < 50],
-            "admission_rate_per_s": finite(q.admission_rate(now)),
-            "retry_after_s": q.retry_after(now),
-        },
+        "queue": {**base["queue"], "pending": adm.pending},
         "store": {
             "backend": adm.cfg.store.backend, "mode": store.mode, "up": store.up,
             "is_leader": store.is_leader, "live_replicas": store.live_replicas,

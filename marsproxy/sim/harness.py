@@ -48,6 +48,7 @@ from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
 from marsproxy.sched.core import Mode, SchedulerCore, WorkerFacts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.prefill import PrefillRate
+from marsproxy.telemetry.admission_state import core_state
 
 _TENANT = "bench"
 _SYSTEM_BASE = 100  # token ids of the shared system prompt start here
@@ -87,6 +88,10 @@ class SimSetup:
     the agent, the HTTP stacks and the proxy spend per call outside the engine and the tools.
     The session holds its admission slot meanwhile. Zero by default; a live run on a busy
     2-core host spends some 10–15 ms (docs/benchmarks.md)."""
+    state_every_s: float = 0.0
+    """Keep a state snapshot (the admission core's part of ``/mars/v1/state`` and each
+    engine's counts) at the first control tick this many virtual seconds after the last one,
+    as ``bench live`` polls the proxy's state; 0: none."""
 
 
 @dataclass(slots=True)
@@ -141,6 +146,8 @@ class Simulation:
         self._unfinished = 0
         self._ticks = 0
         self.events: list[dict[str, Any]] = []
+        self.states: list[dict[str, Any]] = []
+        self._next_state_s = 0.0
         self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
                                       "gate_waits": 0}
         self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
@@ -194,7 +201,8 @@ class Simulation:
             policy=self.policy, regime="", load="",
             outcomes=[a.outcome for a in self._agents.values()],
             timeline=timeline(self.events, 0.0),
-            extra={"stats": dict(self.stats), "sim_end_s": now},
+            extra={"stats": dict(self.stats), "sim_end_s": now,
+                   "state_snapshots": len(self.states)},
         )
 
     # -- agents ------------------------------------------------------------------------------
@@ -411,6 +419,8 @@ class Simulation:
         signals = {w: self._signals(w, now) for w in self.workers}
         self._carry(now, self.core.tick(now, signals))
         self._ticks += 1
+        if self.setup.state_every_s > 0 and now >= self._next_state_s:
+            self._snapshot(now)
         if self._ticks % self.setup.pressure_every == 0:
             for w, s in signals.items():
                 eng = self.engines[w].stats()
@@ -420,6 +430,17 @@ class Simulation:
                     backlog_ratio=s.backlog_ratio))
         if self._unfinished > 0:
             self._push(now + self.cfg.admission.control_interval_s, "tick")
+
+    def _snapshot(self, now: float) -> None:
+        assert self.core is not None
+        engines = {}
+        for w, eng in self.engines.items():
+            st = eng.stats()
+            engines[w] = {"running": st.running, "waiting": st.waiting,
+                          "kv_usage": eng.kv.usage, "preemptions_total": eng.num_preemptions}
+        self.states.append({"time": now, "admission": core_state(self.core, now),
+                            "engines": engines})
+        self._next_state_s = now + self.setup.state_every_s
 
     def _on_sched_tick(self, now: float, _: Any) -> None:
         """The scheduler shell's tick: fresh worker facts, expiries and drops, then releases."""

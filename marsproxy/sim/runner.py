@@ -8,11 +8,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from marsproxy.bench import options, report
 from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult
+from marsproxy.bench.results import RunResult, write_log
 from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import build_workload
 from marsproxy.emulator.profiles import get_profile, profile_names
@@ -29,10 +30,11 @@ class SimRun:
 
 def run_cases(
     run: SimRun, trace: str | None, out: TextIO | None = None,
-    on_case: Callable[[list[RunResult]], None] | None = None,
+    on_case: Callable[[list[RunResult]], None] | None = None, logs: Path | None = None,
 ) -> list[RunResult]:
     """Every policy on every case; ``on_case`` gets the results so far after each case (a
-    long matrix keeps what it has if it is stopped)."""
+    long matrix keeps what it has if it is stopped); each run's state snapshots (with
+    ``setup.state_every_s``) go to ``logs``."""
     traces = load_trace(trace)
     results: list[RunResult] = []
     workers = [f"http://w{i}" for i in range(run.setup.workers)]
@@ -43,8 +45,11 @@ def run_cases(
                 policy, dict(run.sets), workers)
             bar = Progress(f"{case.label} {policy}", len(wl.sessions), out)
             t0 = time.perf_counter()
-            res = Simulation(wl, policy, run.setup, cfg, progress=bar.update).run()
+            sim = Simulation(wl, policy, run.setup, cfg, progress=bar.update)
+            res = sim.run()
             bar.close()
+            if logs is not None:
+                write_log(logs, "state", case.label, policy, sim.states)
             res.regime, res.load, res.seed = case.regime, case.load, case.seed
             res.extra["cpu_s"] = round(time.perf_counter() - t0, 2)
             res.extra["workload"] = wl.describe()
@@ -72,6 +77,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="seconds each call after the first spends between the end of the tool"
                    " phase and the proxy (agent, HTTP, proxy), holding its slot (a live run on"
                    " a busy 2-core host: about 0.01)")
+    e.add_argument("--state-every", type=float, default=0.0, metavar="S",
+                   help="virtual seconds between state snapshots of the admission core and"
+                   " the engines, in logs/state-*.jsonl as `bench live` writes them (0: none;"
+                   " a paper-scale matrix at 1 s writes some 100 MB)")
     e.add_argument("--horizon", type=float, default=1e7,
                    help="stop at this virtual time (s); sessions not done by then count as failed")
     e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
@@ -93,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
                              f" ({args.tool_cpus}), got {args.busy_cpus}")
         if args.call_overhead < 0:
             raise ValueError(f"--call-overhead must be >= 0, got {args.call_overhead}")
+        if args.state_every < 0:
+            raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
     except ValueError as exc:
         sys.stderr.write(f"marsproxy sim: {exc}\n")
         return 2
@@ -101,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
                      report_tools=not args.infer_tools, worker_mode=args.worker_mode,
                      time_scale=args.time_scale, call_overhead_s=args.call_overhead,
+                     state_every_s=args.state_every,
                      horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
@@ -113,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
             "time_scale": args.time_scale,
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
             "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
+            "state_every_s": args.state_every,
             "trace": args.trace or "packaged sample", "sessions": args.sessions,
             "seed": ", ".join(str(x) for x in options.seeds(args)),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
@@ -125,7 +138,11 @@ def main(args: argparse.Namespace) -> int:
     def partial(results: list[RunResult]) -> None:
         report.write(out, results, "marsproxy sim (partial)", meta(), make_plots=False)
 
-    results = run_cases(run, args.trace, sys.stderr, partial)
+    logs = None
+    if args.state_every > 0:
+        logs = out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+    results = run_cases(run, args.trace, sys.stderr, partial, logs)
     path = report.write(out, results, "marsproxy sim", meta(), make_plots=not args.no_plots)
     sys.stdout.write(f"{path}\n")
     return 0

@@ -134,12 +134,12 @@ class EventsState(TypedDict):
     subscribers: int
 
 
-class AdmissionWorkerState(TypedDict):
+class AdmissionCoreWorkerState(TypedDict):
+    """What the admission core alone knows of a worker (the simulator's snapshots)."""
+
     window: int
     effective_limit: int
     """This replica's own limit: min(window, kv_cap, cpu_cap)."""
-    limit: int
-    """The limit the store enforces: the leader's published one, else ``effective_limit``."""
     kv_cap: int
     cpu_cap: int
     kv_overloaded: bool
@@ -161,21 +161,29 @@ class AdmissionWorkerState(TypedDict):
     """How long the worker has run nothing while its sessions sit in tool phases."""
     admitted: int
     """Sessions this replica's core holds on the worker (pending confirmation included)."""
-    admitted_store: int
-    """Live leases on the worker in the store: all replicas together."""
     sessions: list[str]
     """First 50 session ids admitted here."""
 
 
-class AdmissionQueueState(TypedDict):
+class AdmissionWorkerState(AdmissionCoreWorkerState):
+    limit: int
+    """The limit the store enforces: the leader's published one, else ``effective_limit``."""
+    admitted_store: int
+    """Live leases on the worker in the store: all replicas together."""
+
+
+class AdmissionCoreQueueState(TypedDict):
     length: int
-    pending: int
-    """Proposed by the core, waiting for the store to confirm (the global queue)."""
     mode: str
     order: list[str]
     """First 50 waiting session ids, next to be admitted first."""
     admission_rate_per_s: float | None
     retry_after_s: int
+
+
+class AdmissionQueueState(AdmissionCoreQueueState):
+    pending: int
+    """Proposed by the core, waiting for the store to confirm (the global queue)."""
 
 
 class StoreState(TypedDict):
@@ -187,12 +195,21 @@ class StoreState(TypedDict):
     failures_total: int
 
 
-class AdmissionState(TypedDict):
-    enabled: bool
+class AdmissionCoreState(TypedDict):
+    """The admission core's part of the state: a simulated run's snapshot rows."""
+
     peak_growth: float
     """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     session_lifetime_s: float | None
     """Mean time admitted of recent sessions that ran their course (the overlap's pace)."""
+    workers: dict[str, AdmissionCoreWorkerState]
+    queue: AdmissionCoreQueueState
+
+
+class AdmissionState(TypedDict):
+    enabled: bool
+    peak_growth: float
+    session_lifetime_s: float | None
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState
     store: StoreState

@@ -77,8 +77,8 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
 
 
 def test_sim_over_several_seeds_reports_each_and_their_mean(tmp_path: Path) -> None:
-    data = _run(["sim", *WORKLOAD, "--sessions", "6", "--seeds", "4,7", "--no-plots"],
-                tmp_path)
+    data = _run(["sim", *WORKLOAD, "--sessions", "6", "--seeds", "4,7", "--no-plots",
+                 "--state-every", "0.5"], tmp_path)
     loads = [(f["seed"], f["load"]) for f in data["figures"]]
     assert loads == [(4, "poisson 0/s"), (7, "poisson 0/s")]
     assert [r["seed"] for r in data["runs"]] == [4, 4, 7, 7]
@@ -90,3 +90,13 @@ def test_sim_over_several_seeds_reports_each_and_their_mean(tmp_path: Path) -> N
     assert avg["policies"]["mars"]["mean_vs_direct_per_seed"] == per_seed
     assert data["meta"]["seed"] == "4, 7"
     assert "mean over seeds 4, 7" in (tmp_path / "report.md").read_text()
+    # state snapshots of each proxied run, named as `bench live` names its own
+    states = sorted(p.name for p in (tmp_path / "logs").glob("state-*.jsonl"))
+    assert states == ["state-trace_poisson_0_s_seed_4-mars.jsonl",
+                      "state-trace_poisson_0_s_seed_7-mars.jsonl"]
+    for run in (r for r in data["runs"] if r["policy"] == "mars"):
+        path = tmp_path / "logs" / f"state-trace_poisson_0_s_seed_{run['seed']}-mars.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert run["extra"]["state_snapshots"] == len(rows) > 0
+        assert {"window", "peak_room_blocks", "admitted"} <= set(
+            rows[0]["admission"]["workers"]["w0"])

@@ -76,6 +76,7 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
      "marsproxy bench live: --state-every must be >= 0, got -1.0"),
     (["sim", "--seeds", "0,0"], "marsproxy sim: --seeds needs distinct integers, got '0,0'"),
     (["sim", "--call-overhead", "-0.01"], "marsproxy sim: --call-overhead must be >= 0, got -0.01"),
+    (["sim", "--state-every", "-1"], "marsproxy sim: --state-every must be >= 0, got -1.0"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -148,3 +149,29 @@ def test_busy_cpus_slow_the_tools_only() -> None:
     # The proxy still counts every core: its tool backlog reads against tool_cpus.
     sim = Simulation(wl, "mars", dataclasses.replace(SETUP, busy_cpus=1.5), _cfg("mars"))
     assert sim.cpu.cpus == 0.5 and sim._signals("w0", 0.0).tool_cpus == 2
+
+
+def test_state_snapshots_show_the_core_without_changing_the_run() -> None:
+    # The admission test's workload (12 sessions at once, 384 blocks): the snapshots must see
+    # the queue that forms, name the sessions the core holds, and leave the run as it was.
+    wl = _workload()
+    plain = Simulation(wl, "mars", SETUP, _cfg("mars"))
+    base = plain.run()
+    assert plain.states == [] and base.extra["state_snapshots"] == 0
+    sim = Simulation(wl, "mars", dataclasses.replace(SETUP, state_every_s=0.5), _cfg("mars"))
+    res = sim.run()
+    assert [o.end_s for o in res.outcomes] == [o.end_s for o in base.outcomes]
+    rows = sim.states
+    assert res.extra["state_snapshots"] == len(rows) >= 2
+    times = [r["time"] for r in rows]
+    assert times[0] == 0.0
+    assert all(b - a >= 0.5 - 1e-9 for a, b in itertools.pairwise(times))
+    assert max(r["admission"]["queue"]["length"] for r in rows) >= 6
+    for r in rows:
+        w = r["admission"]["workers"]["w0"]
+        assert w["admitted"] == len(w["sessions"])
+        assert set(w["sessions"]) <= {p.id for p in wl.sessions}
+        assert 0.0 <= r["engines"]["w0"]["kv_usage"] <= 1.0
+    # every session arrives at 0, so the queue only drains
+    queue = [r["admission"]["queue"]["length"] for r in rows]
+    assert queue == sorted(queue, reverse=True)

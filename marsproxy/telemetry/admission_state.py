@@ -1,0 +1,58 @@
+"""The admission core's part of the state document, built from the core alone.
+
+The gateway adds what its shell and store know (the limit the store enforces, the store's
+leases, the admissions waiting for its confirmation); the simulator writes it as it is, so
+that the state snapshots of a simulated and of a live run read alike.
+
+Pure: no I/O; ``now`` is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.telemetry.state import (
+    AdmissionCoreQueueState,
+    AdmissionCoreState,
+    AdmissionCoreWorkerState,
+    finite,
+)
+
+SHOWN_IDS = 50  # session ids listed per worker and in the queue order
+
+
+def core_state(
+    core: AdmissionCore, now: float, show_id: Callable[[str], str] = str
+) -> AdmissionCoreState:
+    """Windows, caps, the fit and the queue of ``core`` at ``now``; ``show_id`` maps a session
+    id to how it is shown (the gateway drops the tenant scope)."""
+    q = core.queue
+    queue: AdmissionCoreQueueState = {
+        "length": len(q), "mode": str(q.mode),
+        "order": [show_id(s) for s, i in q.positions(now) if i < SHOWN_IDS],
+        "admission_rate_per_s": finite(q.admission_rate(now)),
+        "retry_after_s": q.retry_after(now),
+    }
+    return {
+        "peak_growth": core.peaks.growth(),
+        "session_lifetime_s": finite(core.overlaps.lifetime_s),
+        "workers": {w: _worker(core, w, now, show_id) for w in core.controllers},
+        "queue": queue,
+    }
+
+
+def _worker(
+    core: AdmissionCore, w: str, now: float, show_id: Callable[[str], str]
+) -> AdmissionCoreWorkerState:
+    c = core.controllers[w]
+    return {
+        "window": c.window, "effective_limit": c.effective_limit,
+        "kv_cap": c.kv_cap, "cpu_cap": c.cpu_cap, "kv_overloaded": c.kv_overloaded,
+        "cpu_overloaded": c.cpu_overloaded, "stale": c.stale,
+        "budget_blocks": core.budget(w), "peak_room_blocks": core.peak_room(w),
+        "peak_overlap": core.overlaps.overlap(w), "peak_overcommit": core.peak_factor(w),
+        "reprefill_s": core.reprefill_s(w),
+        "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
+        "sessions": [show_id(k) for k in core.sessions.sessions_on(w)[:SHOWN_IDS]],
+    }
