@@ -402,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
         f"{args.workers} emulated worker(s), profile {args.profile}, time scale {args.time_scale}",
         "host CPUs": os.cpu_count(), "tool_cpus (proxy)": args.tool_cpus or "host",
         "trace": args.trace or "packaged sample", "sessions": args.sessions,
-        "seed": ", ".join(str(x) for x in options.seeds(args)),
+        "seed": options.seeds_text(args),
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,

@@ -116,6 +116,11 @@ def seeds(args: argparse.Namespace) -> list[int]:
     return out
 
 
+def seeds_text(args: argparse.Namespace) -> str:
+    """The seeds of a run as its report's meta lists them: ``"0"`` or ``"0, 1, 2"``."""
+    return ", ".join(str(x) for x in seeds(args))
+
+
 def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
     """One workload per (regime, rate, seed), in that nesting order. Prompts stay within
     ``--max-context``, by default ``engine_context`` less room for the reply."""

@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
             "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
             "state_every_s": args.state_every,
             "trace": args.trace or "packaged sample", "sessions": args.sessions,
-            "seed": ", ".join(str(x) for x in options.seeds(args)),
+            "seed": options.seeds_text(args),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
             "overrides": sets, "agents report tool events": not args.infer_tools,
