@@ -13,7 +13,7 @@ from marsproxy.aimd.config import AdmissionConfig
 def test_design_defaults() -> None:
     c = AdmissionConfig()
     assert c.enabled is True
-    assert (c.window_init, c.window_min, c.window_max, c.increase) == (30, 4, 30, 1)
+    assert (c.window_init, c.window_min, c.window_max, c.increase) == (30, 4, None, 1)
     assert (c.decrease, c.control_interval_s) == (0.7, 0.2)
     assert (c.kv_enter, c.kv_leave) == (0.90, 0.85)
     assert (c.cpu_backlog_enter, c.cpu_backlog_leave) == (2.0, 1.0)
@@ -37,7 +37,7 @@ def test_every_field_is_described() -> None:
     ("data", "needle"),
     [
         ({"window_min": 10, "window_init": 5}, "window_min"),
-        ({"window_init": 40}, "window_init ≤ window_max"),
+        ({"window_init": 40, "window_max": 30}, "window_init ≤ window_max"),
         ({"kv_leave": 0.9}, "kv_leave < kv_enter"),
         ({"kv_leave": 0.95}, "kv_leave < kv_enter"),
         ({"cpu_backlog_leave": 2.0}, "cpu_backlog_leave"),

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import pytest
 
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.controller import AimdController, ControlSignals
+from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 
 CFG = AdmissionConfig()
 DT = CFG.control_interval_s
@@ -76,9 +76,10 @@ def test_cpu_overload_holds_the_window_and_the_cap_binds(signals: ControlSignals
     assert run(c, [signals] * 6) == [20] * 6
     assert c.cpu_overloaded and (c.cpu_cap, c.effective_limit) == (8, 8)
     assert c.tick(99.0, signals) == []  # no window change to publish
-    # Left (ratio ≤ 1, wait ≤ 2 s): the cap lifts and the window grows from where it was.
+    # Left (ratio ≤ 1, wait ≤ 2 s): the cap lifts and the window grows from where it was, but
+    # without overload it binds nothing: no count ceiling (window_max null).
     assert run(c, [healthy(tool_cpus=2.0)] * 2, t0=100.0) == [21, 22]
-    assert not c.cpu_overloaded and c.effective_limit == 22
+    assert not c.cpu_overloaded and c.effective_limit == NO_CEILING
 
 
 def test_kv_overload_still_shrinks_while_cpu_is_overloaded() -> None:
@@ -98,7 +99,7 @@ def test_psi_only_when_enabled() -> None:
     s = healthy(psi_some_avg10=80.0)
     off = AimdController(CFG)
     off.tick(0.0, s)
-    assert not off.cpu_overloaded and off.window == 30
+    assert not off.cpu_overloaded and off.window == 31  # grew: nothing overloaded
     on = AimdController(AdmissionConfig(use_psi=True, cpu_overload_shrinks=True))
     (ev,) = on.tick(0.0, s)
     assert on.cpu_overloaded and ev.reason == "cpu_overload"
@@ -119,8 +120,33 @@ def test_slow_growth_after_overload_when_used() -> None:
 
 
 def test_growth_stops_at_max() -> None:
-    c = AimdController(AdmissionConfig(window_init=28))
+    c = AimdController(AdmissionConfig(window_init=28, window_max=30))
     assert run(c, [healthy()] * 4) == [29, 30, 30, 30]
+    assert c.ceiling == 30 and c.effective_limit == 30
+
+
+def test_window_binds_only_while_overloaded() -> None:
+    # Work conservation: without overload the count of admitted sessions holds nobody back;
+    # overloaded, the window (cut from what the worker holds) does.
+    c = AimdController(AdmissionConfig(window_init=10))
+    c.tick(0.0, healthy(admitted=3))
+    assert c.window == 10 and c.effective_limit == NO_CEILING
+    c.tick(0.2, healthy(kv_usage=0.95, admitted=40))
+    assert c.kv_overloaded and c.window == 7 and c.effective_limit == c.cfg.window_min
+    c.tick(0.4, healthy(kv_usage=0.87, admitted=40))  # in the band, still overloaded
+    assert c.effective_limit == c.window == 4
+    c.tick(0.6, healthy(kv_usage=0.8, admitted=40))
+    assert not c.overloaded and c.effective_limit == NO_CEILING
+
+
+def test_cut_starts_from_the_sessions_held() -> None:
+    # A window of 30 with 6 sessions admitted: the first cut is 0.7 · 6, not 0.7 · 30.
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(kv_usage=0.95, admitted=6))
+    assert c.window == 4
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(kv_usage=0.95, admitted=20))
+    assert c.window == 14
 
 
 def test_app_limited_guard() -> None:
@@ -170,25 +196,29 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
 @pytest.mark.parametrize(
     ("per_cpu", "tool_cpus", "cap"),
     [
-        # The default: ceil(cpus · 4) clamped to [4, 30]; 0 CPUs means unknown: no cap.
+        # The default: ceil(cpus · 4) clamped to [4, 30] (window_max 30 here); 0 CPUs means
+        # unknown: no cap.
         (4.0, 0.0, 30), (4.0, 0.5, 4), (4.0, 1.0, 4), (4.0, 1.6, 7), (4.0, 2.0, 8),
         (4.0, 7.5, 30),
-        # DESIGN's derivation, the backlog marks' mean: ceil(cpus · (1.0 + 2.0) / 2).
+        # The backlog marks' mean: ceil(cpus · (1.0 + 2.0) / 2).
         (1.5, 1.0, 4), (1.5, 3.0, 5), (1.5, 8.0, 12), (1.5, 7.5, 12), (1.5, 100.0, 30),
     ],
 )
 def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
-    c = AimdController(AdmissionConfig(cpu_cap_always=True, cpu_cap_backlog=per_cpu))
+    c = AimdController(AdmissionConfig(cpu_cap_always=True, cpu_cap_backlog=per_cpu,
+                                       window_max=30))
     c.tick(0.0, healthy(tool_cpus=tool_cpus))
     assert c.cpu_cap == cap
-    assert c.effective_limit == min(c.window, cap)
+    assert c.effective_limit == cap  # not overloaded: the window does not bind
 
 
 @pytest.mark.parametrize(
-    ("usage", "cap"), [(0.0, 30), (0.85, 30), (0.86, 24), (0.88, 14), (0.8999, 4), (0.9, 4)]
+    ("usage", "cap"),
+    [(0.0, NO_CEILING), (0.85, NO_CEILING), (0.88, NO_CEILING), (0.8999, NO_CEILING), (0.9, 4),
+     (1.0, 4)],
 )
-def test_kv_cap_is_linear_between_marks(usage: float, cap: int) -> None:
-    # 30 − (u − 0.85)/0.05 · 26, floored: 0.86 → 24.8 → 24, 0.88 → 14.4 → 14.
+def test_kv_cap_is_the_floor_from_the_high_mark(usage: float, cap: int) -> None:
+    # Below the mark the KV fit's reserve keeps prompts out of the overload; at it, the floor.
     c = AimdController(CFG)
     c.tick(0.0, healthy(kv_usage=usage))
     assert c.kv_cap == cap
@@ -197,24 +227,26 @@ def test_kv_cap_is_linear_between_marks(usage: float, cap: int) -> None:
 def test_cpu_cap_binds_only_while_cpu_is_overloaded_by_default() -> None:
     # As DESIGN has it: 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window
     # (20) rules.
-    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_backlog=1.5,
+    c = AimdController(AdmissionConfig(window_init=20, window_max=30, cpu_cap_backlog=1.5,
                                        cpu_overload_shrinks=True))
     c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
-    assert (c.cpu_cap, c.effective_limit) == (30, 20)
+    assert (c.cpu_cap, c.effective_limit) == (30, 30)
     # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the shrunk window (14).
-    c.tick(0.2, healthy(tool_cpus=8.0, backlog_ratio=2.5, admitted=0))
+    c.tick(0.2, healthy(tool_cpus=8.0, backlog_ratio=2.5, admitted=20))
     assert c.cpu_overloaded and (c.window, c.cpu_cap, c.effective_limit) == (14, 12, 12)
     # Overload left (ratio ≤ 1.0): the cap lifts; the window grows back on its own.
     c.tick(0.4, healthy(tool_cpus=8.0, backlog_ratio=0.5))
-    assert not c.cpu_overloaded and c.cpu_cap == 30 and c.effective_limit == c.window == 15
+    assert not c.cpu_overloaded and c.cpu_cap == 30 and c.effective_limit == 30
+    assert c.window == 15
 
 
 def test_effective_limit_is_min_of_window_and_caps() -> None:
-    c = AimdController(AdmissionConfig(window_init=20, cpu_cap_always=True, cpu_cap_backlog=1.5))
+    c = AimdController(AdmissionConfig(window_init=20, window_max=30, cpu_cap_always=True,
+                                       cpu_cap_backlog=1.5))
     c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, admitted=0))
-    assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 24, 12, 12)
-    c.tick(0.2, healthy(kv_usage=0.88, tool_cpus=100.0, admitted=0))
-    assert c.effective_limit == 14
+    assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 30, 12, 12)
+    c.tick(0.2, healthy(kv_usage=0.95, tool_cpus=100.0, admitted=20))
+    assert (c.window, c.effective_limit) == (14, 4)  # the KV cap: the floor at the mark
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.controller import AimdController, ControlSignals
+from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 from marsproxy.aimd.order_index import OrderIndex
 from marsproxy.aimd.queue import AdmissionQueue, WorkerView
 from marsproxy.core.lifecycle import EndReason, SessionState
@@ -37,7 +37,8 @@ def window_cfg(draw: st.DrawFn) -> AdmissionConfig:
     lo = draw(st.integers(1, 10))
     hi = draw(st.integers(lo, 40))
     return AdmissionConfig(
-        window_min=lo, window_max=hi, window_init=draw(st.integers(lo, hi)),
+        window_min=lo, window_max=draw(st.one_of(st.none(), st.just(hi))),
+        window_init=draw(st.integers(lo, hi)),
         increase=draw(st.integers(1, 5)), decrease=draw(st.floats(0.05, 0.95)),
         use_psi=draw(st.booleans()),
     )
@@ -54,12 +55,17 @@ def test_window_always_within_bounds(
         t += dt
         old = c.window
         evs = c.tick(t, s)
-        assert cfg.window_min <= c.window <= cfg.window_max
-        assert cfg.window_min <= c.effective_limit <= c.window
-        assert cfg.window_min <= c.kv_cap <= cfg.window_max
-        assert cfg.window_min <= c.cpu_cap <= cfg.window_max
+        top = c.ceiling
+        assert top == (cfg.window_max if cfg.window_max is not None else NO_CEILING)
+        assert cfg.window_min <= c.window <= top
+        assert cfg.window_min <= c.effective_limit <= top
+        assert cfg.window_min <= c.kv_cap <= top
+        assert cfg.window_min <= c.cpu_cap <= top
         if c.kv_overloaded or c.cpu_overloaded:
             assert c.window <= old  # never grows while overloaded
+            assert c.effective_limit <= c.window  # and it binds
+        else:
+            assert c.effective_limit == min(c.kv_cap, c.cpu_cap)  # the window does not
         if evs:
             assert (evs[0].old, evs[0].new) == (old, c.window) and evs[0].reason
 

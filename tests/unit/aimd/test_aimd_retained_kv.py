@@ -76,7 +76,6 @@ def test_effective_usage_is_the_larger_of_gauge_and_ledger() -> None:
     assert c.kv_signal("w0") == 0.30
     c.tick(0.6, {"w0": WorkerSignals(stale=True, retained_blocks=500)})
     assert c.kv_signal("w0") is None  # unknown stays unknown (the controller fails closed)
-    # The KV cap follows the effective usage too: between the marks it scales down.
-    c.tick(0.8, {"w0": sig(0.30, 5_750)})  # 0.875 effective
-    cfg = c.cfg
-    assert c.controllers["w0"].kv_cap < cfg.window_max
+    # The KV cap follows the effective usage too: at the high mark it is the floor.
+    c.tick(0.8, {"w0": sig(0.30, 6_000)})  # 0.9 effective
+    assert c.controllers["w0"].kv_cap == c.cfg.window_min

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.gateway.admission_signals import worker_signals
-from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
 from marsproxy.status import render_state
@@ -22,15 +22,13 @@ def _pressure(metrics: WorkerMetrics | None, *, stale: bool = False,
     return WorkerPressure("w0", metrics, rates or WorkerRates(), stale, None, errors, None)
 
 
-def _tracker() -> ToolPhaseTracker:
-    return ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
 
 
 def test_signals_from_a_fresh_vllm_sample() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.25, block_size=16, num_gpu_blocks=1000,
                       running=3, preemptions_total=7.0)
     s = worker_signals(_pressure(m, rates=WorkerRates(prefill_tokens_per_s=5000.0)),
-                       healthy=True, tracker=_tracker(), cpu=None, tool_cpus=4.0, now=0.0)
+                       healthy=True, tools=ToolCpuSignals(), tool_cpus=4.0)
     assert not s.stale and s.kv_usage == 0.25
     assert s.free_blocks == 750 and s.total_blocks == 1000 and s.block_size == 16
     assert s.running == 3 and s.preemptions_total == 7.0
@@ -39,17 +37,15 @@ def test_signals_from_a_fresh_vllm_sample() -> None:
 
 
 def test_not_yet_scraped_is_stale_but_a_worker_without_metrics_is_not() -> None:
-    t = _tracker()
-    unseen = worker_signals(_pressure(None), healthy=True, tracker=t, cpu=None, tool_cpus=1.0,
-                            now=0.0)
+    t = ToolCpuSignals()
+    unseen = worker_signals(_pressure(None), healthy=True, tools=t, tool_cpus=1.0)
     assert unseen.stale
-    blind = worker_signals(_pressure(None, errors=3), healthy=True, tracker=t, cpu=None,
-                           tool_cpus=1.0, now=0.0)
+    blind = worker_signals(_pressure(None, errors=3), healthy=True, tools=t, tool_cpus=1.0)
     # Placeable, KV unknown: the controller reads it as full and keeps it at window_min.
     assert not blind.stale and blind.kv_usage is None and blind.free_blocks is None
     old = WorkerMetrics(sampled_at=0.0, kv_usage=0.1)
-    gone = worker_signals(_pressure(old, stale=True, errors=5), healthy=True, tracker=t,
-                          cpu=None, tool_cpus=1.0, now=0.0)
+    gone = worker_signals(_pressure(old, stale=True, errors=5), healthy=True, tools=t,
+                          tool_cpus=1.0)
     assert gone.stale  # had samples, stopped answering: fail closed
 
 

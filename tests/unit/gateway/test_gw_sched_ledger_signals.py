@@ -7,19 +7,20 @@ from __future__ import annotations
 from marsproxy.aimd.admission import AdmissionCore
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.gateway.admission_signals import all_signals
-from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
+
+TOOLS = ToolCpuSignals()  # no tool phases
 
 
 def test_retained_blocks_come_off_the_admission_budget() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
     core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
-    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
+    core.tick(0.0, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     free = core.budget("w0")
-    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2,
+    core.tick(0.2, all_signals(pressures, {"w0": True}, TOOLS, 4.0,
                                retained={"w0": 300}))
     assert free is not None and core.budget("w0") == free - 300
 
@@ -28,9 +29,8 @@ def test_a_ledger_change_counts_before_the_next_tick() -> None:
     # 1000 blocks of 16 tokens, 10 % reserve: 900 usable. A retained prefix takes 600.
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
     core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
-    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0))
+    core.tick(0.0, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     free = core.budget("w0")
     core.set_retained("w0", 600)
     assert free is not None and core.budget("w0") == free - 600
@@ -40,7 +40,7 @@ def test_a_ledger_change_counts_before_the_next_tick() -> None:
     held = core.on_request(0.1, "big", "t", 400 * 16)
     assert held.kind.value == "wait"
     core.set_retained("w0", 0)
-    actions = core.tick(0.3, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.3))
+    actions = core.tick(0.3, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     assert [(a.entry.session, a.forced) for a in actions.admitted] == [("big", False)]
 
 
@@ -49,13 +49,12 @@ def test_retained_blocks_reach_the_kv_overload_signal() -> None:
     # 6,500 of 10,000 blocks: the controller sees 0.95 and stays KV-overloaded.
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.30, block_size=16, num_gpu_blocks=10_000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
     core = AdmissionCore(AdmissionConfig(), ["w0"])
-    core.tick(0.0, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0,
+    core.tick(0.0, all_signals(pressures, {"w0": True}, TOOLS, 4.0,
                                retained={"w0": 6_500}))
     assert core.kv_signal("w0") == 0.95
     assert core.controllers["w0"].kv_overloaded
-    core.tick(0.2, all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.2))
+    core.tick(0.2, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     assert core.kv_signal("w0") == 0.30
     assert not core.controllers["w0"].kv_overloaded
 
@@ -63,8 +62,7 @@ def test_retained_blocks_reach_the_kv_overload_signal() -> None:
 def test_sessions_of_other_replicas_reach_the_signals() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    tracker = ToolPhaseTracker(ToolTrackerSettings(tool_cpus=4.0))
-    sig = all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0, elsewhere={"w0": 3})
+    sig = all_signals(pressures, {"w0": True}, TOOLS, 4.0, elsewhere={"w0": 3})
     assert sig["w0"].sessions_elsewhere == 3
-    assert all_signals(pressures, {"w0": True}, tracker, None, 4.0, 0.0)["w0"] \
+    assert all_signals(pressures, {"w0": True}, TOOLS, 4.0)["w0"] \
         .sessions_elsewhere == 0
