@@ -17,7 +17,8 @@ class AuthConfig(_Section):
     admin_token: SecretStr = Field(
         SecretStr(""),
         description="Bearer token the operator endpoints (/mars/v1/state, /mars/v1/events,"
-        " /mars/v1/openapi.json) require; empty: they are open. Prefer the environment"
+        " /mars/v1/openapi.json) require; empty: they are open. It also opens the workers'"
+        " routes beyond the inference API (docs/security.md). Prefer the environment"
         " (MARSPROXY_AUTH__ADMIN_TOKEN) to a file.",
     )
     protect_metrics: bool = Field(
