@@ -60,6 +60,22 @@ def _error(exc: api.ApiError) -> web.Response:
     return _json(exc.body(), exc.status)
 
 
+async def _no_route(request: web.Request) -> web.Response:
+    """No route, or a route with another method: the JSON vLLM's server (FastAPI over
+    Starlette) answers, ``{"detail":"Not Found"}`` or ``{"detail":"Method Not Allowed"}`` with
+    an ``allow`` header, where aiohttp's own answer is plain text. A catch-all route rather than
+    a middleware, so that served routes pay nothing for it."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical != "/{tail}":
+            allowed |= (await resource.resolve(request))[1]
+    if not allowed:
+        return _json({"detail": "Not Found"}, 404)
+    resp = _json({"detail": "Method Not Allowed"}, 405)
+    resp.headers["Allow"] = ", ".join(sorted(allowed))
+    return resp
+
+
 async def _read_json(request: web.Request) -> Any:
     try:
         return json.loads(await request.read())
@@ -245,6 +261,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app.router.add_post("/ping", h.health)
     app.router.add_get("/version", h.version)
     app.router.add_get("/metrics", h.metrics)
+    app.router.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing else serves
 
     async def _start(app: web.Application) -> None:
         app[RUNNER_KEY].start()

@@ -24,6 +24,7 @@ from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.event_rate import EventRate
 from marsproxy.gateway.limits import ROUTE_ARGS
 from marsproxy.gateway.openapi import build_openapi
+from marsproxy.gateway.routes import allowed_methods, method_not_allowed
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import keys_for, unscoped_id
 from marsproxy.gateway.state import build_state
@@ -65,7 +66,8 @@ class Admin:
         r.add_get("/mars/v1/events", self.events, allow_head=False, **kw)
         r.add_get("/mars/v1/state", self.state, allow_head=False, **kw)
         r.add_get("/mars/v1/openapi.json", self.openapi, allow_head=False, **kw)
-        # Anything else under /mars/ is the proxy's own namespace: never passed to a worker.
+        # Anything else under /mars/ is the proxy's own namespace: never passed to a worker
+        # (a 404, or a 405 for a known path).
         r.add_route("*", "/mars/{tail:.*}", self.unknown, **kw)
         app.on_shutdown.append(self._shutdown)
 
@@ -74,6 +76,9 @@ class Admin:
         self._closing.set()
 
     async def unknown(self, request: web.Request) -> web.Response:
+        allowed = await allowed_methods(request)
+        if allowed:  # a known path with another method
+            return method_not_allowed(request, allowed)
         return error_response(
             404, f"no admin endpoint {request.method} {request.path}", code="not_found"
         )

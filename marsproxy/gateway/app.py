@@ -38,6 +38,7 @@ from marsproxy.gateway.limits import (
     parser_args,
 )
 from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
+from marsproxy.gateway.routes import PassthroughGate
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.state import build_state
 from marsproxy.telemetry.prometheus import StateCollector
@@ -172,7 +173,9 @@ def create_app(cfg: MarsConfig) -> web.Application:
     Admin(gw).add_routes(app)
     for path, route in SCHEDULED_ROUTES.items():
         app.router.add_post(path, scheduled(route), **ROUTE_ARGS)
-    app.router.add_route("*", "/{tail:.*}", relay.passthrough, **ROUTE_ARGS)
+    # Only the inference API passes by default (routes.py); the rest is refused here.
+    gate = PassthroughGate(AdminAuth(cfg.auth), cfg.auth.passthrough_routes, gw.metrics.refused)
+    app.router.add_route("*", "/{tail:.*}", gate.wrap(relay.passthrough), **ROUTE_ARGS)
 
     async def on_startup(_: web.Application) -> None:
         await gw.start()

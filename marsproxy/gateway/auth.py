@@ -4,7 +4,8 @@ Operator endpoints (everything under ``/mars/`` but the tenant-scoped session en
 ``/metrics`` when ``auth.protect_metrics``) need ``Authorization: Bearer <auth.admin_token>``
 once a token is configured. Session endpoints (``/mars/v1/sessions/...``) are authorized by the
 caller's own API key instead: they only ever reach that key's sessions (see ``admin.py``), so
-agents need no operator secret. ``/healthz`` and ``/readyz`` stay open for probes.
+agents need no operator secret. ``/healthz`` and ``/readyz`` stay open for probes. The same token
+lets a request through to the workers' routes beyond the inference API (``routes.py``).
 """
 
 from __future__ import annotations

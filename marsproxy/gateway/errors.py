@@ -14,6 +14,7 @@ log = logging.getLogger("marsproxy.gateway")
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     408: "timeout_error",

@@ -112,7 +112,8 @@ class GatewayMetrics:
         self.refused = Tally(
             "marsproxy_refused",
             "Requests and connections refused before relaying or admission, by status (400"
-            " malformed head or path, 401 admin token, 404/405 unknown route or method, 408"
+            " malformed head or path, 401 admin token, 403 operator route of the workers, 404/405"
+            " unknown route or method, 408"
             " slow body, 413 body too large, 429 connection cap, 431 head too large).",
             ["status"],
         )

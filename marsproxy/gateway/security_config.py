@@ -6,7 +6,7 @@ lists every cap with the status it answers.
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from marsproxy.config_section import Section as _Section
 
@@ -17,12 +17,28 @@ class AuthConfig(_Section):
     admin_token: SecretStr = Field(
         SecretStr(""),
         description="Bearer token the operator endpoints (/mars/v1/state, /mars/v1/events,"
-        " /mars/v1/openapi.json) require; empty: they are open. Prefer the environment"
+        " /mars/v1/openapi.json) require; empty: they are open. It also opens the workers'"
+        " routes beyond the inference API (docs/security.md). Prefer the environment"
         " (MARSPROXY_AUTH__ADMIN_TOKEN) to a file.",
     )
     protect_metrics: bool = Field(
         False, description="Also require the admin token on GET /metrics."
     )
+    passthrough_routes: tuple[str, ...] = Field(
+        (),
+        description="Paths relayed to the workers for any client, beyond the inference API"
+        " relayed by default (docs/security.md lists it): an exact path, or a prefix ending in"
+        " `*` (`/*` relays every path). Anything else gets 404, or 403 for a known operator"
+        " route of vLLM, unless the caller sends the admin token.",
+    )
+
+    @field_validator("passthrough_routes")
+    @classmethod
+    def _paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in v:
+            if not entry.startswith("/"):
+                raise ValueError(f"{entry!r}: a route starts with '/'")
+        return v
 
 
 class LimitsConfig(_Section):

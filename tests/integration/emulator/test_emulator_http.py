@@ -305,3 +305,31 @@ async def test_priority_policy_over_http(
     await asyncio.gather(first, late, early)
     # The running request is not preempted; then the lower priority value goes first.
     assert order == ["blocker", "high", "low"]
+
+
+async def test_unknown_route_and_wrong_method_answer_as_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    # vLLM's server is FastAPI over Starlette: no route → 404 {"detail":"Not Found"}; a route
+    # with another method → 405 {"detail":"Method Not Allowed"} with an allow header. Both
+    # compact JSON, application/json (Starlette's JSONResponse).
+    server = await start_emulator()
+    for method, path in (("GET", "/no/such/route"), ("POST", "/sleep"), ("DELETE", "/v2/x")):
+        async with http.request(method, server.make_url(path)) as resp:
+            assert resp.status == 404, path
+            assert resp.content_type == "application/json"
+            assert await resp.read() == b'{"detail":"Not Found"}'
+    for method, path, allow in (
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("POST", "/v1/models", "GET, HEAD"),
+        ("DELETE", "/ping", "GET, HEAD, POST"),
+    ):
+        async with http.request(method, server.make_url(path), data=b"{}") as resp:
+            assert resp.status == 405, path
+            assert resp.content_type == "application/json"
+            assert resp.headers["Allow"] == allow
+            assert await resp.read() == b'{"detail":"Method Not Allowed"}'
+    # Served routes are untouched by the catch-all.
+    async with http.get(server.make_url("/v1/models")) as resp:
+        assert resp.status == 200 and (await resp.json())["object"] == "list"
