@@ -83,7 +83,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " the engines, in logs/state-*.jsonl as `bench live` writes them (0: none;"
                    " about 2 kB each: 300 sessions at 32k, heavy, every 1 s: 5 MB per policy)")
     e.add_argument("--horizon", type=float, default=1e7,
-                   help="stop at this virtual time (s); sessions not done by then count as failed")
+                   help="stop at this virtual time (s); sessions not done by then count as failed,"
+                   " at the horizon")
     e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
                    help="engines schedule by the body priority, or FCFS behind the proxy's"
                    " dispatch gate")

@@ -57,6 +57,11 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     # in the body, as the simulator's default worker mode; not the gated dispatch queue)
     proxy_cfg = (tmp_path / "live" / "logs" / "proxy-mars.yaml").read_text()
     assert "priority: true" in proxy_cfg
+    # the benchmark's queue deadline (a day: every session finishes) reaches the proxy, and
+    # the agents wait that long plus a call's allowance
+    assert "queue_deadline_s: 86400.0" in proxy_cfg
+    assert live["meta"]["queue deadline"].startswith("86400 s (a day")
+    assert live["meta"]["agent call timeout_s"] == 86400 + 900
     # the proxy's whole event stream is kept, one JSON object per line
     (events,) = (tmp_path / "live" / "logs").glob("events-*-mars.jsonl")
     kinds = {json.loads(line)["type"] for line in events.read_text().splitlines()}
