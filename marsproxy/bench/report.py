@@ -146,19 +146,22 @@ def seeds_table(fig: dict[str, Any]) -> list[str]:
             _flagged(x, own, base) for x, own, base in zip(
                 f["mean_vs_direct_per_seed"], f["completion_per_seed"],
                 f["direct_completion_per_seed"], strict=True))
-
-        def cell(key: str, f: dict[str, Any] = f, n: int = n) -> str:
-            bad = f["incomplete_seeds"][key]
-            note = f" (incomplete in {bad} of {n} seeds)" if bad else ""
-            return _f(f["mean"][key], 2) + note
-
+        cell = {k: _seeds_ratio(f, k) for k in RATIOS}
         ge = _ge(min(f["completion_per_seed"], default=math.nan))
         lines.append(
             f"| {p} | {n} | {ge}{_f(m['mean_s'])} | {ge}{_f(m['p95_s'])} | "
-            f"{_g(m['goodput_per_s'])} | {_pct(m['completion'])} | {cell('mean_vs_direct')} | "
-            f"{per} | {cell('mean_vs_best_other')} | {cell('goodput_vs_best_other')} | "
-            f"{cell('p95_vs_best_other')} |")
+            f"{_g(m['goodput_per_s'])} | {_pct(m['completion'])} | {cell['mean_vs_direct']} | "
+            f"{per} | {cell['mean_vs_best_other']} | {cell['goodput_vs_best_other']} | "
+            f"{cell['p95_vs_best_other']} |")
     return lines
+
+
+def _seeds_ratio(f: dict[str, Any], key: str) -> str:
+    """A mean over seeds of one ratio, with the count of seeds where it compared a run that
+    left sessions unfinished."""
+    bad = f["incomplete_seeds"][key]
+    note = f" (incomplete in {bad} of {f['seeds']} seeds)" if bad else ""
+    return _f(f["mean"][key], 2) + note
 
 
 def _pct(x: float) -> str:
