@@ -42,6 +42,9 @@ from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import PlannedSession, Workload, build_workload
 from marsproxy.emulator.profiles import EngineProfile, get_profile, profile_names
 
+CALL_TIMEOUT_S = 900.0
+"""What an agent allows one call once admitted, on top of the queue deadline."""
+
 
 @dataclass(frozen=True, slots=True)
 class LiveSetup:
@@ -61,6 +64,8 @@ class LiveSetup:
     min_tool_cpu_s: float = 0.05
     system_prompt_tokens: int = 60
     request_timeout_s: float = 900.0
+    """The agents' limit on one call, admission wait included (``bench live``: the queue
+    deadline plus ``CALL_TIMEOUT_S``)."""
     start_timeout_s: float = 60.0
     state_every_s: float = 1.0
     """Read the proxy's ``GET /mars/v1/state`` this often during a run (0: never)."""
@@ -217,6 +222,8 @@ def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float
             o.error = t.error
     if len(res.turns) == len(plan.turns) and all(t.ok for t in res.turns):
         o.end_s = res.ended - t0
+    else:
+        o.stopped_s = res.ended - t0  # the refusal or failed call: the agent stopped there
     return o
 
 
@@ -306,11 +313,11 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         states: list[dict[str, Any]] = []
         results, events, t0, wall0, counters = asyncio.run(
             _replay_all(wl, targets, proxy, setup, bar, workers, states))
-        bar.close()
     outcomes = [
         _outcome(p, r, t0, _ideal(p, setup))
         for p, r in zip(wl.sessions, results, strict=True)
     ]
+    bar.close(report.done_note(RunResult(policy, "", "", outcomes)))
     extra["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     # The proxy's whole event stream and its state over time, to find out why a policy won or
     # lost (the state holds what no event carries: caps, the fit's factor, the queue).
@@ -369,7 +376,9 @@ def main(args: argparse.Namespace) -> int:
             args.profile, num_blocks=args.num_blocks).effective_max_model_len
         cases = options.cases(args, context)
         pols = options.policies(args.policies)
-        sets = options.parse_sets(args.sets)
+        sets = options.parse_sets(args.sets, options.queue_deadline(
+            args, options.DEFAULT_QUEUE_DEADLINE_S))
+        options.check_policies(pols, sets)
         if args.state_every < 0:
             raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
         setup = LiveSetup(
@@ -379,7 +388,9 @@ def main(args: argparse.Namespace) -> int:
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
             min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
-            system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets)
+            system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets,
+            # A call may wait out the queue deadline, then run: the agent waits for both.
+            request_timeout_s=float(sets["admission"]["queue_deadline_s"]) + CALL_TIMEOUT_S)
         setup.engine_profile()
     except ValueError as exc:
         sys.stderr.write(f"marsproxy bench live: {exc}\n")
@@ -406,6 +417,9 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,
+        "queue deadline": options.deadline_meta(sets, options.DEFAULT_QUEUE_DEADLINE_S,
+                                                "a day, longer than the run"),
+        "agent call timeout_s": setup.request_timeout_s,
         "tool phases": f"CPU-burning processes from {args.min_tool_cpu} s, waits below",
         "ideal": "computed from the engine profile and the tool times",
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -425,5 +439,6 @@ def main(args: argparse.Namespace) -> int:
         f"{r.regime} {r.case_load} {r.policy} {r.extra['loadavg_start'][0]}→"
         f"{r.extra['loadavg_end'][0]}" for r in results)
     path = report.write(out, results, "marsproxy bench live", meta, make_plots=not args.no_plots)
+    sys.stderr.writelines(line + "\n" for line in report.summary_lines(results))
     sys.stdout.write(f"{path}\n")
     return 0

@@ -1,7 +1,10 @@
 """Command-line options shared by ``marsproxy bench live`` and ``marsproxy sim``.
 
 Both take the same workload options (so the same flags give the same sessions), the policies to
-compare and ``--set KEY=VALUE`` overrides of the proxy config applied to every proxied policy.
+compare, ``--set KEY=VALUE`` overrides of the proxy config applied to every proxied policy, and
+``--queue-deadline S``: the admission queue deadline of the run. Headline numbers compare
+policies on the same sessions, so by default the deadline is long enough that every session
+finishes (the simulator's horizon; a day live); a tight one shows what refusals cost.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from marsproxy.policies import policy_names
 DIRECT = "direct"
 DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")
 ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention")
-# A benchmark measures latency, so a queued session waits rather than failing after the
-# proxy's 300 s default deadline (an agent would retry after Retry-After anyway).
-BENCH_DEFAULT_SETS = ("admission.queue_deadline_s=3600",)
+QUEUE_DEADLINE_KEY = "admission.queue_deadline_s"
+# A benchmark measures latency on every session, so a queued session waits rather than being
+# refused after the proxy's 300 s default deadline (an agent would retry after Retry-After).
+DEFAULT_QUEUE_DEADLINE_S = 86_400.0
 
 
 def _csv(text: str) -> list[str]:
@@ -34,7 +38,9 @@ def _csv(text: str) -> list[str]:
 
 def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
                       token_scale: float, tool_time_scale: float, max_turns: int | None,
-                      regimes: str) -> None:
+                      regimes: str, queue_deadline: str = f"{DEFAULT_QUEUE_DEADLINE_S:g} s",
+                      ) -> None:
+    """The shared options; ``queue_deadline`` names the command's default deadline."""
     g = p.add_argument_group("workload")
     g.add_argument("--trace", default=None, help="trace file (default: the packaged sample)")
     g.add_argument("--sessions", type=int, default=sessions, help="sessions per run")
@@ -69,8 +75,13 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     )
     q.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-        help="proxy config override for every proxied policy, e.g. admission.window_max=16"
-        f" (defaults: {', '.join(BENCH_DEFAULT_SETS)})",
+        help="proxy config override for every proxied policy, e.g. admission.window_max=16",
+    )
+    q.add_argument(
+        "--queue-deadline", type=float, default=None, metavar="S", dest="queue_deadline",
+        help=f"{QUEUE_DEADLINE_KEY} of every proxied policy: the longest a session waits for"
+        " admission before a 503 (default: long enough that every session finishes, as headline"
+        f" numbers need: {queue_deadline}; the report's meta states the one used)",
     )
     p.add_argument("--out", default=None, help="output folder (default: results/<timestamp>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -145,10 +156,25 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
     return out
 
 
-def parse_sets(sets: list[str]) -> dict[str, Any]:
-    """``a.b=v`` (v as YAML) → nested overrides; the bench defaults first, the user's win."""
-    tree: dict[str, Any] = {}
-    for item in [*BENCH_DEFAULT_SETS, *sets]:
+def queue_deadline(args: argparse.Namespace, default: float) -> float:
+    """The run's queue deadline: ``--queue-deadline``, else ``default``; given both ways, an
+    error rather than a silent choice."""
+    if args.queue_deadline is None:
+        return default
+    if any(item.partition("=")[0].strip() == QUEUE_DEADLINE_KEY for item in args.sets):
+        raise ValueError(f"give the queue deadline once: --queue-deadline or --set"
+                         f" {QUEUE_DEADLINE_KEY}=S, not both")
+    if not args.queue_deadline > 0:
+        raise ValueError(f"--queue-deadline must be > 0, got {args.queue_deadline}")
+    return float(args.queue_deadline)
+
+
+def parse_sets(sets: list[str],
+               queue_deadline_s: float = DEFAULT_QUEUE_DEADLINE_S) -> dict[str, Any]:
+    """``a.b=v`` (v as YAML) → nested overrides: the run's queue deadline first, the ``--set``
+    items over it."""
+    tree: dict[str, Any] = {"admission": {"queue_deadline_s": queue_deadline_s}}
+    for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set needs KEY=VALUE, got {item!r}")
@@ -158,6 +184,22 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[parts[-1]] = yaml.safe_load(raw)
     return tree
+
+
+def deadline_meta(sets: dict[str, Any], default: float, default_text: str) -> str:
+    """The queue deadline a run used, as its report's meta states it."""
+    used = float(sets["admission"]["queue_deadline_s"])
+    note = (f" ({default_text}: every session may wait until it is admitted)"
+            if used == default else " (set for this run)")
+    return f"{used:g} s{note}"
+
+
+def check_policies(pols: list[str], sets: dict[str, Any]) -> None:
+    """Every proxied policy's config validates with the overrides (a ``ValueError`` naming the
+    keys otherwise, before the run starts)."""
+    for p in pols:
+        if p != DIRECT:
+            proxy_config(p, sets, ["http://check"])
 
 
 def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:

@@ -33,11 +33,14 @@ class Progress:
         else:
             self._line()
 
-    def close(self) -> None:
+    def close(self, note: str = "") -> None:
+        """Ends the bar; ``note`` (how the run went) stays after it."""
         if self._bar is not None:
+            if note:
+                self._bar.set_postfix_str(note, refresh=False)
             self._bar.close()
         elif self._out is not None:
-            self._out.write("\n")
+            self._out.write(f" ({note})\n" if note else "\n")
             self._out.flush()
 
 

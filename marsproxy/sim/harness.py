@@ -21,7 +21,8 @@ Drivers of the same pure code the gateway drives:
 Agents replay sessions as the live benchmark does: append-only prompts (a shared system prompt,
 then the session's own tokens, every reply included), ``max_tokens`` = the planned output with
 ``ignore_eos``, the final flag on the last call, a tool phase of the planned CPU seconds after
-every call but the last. A rejected first call (429/503) ends the session as rejected.
+every call but the last. A rejected call (429/503) ends the session as refused, at the time
+of the refusal; a session still running at ``horizon_s`` stops there, as failed.
 """
 
 from __future__ import annotations
@@ -202,6 +203,7 @@ class Simulation:
         for agent in self._agents.values():
             if not agent.done and not agent.outcome.error:
                 agent.outcome.error = "unfinished at the simulation horizon"
+                agent.outcome.stopped_s = min(now, self.setup.horizon_s)
         self.stats["preemptions"] = sum(e.num_preemptions for e in self.engines.values())
         return RunResult(
             policy=self.policy, regime="", load="",
@@ -301,6 +303,7 @@ class Simulation:
     def _fail(self, now: float, agent: _Agent, status: int, reason: str) -> None:
         agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
         agent.outcome.error = reason
+        agent.outcome.stopped_s = now
         if self.core is not None and status not in (429, 503):
             self._carry(now, self.core.on_session_end(now, agent.plan.id, EndReason.DELETED))
         self._finish(agent)

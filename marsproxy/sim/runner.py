@@ -47,7 +47,7 @@ def run_cases(
             t0 = time.perf_counter()
             sim = Simulation(wl, policy, run.setup, cfg, progress=bar.update)
             res = sim.run()
-            bar.close()
+            bar.close(report.done_note(res))
             if logs is not None:
                 write_log(logs, "state", case.label, policy, sim.states)
             res.regime, res.load, res.seed = case.regime, case.load, case.seed
@@ -61,7 +61,8 @@ def run_cases(
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     options.add_workload_args(p, sessions=300, rates="0.05,0.2,0.5", token_scale=1.0,
-                              tool_time_scale=1.0, max_turns=None, regimes="8k,32k,64k,128k")
+                              tool_time_scale=1.0, max_turns=None, regimes="8k,32k,64k,128k",
+                              queue_deadline="the --horizon")
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
     e.add_argument("--workers", type=int, default=1, help="emulated engines")
@@ -82,7 +83,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " the engines, in logs/state-*.jsonl as `bench live` writes them (0: none;"
                    " about 2 kB each: 300 sessions at 32k, heavy, every 1 s: 5 MB per policy)")
     e.add_argument("--horizon", type=float, default=1e7,
-                   help="stop at this virtual time (s); sessions not done by then count as failed")
+                   help="stop at this virtual time (s); sessions not done by then count as failed,"
+                   " at the horizon")
     e.add_argument("--worker-mode", choices=("priority", "gated"), default="priority",
                    help="engines schedule by the body priority, or FCFS behind the proxy's"
                    " dispatch gate")
@@ -96,7 +98,8 @@ def main(args: argparse.Namespace) -> int:
         profile = get_profile(args.profile, num_blocks=args.num_blocks)
         cases = options.cases(args, profile.effective_max_model_len)
         pols = options.policies(args.policies)
-        sets = options.parse_sets(args.sets)
+        sets = options.parse_sets(args.sets, options.queue_deadline(args, args.horizon))
+        options.check_policies(pols, sets)
         if not 0 <= args.busy_cpus < args.tool_cpus:
             raise ValueError(f"--busy-cpus must be >= 0 and below --tool-cpus"
                              f" ({args.tool_cpus}), got {args.busy_cpus}")
@@ -132,6 +135,7 @@ def main(args: argparse.Namespace) -> int:
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
             "overrides": sets, "agents report tool events": not args.infer_tools,
             "horizon_s": args.horizon,
+            "queue deadline": options.deadline_meta(sets, args.horizon, "the horizon"),
             "wall_s": round(time.perf_counter() - t0, 1),
         }
 
@@ -144,5 +148,6 @@ def main(args: argparse.Namespace) -> int:
         logs.mkdir(parents=True, exist_ok=True)
     results = run_cases(run, args.trace, sys.stderr, partial, logs)
     path = report.write(out, results, "marsproxy sim", meta(), make_plots=not args.no_plots)
+    sys.stderr.writelines(line + "\n" for line in report.summary_lines(results))
     sys.stdout.write(f"{path}\n")
     return 0

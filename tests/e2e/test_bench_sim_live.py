@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 WORKLOAD = [
     "--regimes", "trace", "--token-scale", "0.1", "--tool-time-scale", "0.01",
     "--sessions", "24", "--rates", "0", "--max-turns", "8", "--time-scale", "2",
@@ -23,12 +25,14 @@ WORKLOAD = [
 ]
 
 
-def _run(args: list[str], out: Path) -> dict[str, Any]:
+def _run(args: list[str], out: Path, stderr: list[str] | None = None) -> dict[str, Any]:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--out", str(out)],
                        capture_output=True, text=True, timeout=240, check=False)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert r.stdout.strip() == str(out / "report.md")
     assert (out / "report.md").exists()
+    if stderr is not None:
+        stderr.extend(r.stderr.splitlines())
     data: dict[str, Any] = json.loads((out / "results.json").read_text())
     return data
 
@@ -53,6 +57,11 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     # in the body, as the simulator's default worker mode; not the gated dispatch queue)
     proxy_cfg = (tmp_path / "live" / "logs" / "proxy-mars.yaml").read_text()
     assert "priority: true" in proxy_cfg
+    # the benchmark's queue deadline (a day: every session finishes) reaches the proxy, and
+    # the agents wait that long plus a call's allowance
+    assert "queue_deadline_s: 86400.0" in proxy_cfg
+    assert live["meta"]["queue deadline"].startswith("86400 s (a day")
+    assert live["meta"]["agent call timeout_s"] == 86400 + 900
     # the proxy's whole event stream is kept, one JSON object per line
     (events,) = (tmp_path / "live" / "logs").glob("events-*-mars.jsonl")
     kinds = {json.loads(line)["type"] for line in events.read_text().splitlines()}
@@ -100,3 +109,35 @@ def test_sim_over_several_seeds_reports_each_and_their_mean(tmp_path: Path) -> N
         assert run["extra"]["state_snapshots"] == len(rows) > 0
         assert {"window", "peak_room_blocks", "admitted"} <= set(
             rows[0]["admission"]["workers"]["w0"])
+
+
+def test_sim_counts_refused_sessions_and_lifts_the_deadline_by_default(tmp_path: Path) -> None:
+    # By default the queue deadline is the horizon: every session finishes under both policies.
+    lifted = _run(["sim", *WORKLOAD, "--tool-cpus", "2", "--no-plots"], tmp_path / "lifted")
+    assert lifted["meta"]["queue deadline"].startswith("1e+07 s (the horizon")
+    for r in lifted["runs"]:
+        assert r["summary"]["finished"] == 24 and r["summary"]["completion"] == 1.0
+    # One second of patience: mars refuses most of the 24 (they arrive at once on a cache for
+    # about 3); each counts from its arrival to its refusal, in the mean and the percentiles.
+    err: list[str] = []
+    tight = _run(["sim", *WORKLOAD, "--tool-cpus", "2", "--no-plots", "--queue-deadline", "1",
+                  "--set", "admission.aging_margin_s=0.1"], tmp_path / "tight", err)
+    assert tight["meta"]["queue deadline"] == "1 s (set for this run)"
+    runs = {r["policy"]: r for r in tight["runs"]}
+    mars = runs["mars"]
+    refused = [x for x in mars["sessions"] if x["refused"]]
+    assert refused and all(x["status"] == "refused" and x["e2e_s"] is None for x in refused)
+    assert all(1.0 <= x["counted_s"] <= 1.2 for x in refused)
+    counted = [x["counted_s"] for x in mars["sessions"]]
+    assert mars["summary"]["mean_s"] == pytest.approx(sum(counted) / 24)
+    assert mars["summary"]["rejected"] == len(refused)
+    assert mars["summary"]["completion"] == pytest.approx(1 - len(refused) / 24)
+    assert runs["direct"]["summary"]["completion"] == 1.0  # no proxy, no deadline
+    # Every ratio of mars's says it compares an incomplete run with a complete one, in the
+    # report and in the lines printed at the end.
+    pct = f"{100 * mars['summary']['completion']:.1f} %"
+    row = next(line for line in (tmp_path / "tight" / "report.md").read_text().splitlines()
+               if line.startswith("| mars |"))
+    assert row.count(f"({pct} vs 100.0 %)") == 4 and f"| {24 - len(refused)}/24 ({pct}) |" in row
+    (line,) = [x for x in err if x.startswith("trace poisson 0/s mars: done")]
+    assert f"refused {len(refused)}, failed 0; mean ≥" in line and f"({pct} vs 100.0 %)" in line

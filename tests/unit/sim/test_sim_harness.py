@@ -9,6 +9,7 @@ import pytest
 
 from marsproxy.bench import options
 from marsproxy.bench.arrivals import ArrivalSpec
+from marsproxy.bench.results import percentile
 from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import Workload, WorkloadSpec, build_workload
 from marsproxy.config import MarsConfig
@@ -176,3 +177,39 @@ def test_state_snapshots_show_the_core_without_changing_the_run() -> None:
     # every session arrives at 0, so the queue only drains
     queue = [r["admission"]["queue"]["length"] for r in rows]
     assert queue == sorted(queue, reverse=True)
+
+
+def test_a_tight_queue_deadline_refuses_sessions_and_the_figures_count_them() -> None:
+    # The 12 sessions arrive at once on a cache for about 3; with 0.3 s of patience most are
+    # refused, each counted from its arrival to its refusal (at the first control tick past
+    # the deadline). Lifted, the same workload finishes every session.
+    tight = options.proxy_config("mars", options.parse_sets(
+        ["admission.aging_margin_s=0.05"], queue_deadline_s=0.3), ["http://w0"])
+    assert tight.admission.queue_deadline_s == 0.3
+    res = Simulation(_workload(), "mars", SETUP, tight).run()
+    refused = [o for o in res.outcomes if o.status == "refused"]
+    assert 0 < len(refused) < 12
+    tick = tight.admission.control_interval_s
+    for o in refused:
+        assert o.turns[-1].status == 503 and o.error == "queue_deadline"
+        assert o.stopped_s is not None and o.end_s is None
+        assert 0.3 <= o.counted_s <= 0.3 + tick + 1e-9
+    s = res.summary()
+    assert (s.finished, s.rejected, s.failed) == (12 - len(refused), len(refused), 0)
+    assert s.completion == pytest.approx(s.finished / 12)
+    counted = [o.counted_s for o in res.outcomes]
+    assert s.mean_s == pytest.approx(sum(counted) / 12)
+    assert s.p95_s == pytest.approx(percentile(counted, 95))
+    assert s.mean_finished_s == pytest.approx(
+        sum(o.counted_s for o in res.outcomes if o.ok) / s.finished)
+    lifted = Simulation(_workload(), "mars", SETUP, _cfg("mars")).run().summary()
+    assert (lifted.finished, lifted.completion) == (12, 1.0)
+
+
+def test_sessions_left_at_the_horizon_count_until_the_horizon() -> None:
+    setup = dataclasses.replace(SETUP, horizon_s=0.5)
+    res = Simulation(_workload(), "direct", setup, None).run()
+    left = [o for o in res.outcomes if not o.ok]
+    assert left and all(o.status == "failed" and o.stopped_s == 0.5 for o in left)
+    assert all(o.counted_s == pytest.approx(0.5 - o.arrival_s) for o in left)
+    assert res.summary().failed == len(left)
