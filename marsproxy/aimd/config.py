@@ -170,9 +170,9 @@ class AdmissionConfig(_Section):
         " there to avoid, and the fit applies again to later admissions.",
     )
     idle_admit_after_s: float = Field(
-        0.2, ge=0,
+        0.0, ge=0,
         description="How long a worker must sit idle that way before idle_admit lets one more"
-        " session in (gaps between an agent's calls are shorter than this).",
+        " session in; 0: at once (a plain client's next one-shot session waits for nothing).",
     )
     peak_history: int = Field(
         64, ge=1,

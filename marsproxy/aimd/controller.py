@@ -2,10 +2,9 @@
 
 Two overload state machines (KV and tool CPU) each enter at a high mark and leave at a low
 mark, so a pressure that hovers between the marks neither grows nor shrinks the window. While
-KV is overloaded the window shrinks multiplicatively on every control tick, from the sessions
-actually admitted when that is less (an unused window says nothing about what the worker
-holds); CPU overload holds it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no
-work) and lets the CPU cap bound the limit. The window grows by a constant only when both
+KV is overloaded the window shrinks multiplicatively on every control tick; CPU overload holds
+it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no work) and lets the CPU cap bound
+the limit. The window grows by a constant only when both
 pressures are below their low marks, the KV budget is positive and the window is actually used.
 
 Work conservation: the window counts sessions only while the worker is overloaded (KV, tool
@@ -14,7 +13,8 @@ KV fit (each admitted session budgeted at its forecast peak) decides, up to ``wi
 the operator set one. So sessions idle between calls keep their KV budget but no slot that
 blocks others. The KV cap takes the limit to ``window_min`` the moment usage reaches the high
 mark, without waiting for the window to walk down. The CPU cap counts sessions, not tools, so
-by default (``cpu_cap_always`` false) it binds only while CPU is overloaded.
+by default (``cpu_cap_always`` false) it binds only while tool-CPU pressure is above its low
+marks (overloaded, or in the band on the way up).
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -143,15 +143,16 @@ class AimdController:
         self._update_kv(usage)
         self._update_cpu(signals)
         self._kv_cap = self._kv_cap_for(usage)
+        # Above the low marks the CPUs are measurably pressed: more sessions in tools would
+        # overload them, so the cap binds in the band as well as in overload.
+        pressed = self._cpu_over or not self._cpu_below_leave(signals)
         self._cpu_cap = (self._cpu_cap_for(signals.tool_cpus)
-                         if cfg.cpu_cap_always or self._cpu_over else self._ceiling)
+                         if cfg.cpu_cap_always or pressed else self._ceiling)
 
         old = self._window
         reason = ""
         if self._kv_over or (self._cpu_over and cfg.cpu_overload_shrinks):
-            # Cut from what the worker holds: a window above it was never put to the test.
-            base = min(old, max(signals.admitted, cfg.window_min))
-            self._window = max(cfg.window_min, math.floor(cfg.decrease * base + _EPS))
+            self._window = max(cfg.window_min, math.floor(cfg.decrease * old + _EPS))
             reason = self._overload_reason()
         elif self._may_grow(usage, signals):
             self._window = min(self._ceiling, old + cfg.increase)

@@ -139,16 +139,6 @@ def test_window_binds_only_while_overloaded() -> None:
     assert not c.overloaded and c.effective_limit == NO_CEILING
 
 
-def test_cut_starts_from_the_sessions_held() -> None:
-    # A window of 30 with 6 sessions admitted: the first cut is 0.7 · 6, not 0.7 · 30.
-    c = AimdController(CFG)
-    c.tick(0.0, healthy(kv_usage=0.95, admitted=6))
-    assert c.window == 4
-    c = AimdController(CFG)
-    c.tick(0.0, healthy(kv_usage=0.95, admitted=20))
-    assert c.window == 14
-
-
 def test_app_limited_guard() -> None:
     c = AimdController(CFG)
     run(c, [healthy(kv_usage=0.95)] * 5)

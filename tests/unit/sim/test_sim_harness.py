@@ -56,9 +56,11 @@ def test_admission_holds_sessions_when_kv_is_short() -> None:
 def test_forecast_peak_fit_keeps_the_cache_from_overflowing(fit: str, preempted: bool) -> None:
     # With the fit from the first session on, only what fits at its forecast peak is admitted:
     # no preemption, so the window never collapses. With the first-prompt fit alone, admitted
-    # contexts outgrow the cache: preemptions, and the window moves.
+    # contexts outgrow the cache: preemptions, and the window moves. (Idle admission, the fit's
+    # one exception, is off: this is about the fit.)
     cfg = options.proxy_config("mars", options.parse_sets(
-        [f"admission.kv_fit_peak={fit}", "admission.peak_free_sessions=0"]), ["http://w0"])
+        [f"admission.kv_fit_peak={fit}", "admission.peak_free_sessions=0",
+         "admission.idle_admit=false"]), ["http://w0"])
     res = Simulation(_workload(), "mars", SETUP, cfg).run()
     assert (res.extra["stats"]["preemptions"] > 0) is preempted
     assert bool(res.timeline["window"]) is preempted
