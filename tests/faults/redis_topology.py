@@ -7,7 +7,9 @@ kills them all (SIGKILL: nothing is persisted anyway).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -56,6 +58,15 @@ class Node:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: reads nothing (replication included) until resumed."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
