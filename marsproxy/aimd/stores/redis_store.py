@@ -220,6 +220,8 @@ class RedisStore(RedisRecords):
                 await self.local.delete_session(session)
                 return int(n) > 0
         await self.delete_session(session)  # written back (deleted) on recovery
+        if mine:
+            self.q_gone.add(session)  # as release.lua: an admitted session waits nowhere
         self.gen += 1
         self.local.fire_local()
         return mine
