@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from marsproxy.aimd.stores import RedisStore, StoreConfig
+from marsproxy.config import ConfigError
 from marsproxy.gateway.sessions import unscoped_id
 from tests.faults.conftest import Lab, Proxy, bounded, call, redis_leases, until
 from tests.faults.redis_topology import SentinelSet
@@ -225,3 +227,28 @@ def _live(port: int) -> set[str]:
         return {unscoped_id(s) for k in keys for s in r.zrange(k, 0, -1)}
     finally:
         r.close()
+
+
+async def test_store_through_sentinels_and_setup_mistakes(tmp_path: Path) -> None:
+    """The store finds the primary through the sentinels; sentinels that monitor no primary of
+    the configured name are a setup mistake that refuses the start (no retry heals it)."""
+    topo = SentinelSet(tmp_path / "redis").start()
+    try:
+        cfg = StoreConfig(backend="redis", sentinels=topo.addresses, pool="via-sentinel",
+                          op_timeout_s=1.0)
+        store = RedisStore(cfg)
+        await store.start()
+        try:
+            assert store.up and await store.try_admit("w0", "s1", 3, store.clock())
+        finally:
+            await store.close()
+        r = redis.Redis(port=topo.primary.port, decode_responses=True)
+        try:
+            assert r.zrange("mars:{via-sentinel}:adm:w0", 0, -1) == ["s1"]
+        finally:
+            r.close()
+        wrong = RedisStore(cfg.model_copy(update={"sentinel_service": "nope"}))
+        with pytest.raises(ConfigError, match="monitors a primary named 'nope'"):
+            await wrong.start()
+    finally:
+        topo.close()

@@ -21,6 +21,7 @@ from marsproxy.aimd.stores.redis_conn import (
     read_secret,
     setup_problem,
 )
+from marsproxy.bench.procs import free_port
 from marsproxy.config import ConfigError
 
 
@@ -99,3 +100,14 @@ def test_setup_problems_are_told_from_outages() -> None:
     assert "not trusted" in got and "store.tls.ca_file" in got
     assert setup_problem(RedisConnectionError("Connection refused"), cfg, "Redis at h:1") is None
     assert setup_problem(TimeoutError(), cfg, "Redis at h:1") is None
+
+
+async def test_unreachable_sentinels_at_start_are_an_outage_not_a_mistake() -> None:
+    cfg = StoreConfig(backend="redis", sentinels=[f"127.0.0.1:{free_port()}"],
+                      op_timeout_s=0.2, reconnect_interval_s=0.1)
+    store = RedisStore(cfg)
+    await store.start()  # starts degraded and keeps trying, as with one unreachable URL
+    try:
+        assert not store.up and store.mode == "local"
+    finally:
+        await store.close()
