@@ -287,3 +287,62 @@ def test_helm_policy_and_admin_token(helm: Any, kv: Any, repo: Path, tmp_path: P
     assert not _by_kind(docs, "Secret")  # the existing one wins; the chart makes none
     (dep,) = _by_kind(docs, "Deployment")
     assert _token_ref(dep) == {"name": "ops-token", "key": "token"}
+
+
+SENTINEL = {
+    **GATEWAY,
+    "redis": {
+        "sentinel": {"hosts": ["redis-node-0.redis-headless:26379",
+                               "redis-node-1.redis-headless:26379",
+                               "redis-node-2.redis-headless:26379"], "service": "prod"},
+        "username": "marsproxy", "existingSecret": "redis-auth",
+        "sentinelPasswordKey": "sentinel-password",
+        "tls": {"enabled": True, "existingSecret": "redis-tls", "clientCertificate": True},
+    },
+}
+
+
+def _env_ref(dep: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for e in _container(dep, "marsproxy")["env"]:
+        if e["name"] == name:
+            ref: dict[str, Any] = e["valueFrom"]["secretKeyRef"]
+            return ref
+    return None
+
+
+def test_helm_sentinel_tls_and_acl_user(helm: Any, kv: Any, repo: Path, tmp_path: Path) -> None:
+    """Redis behind Sentinel, over TLS with client certificates, as an ACL user: the store config
+    names the sentinels and the service, passwords come from a Secret through the environment
+    (never the ConfigMap), the certificates from a mounted Secret; no Redis of the chart's."""
+    report = helm.lint(str(repo / CHART), SENTINEL, strict=True)
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2]
+    docs = _render(helm, repo, SENTINEL)
+    _validate(kv, docs)
+    assert all("redis" not in d["metadata"]["name"] for d in docs)
+    (cm,) = _by_kind(docs, "ConfigMap")
+    store = _config_of(cm, tmp_path).store
+    assert store.backend == "redis" and store.redis_url.startswith("rediss://")
+    assert store.sentinels == tuple(SENTINEL["redis"]["sentinel"]["hosts"])  # type: ignore[index]
+    assert store.sentinel_service == "prod" and store.username == "marsproxy"
+    assert (store.password_env, store.sentinel_password_env) == (
+        "REDIS_PASSWORD", "REDIS_SENTINEL_PASSWORD")
+    (gw,) = _by_kind(docs, "Deployment")
+    assert _env_ref(gw, "REDIS_PASSWORD") == {"name": "redis-auth", "key": "redis-password"}
+    assert _env_ref(gw, "REDIS_SENTINEL_PASSWORD") == {"name": "redis-auth",
+                                                       "key": "sentinel-password"}
+    mounts = {m["name"]: m["mountPath"] for m in _container(gw, "marsproxy")["volumeMounts"]}
+    vols = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
+    assert vols["redis-tls"]["secret"]["secretName"] == "redis-tls"
+    for f in (store.tls.ca_file, store.tls.cert_file, store.tls.key_file):
+        assert f is not None and str(Path(f).parent) == mounts["redis-tls"], (f, mounts)
+
+    # Plain Sentinel: redis:// to the data nodes, no secrets, no certificates.
+    plain = {**GATEWAY, "redis": {"sentinel": {"hosts": ["s:26379"]}}}
+    docs = _render(helm, repo, plain)
+    (cm,) = _by_kind(docs, "ConfigMap")
+    store = _config_of(cm, tmp_path).store
+    assert store.redis_url.startswith("redis://") and store.sentinels == ("s:26379",)
+    assert store.sentinel_service == "mymaster" and store.password_env is None
+    assert store.tls.ca_file is None
+    with pytest.raises(helm.HelmError, match=r"redis\.tls\.existingSecret"):
+        _render(helm, repo, {**GATEWAY, "redis": {"tls": {"enabled": True}}})

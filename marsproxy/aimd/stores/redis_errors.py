@@ -5,7 +5,8 @@ error (a script bug) raises. Unreachable (connection refused, reset, timeout) is
 case; a server that answers but refuses this client is the same for the proxy: protected mode
 (``DENIED``, a non-loopback client of a Redis without a password), a read-only replica after a
 failover (``READONLY``), ``OOM``, a failing disk (``MISCONF``), missing ACL permissions
-(``NOPERM``) or a master that is down (``MASTERDOWN``).
+(``NOPERM``), a master that is down (``MASTERDOWN``) or a primary cut off from its replicas
+(``NOREPLICAS``, with ``min-replicas-to-write``: the guard against writes a failover would lose).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # redis-py has classes for READONLY, NOPERM, OOM and MASTERDOWN (their text then lacks the
-# code); DENIED and MISCONF stay plain ResponseErrors, matched on the reply's first word.
+# code); DENIED, MISCONF and NOREPLICAS stay plain ResponseErrors, matched on the reply's
+# first word.
 _REFUSING_CLASSES = (ReadOnlyError, NoPermissionError, OutOfMemoryError, MasterDownError)
-_REFUSING_REPLIES = frozenset({"DENIED", "MISCONF"})
+_REFUSING_REPLIES = frozenset({"DENIED", "MISCONF", "NOREPLICAS"})
 
 
 class RedisRefused(RedisConnectionError):

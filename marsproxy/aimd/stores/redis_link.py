@@ -11,15 +11,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.redis_batch import ScriptBatcher
+from marsproxy.aimd.stores.redis_conn import check_at_start, close_clients, make_clients
 from marsproxy.aimd.stores.redis_errors import FAILURES, refusal
 from marsproxy.aimd.stores.redis_keys import Keys, Scripts
 from marsproxy.aimd.stores.redis_pack import pack_with_hiredis
@@ -39,29 +36,9 @@ class RedisLink:
     ) -> None:
         self.cfg = config
         self.keys = Keys.for_pool(config.key_prefix, config.pool)
-        # One quick retry covers a pooled connection that a Redis restart broke. No socket
-        # timeout: every op runs under its own op_timeout_s (io() and the batcher), and a
-        # per-read timer inside redis-py would cost ~8 % of an admission.
-        # A bounded pool: a burst of admissions and record loads waits for a free connection
-        # (within each op's op_timeout_s) instead of opening one socket per concurrent op.
-        pool = BlockingConnectionPool.from_url(
-            config.redis_url,
-            max_connections=config.max_connections,
-            timeout=None,
-            decode_responses=True,
-            socket_connect_timeout=config.op_timeout_s,
-            retry=Retry(NoBackoff(), 1),
-            client_name=f"marsproxy:{config.pool}",
-        )
-        self.redis = Redis.from_pool(pool)  # closing the client closes the pool too
+        self.clients = make_clients(config)
+        self.redis, self._sub = self.clients.redis, self.clients.sub
         pack_with_hiredis(self.redis)
-        # Pub/sub has a connection of its own: it blocks on reads by design.
-        self._sub = Redis.from_url(
-            config.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=config.op_timeout_s,
-            client_name=f"marsproxy:{config.pool}:wakeups",
-        )
         self.scripts = Scripts(self.redis)
         self.batch = ScriptBatcher(self.redis, config.op_timeout_s)
         self.up = True
@@ -71,6 +48,10 @@ class RedisLink:
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         self._reconnect: asyncio.Task[None] | None = None
+
+    async def check(self) -> None:
+        """StoreSetupError if the configuration cannot work (see :mod:`.redis_conn`)."""
+        await check_at_start(self.clients, self.cfg)
 
     def start(self) -> None:
         self._listener = asyncio.create_task(self._listen(), name="redis-store-wakeups")
@@ -84,8 +65,7 @@ class RedisLink:
             await asyncio.wait(tasks, timeout=1.0)  # bounded: never hang a shutdown
         self._listener = self._reconnect = None
         await self.batch.close()
-        await self.redis.aclose()
-        await self._sub.aclose()
+        await close_clients(self.clients)
 
     async def io(self, aw: Awaitable[T]) -> T:
         # asyncio.timeout, not wait_for: no extra task per op (a third of an op's cost).
@@ -103,13 +83,11 @@ class RedisLink:
         self.failures_total += 1
         if self.up:
             self.up = False
-            where = urlsplit(self.cfg.redis_url)  # never log the password in the URL
             # redis-py's repr() of its errors drops the message (why it failed): log both.
             log.warning(
-                "state store: Redis at %s:%s unusable (%s: %s); pool %r continues with "
+                "state store: Redis at %s unusable (%s: %s); pool %r continues with "
                 "on_store_failure=%s until it is back",
-                where.hostname,
-                where.port,
+                self.clients.where,
                 type(exc).__name__,
                 exc,
                 self.cfg.pool,

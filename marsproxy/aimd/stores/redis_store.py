@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any
 
 from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_clock_ms
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.memory import MemoryStore, new_replica_id
+from marsproxy.aimd.stores.redis_conn import StoreSetupError
 from marsproxy.aimd.stores.redis_keys import Arg
 from marsproxy.aimd.stores.redis_link import FAILURES, RedisLink, raise_if_cancelled
+from marsproxy.aimd.stores.redis_records import RedisRecords
 from marsproxy.aimd.stores.resync import resync
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 _RENEW_CHUNK = 500
 
 
-class RedisStore:
+class RedisStore(RedisRecords):
     """``WindowStore`` over Redis, with the configured fallback while Redis is away."""
 
     def __init__(
@@ -42,7 +42,10 @@ class RedisStore:
         self.clock = clock
         self._id = replica_id or new_replica_id()
         self.local = MemoryStore(config, clock=clock, replica_id=self._id)
-        self.link = RedisLink(config, self._recover, self.local.fire_local)
+        try:
+            self.link = RedisLink(config, self._recover, self.local.fire_local)
+        except StoreSetupError as exc:
+            raise _config_error(exc) from None
         self.keys, self.scripts, self.redis = self.link.keys, self.link.scripts, self.link.redis
         self.io, self.fail = self.link.io, self.link.fail
         self.lease_ms = round(config.lease_ttl_s * 1000)
@@ -64,6 +67,9 @@ class RedisStore:
         self.lost: list[tuple[str, str]] = []
         self.tomb_ms = self.session_ms
         self._beat_task: asyncio.Task[None] | None = None
+        # New sessions wait until then (clock ms): see _recover.
+        self._hold_until = 0
+        self._hold_end: asyncio.TimerHandle | None = None
 
     # -- health ---------------------------------------------------------------------------------
     @property
@@ -91,11 +97,18 @@ class RedisStore:
         return self.replicas
 
     async def start(self) -> None:
+        try:
+            await self.link.check()  # a wrong password or CA: refuse to start, say which
+        except StoreSetupError as exc:
+            await self.link.close()
+            raise _config_error(exc) from None
         await self.renew(self.clock())  # registers this replica; a dead Redis starts reconnecting
         self._beat_task = asyncio.create_task(self._beat(), name="redis-store-heartbeat")
         self.link.start()
 
     async def close(self) -> None:
+        if self._hold_end is not None:
+            self._hold_end.cancel()
         if self._beat_task is not None:
             self._beat_task.cancel()
             await asyncio.wait([self._beat_task], timeout=1.0)  # bounded: never hang a shutdown
@@ -116,6 +129,15 @@ class RedisStore:
     async def _recover(self) -> str:
         moved = await resync(self)  # still down: ops stay local while this pass runs
         self.link.up = True
+        # Another replica may not have re-asserted its leases yet (it notices the outage at
+        # its next op, then reconnects), and a failover can have lost its latest grants: a
+        # slot that looks free now may be taken. Hold new sessions until it has; waiters
+        # re-check when the hold ends.
+        hold_s = self.cfg.hold_s
+        self._hold_until = self.clock() + round(hold_s * 1000)
+        if self._hold_end is not None:
+            self._hold_end.cancel()
+        self._hold_end = asyncio.get_running_loop().call_later(hold_s, self.local.fire_local)
         # One more pass catches what changed locally during the last one.
         with contextlib.suppress(*FAILURES):
             moved += await resync(self)
@@ -136,6 +158,10 @@ class RedisStore:
         self.local.add_lease(worker, session, now_ms)
         self.fresh.add((worker, session))
 
+    def _open_limit(self, limit: int) -> int:
+        # 0 while held after a recovery: the scripts then renew admitted sessions, admit none.
+        return 0 if self.clock() < self._hold_until else limit
+
     def _fallback_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
         self.gen += 1
         mode = self.cfg.on_store_failure
@@ -149,7 +175,8 @@ class RedisStore:
     async def try_admit(self, worker: str, session: str, limit: int, now_ms: int) -> bool:
         self.workers.add(worker)
         if self.link.up:
-            args: list[Arg] = [session, limit, now_ms, now_ms + self.lease_ms, self._id]
+            args: list[Arg] = [session, self._open_limit(limit), now_ms,
+                               now_ms + self.lease_ms, self._id]
             keys = [*self._lease_keys(worker), self.keys.tomb(session)]
             try:
                 ok = await self.link.batch.run(self.scripts.admit, keys, args)
@@ -193,6 +220,8 @@ class RedisStore:
                 await self.local.delete_session(session)
                 return int(n) > 0
         await self.delete_session(session)  # written back (deleted) on recovery
+        if mine:
+            self.q_gone.add(session)  # as release.lua: an admitted session waits nowhere
         self.gen += 1
         self.local.fire_local()
         return mine
@@ -311,46 +340,7 @@ class RedisStore:
                     self._windows = {str(w): WindowRecord.from_json(v) for w, v in raw.items()}
         return dict(self._windows)
 
-    # -- global queue ---------------------------------------------------------------------------
-    async def enqueue(self, session: str, score: float) -> None:
-        self.local.enqueue_sync(session, score)
-        self.q_gone.discard(session)
-        if self.link.up:
-            try:
-                await self.io(self.redis.zadd(self.keys.queue, {session: score}))
-                return
-            except FAILURES as exc:
-                self.fail(exc)
-        self.gen += 1
-
-    async def dequeue(self, session: str) -> None:
-        self.local.dequeue_sync(session)
-        if self.link.up:
-            try:
-                await self.io(self.redis.zrem(self.keys.queue, session))
-                return
-            except FAILURES as exc:
-                self.fail(exc)
-        self.q_gone.add(session)
-        self.gen += 1
-
-    async def queue_rank(self, session: str) -> int | None:
-        if self.link.up:
-            try:
-                rank: Any = await self.io(self.redis.zrank(self.keys.queue, session))
-                return None if rank is None else int(rank)  # typed int | list (WITHSCORE)
-            except FAILURES as exc:
-                self.fail(exc)
-        return self.local.rank_sync(session)
-
-    async def queue_len(self) -> int:
-        if self.link.up:
-            try:
-                return int(await self.io(self.redis.zcard(self.keys.queue)))
-            except FAILURES as exc:
-                self.fail(exc)
-        return len(self.local.queue_items())
-
+    # -- global queue (enqueue, dequeue, rank, length: RedisRecords) ------------------------
     async def admit_if_ranked(
         self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
         score: float | None = None,
@@ -361,8 +351,8 @@ class RedisStore:
             self.q_gone.discard(session)
         if self.link.up:
             keys = [*self._lease_keys(worker), self.keys.queue, self.keys.tomb(session)]
-            args: list[Arg] = [session, free_slots, limit, now_ms, now_ms + self.lease_ms, self._id,
-                               "" if score is None else score]
+            args: list[Arg] = [session, free_slots, self._open_limit(limit), now_ms,
+                               now_ms + self.lease_ms, self._id, "" if score is None else score]
             try:
                 ok = bool(await self.link.batch.run(self.scripts.admit_ranked, keys, args))
             except FAILURES as exc:
@@ -399,43 +389,9 @@ class RedisStore:
     def wakeups(self) -> AsyncGenerator[None, None]:
         return self.local.wakeups()
 
-    # -- session records ------------------------------------------------------------------------
-    async def save_session(self, key: str, record: Mapping[str, Any]) -> None:
-        raw = json.dumps(record, separators=(",", ":"))
-        self.local.save_raw(key, raw)  # the copy that serves this session while Redis is away
-        self.deleted.discard(key)
-        if self.link.up:
-            try:
-                await self.io(self.redis.set(self.keys.session(key), raw, px=self.session_ms))
-                return
-            except FAILURES as exc:
-                self.fail(exc)
-        self.dirty.add(key)
-        self.gen += 1
 
-    async def load_session(self, key: str) -> dict[str, Any] | None:
-        if self.link.up:
-            try:
-                raw = await self.io(self.redis.get(self.keys.session(key)))
-            except FAILURES as exc:
-                self.fail(exc)
-            else:
-                if raw is None:
-                    await self.local.delete_session(key)
-                    return None
-                self.local.save_raw(key, str(raw))
-                return dict(json.loads(raw))
-        raw_local = self.local.load_raw(key)
-        return None if raw_local is None else dict(json.loads(raw_local))
+def _config_error(exc: StoreSetupError) -> Exception:
+    # Imported here: marsproxy.config imports this package (its StoreConfig) at load time.
+    from marsproxy.config import ConfigError
 
-    async def delete_session(self, key: str) -> None:
-        await self.local.delete_session(key)
-        self.dirty.discard(key)
-        if self.link.up:
-            try:
-                await self.io(self.redis.delete(self.keys.session(key)))
-                return
-            except FAILURES as exc:
-                self.fail(exc)
-        self.deleted.add(key)
-        self.gen += 1
+    return ConfigError(f"store: {exc}")

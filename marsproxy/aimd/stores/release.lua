@@ -15,6 +15,11 @@ if replica ~= '' then
   end
 end
 local n = redis.call('ZREM', KEYS[1], session)
+if n > 0 then
+  -- An admitted session waits nowhere: an entry a failover left behind (its removal lost)
+  -- would rank ahead of every newcomer for good.
+  redis.call('ZREM', KEYS[3], session)
+end
 redis.call('HDEL', KEYS[2], session)
 redis.call('DEL', KEYS[4])
 redis.call('SET', KEYS[5], '1', 'PX', ARGV[4])

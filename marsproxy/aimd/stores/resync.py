@@ -48,7 +48,8 @@ async def _one_pass(store: RedisStore) -> int:
         )
         for w in workers:
             args: list[Arg] = [now, expiry, store.replica_id, keys.tomb_prefix, *own.get(w, [])]
-            await store.scripts.resync(keys=[keys.adm(w), keys.own(w)], args=args, client=pipe)
+            await store.scripts.resync(keys=[keys.adm(w), keys.own(w), keys.queue], args=args,
+                                       client=pipe)
         if q_gone:
             pipe.zrem(keys.queue, *q_gone)
         if queued:

@@ -76,3 +76,33 @@ async def test_a_session_admitted_during_an_outage_leaves_the_redis_queue(
     finally:
         await r.aclose()
         await store.close()
+
+
+async def test_queue_entries_a_failover_left_behind_are_removed(private_redis: Any) -> None:
+    """A failover can lose the queue removal of a session admitted just before it: the new
+    primary then has the session both admitted and waiting, and that entry would rank ahead
+    of every newcomer for good. The resync drops entries of sessions with a live lease, and
+    ending a session drops its entry."""
+    cfg = StoreConfig(backend="redis", redis_url=private_redis.url, pool="stale-queue",
+                      op_timeout_s=0.5, reconnect_interval_s=0.1)
+    store = RedisStore(cfg)
+    await store.start()
+    r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+    try:
+        now = store.clock()
+        for s, score in (("held", 1.0), ("ends", 2.0)):
+            assert await store.admit_if_ranked(s, 5, "w0", 5, now, score=score)
+        await store.enqueue("waiting", 3.0)
+        # What the new primary holds after the failover: the two removals were lost.
+        await r.zadd(store.keys.queue, {"held": 1.0, "ends": 2.0})
+        assert await store.queue_rank("waiting") == 2
+        await resync(store)
+        assert await r.zrange(store.keys.queue, 0, -1) == ["waiting"]
+
+        await r.zadd(store.keys.queue, {"ends": 2.0})
+        assert await store.release("w0", "ends")
+        assert await r.zrange(store.keys.queue, 0, -1) == ["waiting"]
+        assert await store.queue_rank("waiting") == 0
+    finally:
+        await r.aclose()
+        await store.close()

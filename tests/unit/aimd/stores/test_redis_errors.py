@@ -21,6 +21,7 @@ DENIED = ("DENIED Redis is running in protected mode because protected mode is e
 @pytest.mark.parametrize("exc", [
     ResponseError(DENIED),
     ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's currently unable"),
+    ResponseError("NOREPLICAS Not enough good replicas to write."),
     ReadOnlyError("You can't write against a read only replica."),
     NoPermissionError("this user has no permissions to run the 'evalsha' command"),
     OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),

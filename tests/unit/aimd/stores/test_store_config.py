@@ -59,3 +59,34 @@ async def test_factory_builds_the_configured_backend() -> None:
     assert isinstance(red, RedisStore) and isinstance(red, WindowStore)
     assert red.replica_id == "r1" and red.mode == "shared"
     await red.link.close()  # never started: just release the (unconnected) clients
+
+
+def test_sentinels_are_host_port_pairs() -> None:
+    cfg = StoreConfig(sentinels=["s1:26379", "[::1]:26380"], sentinel_service="prod")
+    assert cfg.sentinels == ("s1:26379", "[::1]:26380")
+    for bad in ("s1", "s1:port", ":26379"):
+        with pytest.raises(pydantic.ValidationError, match="is not host:port"):
+            StoreConfig(sentinels=[bad])
+
+
+def test_url_scheme_and_password_sources_are_checked() -> None:
+    with pytest.raises(pydantic.ValidationError, match="must start with redis://"):
+        StoreConfig(redis_url="http://h:6379")
+    with pytest.raises(pydantic.ValidationError, match="password_env or password_file"):
+        StoreConfig(password_env="P", password_file="/p")
+    with pytest.raises(pydantic.ValidationError, match="sentinel_password_env or"):
+        StoreConfig(sentinel_password_env="P", sentinel_password_file="/p")
+
+
+def test_a_password_in_the_url_is_masked_in_dumps() -> None:
+    cfg = StoreConfig(redis_url="rediss://app:s3cret@redis.example:6380/2")
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["redis_url"] == "rediss://app:***@redis.example:6380/2"
+    assert "s3cret" not in str(dumped)
+    assert cfg.redis_url.endswith("s3cret@redis.example:6380/2")  # the real one is used
+
+
+def test_recover_hold_defaults_to_how_late_another_replica_resyncs() -> None:
+    cfg = StoreConfig(heartbeat_interval_s=1, reconnect_interval_s=0.5, op_timeout_s=0.25)
+    assert cfg.hold_s == 1 + 2 * 0.5 + 0.25
+    assert StoreConfig(recover_hold_s=0).hold_s == 0
