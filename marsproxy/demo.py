@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from marsproxy.aimd.controller import NO_CEILING
 from marsproxy.bench.agent import (
     ReplayOptions,
     SessionResult,
@@ -120,7 +121,7 @@ class Tick:
 
     calm: bool
     window: dict[str, int]
-    limit: dict[str, int]
+    limit: dict[str, int | None]  # None: no count bound
     admitted: dict[str, list[int]]  # worker → admitted per replica
     store: dict[str, int]  # worker → live leases in the store (all replicas)
     kv: dict[str, float | None]
@@ -148,13 +149,14 @@ def _tick(gws: list[Gateway], calm: bool) -> Tick:
         kv[w] = None if p is None or p.metrics is None else p.metrics.kv_usage
     shells = [g.admission for g in gws if g.admission is not None]
     window: dict[str, int] = {}
-    limit: dict[str, int] = {}
+    limit: dict[str, int | None] = {}  # None: no count bound (not overloaded, no window_max)
     admitted: dict[str, list[int]] = {}
     store: dict[str, int] = {}
     for w in labels:
         if shells:
             c = shells[0].core.controllers[w]
-            window[w], limit[w] = c.window, shells[0].limit(w)
+            bound = shells[0].limit(w)
+            window[w], limit[w] = c.window, None if bound >= NO_CEILING else bound
             admitted[w] = [s.core.sessions.admitted_on(w) for s in shells]
             store[w] = shells[0].store_admitted(w)
     waiting = [len(s.core.queue) + s.pending for s in shells]
@@ -345,6 +347,16 @@ def _admission_lines(events: list[Event]) -> list[str]:
     return lines
 
 
+def _bound(limit: int | None) -> str:
+    return "-" if limit is None else str(limit)
+
+
+def _top(ticks: list[Tick], worker: str) -> int | None:
+    """The highest count bound a worker had (None: never bounded)."""
+    bounds = [b for b in (t.limit[worker] for t in ticks) if b is not None]
+    return max(bounds) if bounds else None
+
+
 def _row(name: str, ticks: list[Tick], cell: Any) -> str:
     cells = []
     for i, t in enumerate(ticks):
@@ -360,10 +372,10 @@ def _timeline_lines(run: RunResult, period_s: float, replicas: int) -> list[str]
     stride = max(1, -(-len(ticks) // 30))  # at most 30 columns
     shown = ticks[::stride]
     lines = [f"timeline [{run.label}]: one column per {period_s * stride:g} s; '|' marks the"
-             " start of the calm phase"]
+             " start of the calm phase; a limit '-' is no count bound (no overload)"]
     for w in shown[0].window:
         lines.append(_row(f"{w} window", shown, lambda t, w=w: t.window[w]))
-        lines.append(_row(f"{w} limit", shown, lambda t, w=w: t.limit[w]))
+        lines.append(_row(f"{w} limit", shown, lambda t, w=w: _bound(t.limit[w])))
         lines.append(_row(f"{w} KV %", shown, lambda t, w=w: (
             "?" if t.kv[w] is None else round(100 * (t.kv[w] or 0.0)))))
         if replicas > 1:
@@ -377,8 +389,7 @@ def _timeline_lines(run: RunResult, period_s: float, replicas: int) -> list[str]
     lines.append(_row("tool backlog x10", shown, lambda t: round(10 * t.backlog)))
     if replicas > 1:
         peaks = ", ".join(
-            f"{w}: {max(t.store[w] for t in ticks)}"
-            f" (limit at most {max(t.limit[w] for t in ticks)})"
+            f"{w}: {max(t.store[w] for t in ticks)} (limit at most {_bound(_top(ticks, w))})"
             for w in ticks[0].window
         )
         lines.append(f"  one window for {replicas} replicas: live leases of all replicas together"

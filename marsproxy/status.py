@@ -24,6 +24,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
+from marsproxy.aimd.controller import NO_CEILING
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "MARSPROXY_URL"
 STATE_PATH = "/mars/v1/state"
@@ -247,8 +249,10 @@ def _admission(doc: Mapping[str, Any]) -> list[str]:
         ovc = row.get("peak_overcommit")
         # The fit's factor only where the measured overlap (or cheap preemption) lifted it.
         fit = f" fit x{ovc:.2f}" if isinstance(ovc, (int, float)) and ovc > 1.0 else ""
+        limit = row.get("limit")
+        shown = "∞" if isinstance(limit, int) and limit >= NO_CEILING else fmt_int(limit)
         cells.append(
-            f"{name} {fmt_int(row.get('admitted'))}/{fmt_int(row.get('limit'))}"
+            f"{name} {fmt_int(row.get('admitted'))}/{shown}"
             f" win {fmt_int(row.get('window'))}{fit}{over}"
         )
     q, st = _map(adm.get("queue")), _map(adm.get("store"))
