@@ -65,9 +65,10 @@ def test_demo_with_two_replicas_shares_one_window() -> None:
     assert "without admission" not in out
     for w in ("w0", "w1"):
         assert len(_row(out, f"{w} admitted r0")) == len(_row(out, f"{w} admitted r1"))
-    peaks = re.findall(r"(w\d): (\d+) \(limit at most (\d+)\)", out)
+    # '-': the limit never bounded the count there (no overload in a small calm run).
+    peaks = re.findall(r"(w\d): (\d+) \(limit at most (\d+|-)\)", out)
     assert len(peaks) == 2
-    assert all(int(peak) <= int(limit) for _, peak, limit in peaks), peaks
+    assert all(limit == "-" or int(peak) <= int(limit) for _, peak, limit in peaks), peaks
     assert "admission: 6 sessions admitted" in out  # events of both replicas together
 
 

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.timeout(150)
 WORKERS = ["w0", "w1"]
 WINDOW = 3
 TURNS = 3
+REFUSALS = {(503, "store_unavailable"), (503, "queue_deadline")}
 POOL = "failover"
 
 
@@ -178,8 +179,9 @@ async def _run(lab: Lab, topo: SentinelSet) -> None:
     for calls in started:
         if calls[0][0] == 200:
             assert [s for s, _ in calls] == [200] * TURNS, calls
-        else:
-            assert calls == [(503, "store_unavailable")], calls
+        else:  # refused before admission: the store was away, or (a loaded machine) the
+            # session waited out its queue deadline behind the window of 3
+            assert len(calls) == 1 and calls[0] in REFUSALS, calls
     completed = len(started) - len(refused)
     assert completed >= 16 and len(load.outcomes) > started_before + 4, (completed, started)
 
