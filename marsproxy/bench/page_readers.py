@@ -16,7 +16,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -29,6 +29,12 @@ class Counts:
     states: int = 0
     event_bytes: int = 0
     errors: int = 0
+    first_errors: list[str] = field(default_factory=list)
+
+    def error(self, exc: Exception) -> None:
+        self.errors += 1
+        if len(self.first_errors) < 5:
+            self.first_errors.append(repr(exc))
 
 
 async def _poll(http: aiohttp.ClientSession, url: str, period_s: float, n: Counts) -> None:
@@ -39,8 +45,8 @@ async def _poll(http: aiohttp.ClientSession, url: str, period_s: float, n: Count
             async with http.get(url + STATE_PATH) as r:
                 await r.read()
                 n.states += r.status == 200
-        except aiohttp.ClientError:
-            n.errors += 1
+        except aiohttp.ClientError as exc:
+            n.error(exc)
         await asyncio.sleep(max(0.05, period_s - (loop.time() - t0)))
 
 
@@ -50,8 +56,8 @@ async def _stream(http: aiohttp.ClientSession, url: str, n: Counts) -> None:
             async with http.get(url + EVENTS_PATH) as r:
                 async for chunk in r.content.iter_any():
                     n.event_bytes += len(chunk)
-        except aiohttp.ClientError:
-            n.errors += 1
+        except aiohttp.ClientError as exc:
+            n.error(exc)
         await asyncio.sleep(0.5)
 
 
@@ -91,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     n = asyncio.run(go())
     print(f"pages {args.pages}: {n.states} state documents, {n.event_bytes} event bytes,"
           f" {n.errors} errors", flush=True)
+    for e in n.first_errors:
+        print(f"  error: {e}", flush=True)
 
 
 if __name__ == "__main__":

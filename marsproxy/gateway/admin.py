@@ -32,8 +32,8 @@ from marsproxy.telemetry.sse import (
     CONTENT_TYPE,
     KEEPALIVE,
     FilterError,
+    SharedEncoder,
     StreamFormat,
-    encode,
     event_filter,
     parse_types,
 )
@@ -55,6 +55,7 @@ class Admin:
         lim = gw.cfg.limits
         self._rate = EventRate(lim.session_events_per_s, lim.session_events_burst)
         self._openapi = build_openapi(auth=bool(gw.cfg.auth.admin_token.get_secret_value()))
+        self._encoder = SharedEncoder()  # one encoding per event for all open streams
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
@@ -190,7 +191,7 @@ class Admin:
             keepalive = self.gw.cfg.telemetry.sse_keepalive_s
             while not self._closing.is_set():
                 batch = await self._next(sub, keepalive)
-                await resp.write(encode(batch, fmt) if batch else KEEPALIVE[fmt])
+                await resp.write(self._encoder.encode(batch, fmt) if batch else KEEPALIVE[fmt])
             with contextlib.suppress(ConnectionError):
                 await resp.write_eof()
         except ConnectionError:

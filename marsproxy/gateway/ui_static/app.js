@@ -98,10 +98,13 @@ class Page {
     }
     this.cpuHistory.push({ t, backlog: doc.tools.backlog_ratio, inflight: doc.tools.in_flight });
     const hist = new Map([...this.history].map(([k, r]) => [k, r.items]));
-    renderWorkers($("workers"), doc, hist, HISTORY_S);
+    // The charts span what the tab has seen, from half a minute up to HISTORY_S.
+    const oldest = this.cpuHistory.items.length ? this.cpuHistory.items[0].t : t;
+    const spanS = Math.min(HISTORY_S, Math.max(30, t - oldest));
+    renderWorkers($("workers"), doc, hist, spanS);
     $("workers-note").textContent = `${doc.workers.length} · ${adm ? "admission on" : "admission off"}`;
     renderQueue(doc, { count: $("queue-count"), why: $("queue-why"), tbody: $("queue").tBodies[0] });
-    renderCpu(doc, $("cpu"), $("cpu-chart"), this.cpuHistory.items, HISTORY_S);
+    renderCpu(doc, $("cpu"), $("cpu-chart"), this.cpuHistory.items, spanS);
     renderStore(doc, $("store"));
     renderSessions(doc, {
       count: $("sessions-count"), states: $("sessions-states"), page: $("sessions-page"),

@@ -49,7 +49,7 @@ export function drawChart(canvas, samples, series, { spanS = 300, yMax = null, m
   ctx.fillText(fmtTick(top), pad.l - 3, pad.t + 8);
   ctx.fillText("0", pad.l - 3, h - pad.b);
   ctx.textAlign = "left";
-  ctx.fillText(`-${Math.round(spanS / 60)} min`, pad.l + 2, h - 1);
+  ctx.fillText(spanS < 120 ? `-${Math.round(spanS)} s` : `-${Math.round(spanS / 60)} min`, pad.l + 2, h - 1);
   ctx.setLineDash([4, 3]);
   for (const m of marks) {
     if (m.y == null) continue;

@@ -100,7 +100,7 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
         assert _css(browser, "#queue-count")[0].text == "2"
         binds = {c.text for c in _css(browser, ".worker .binds")}
         assert binds == {"binds\nwindow"}, binds
-        time.sleep(1.5)  # a little history on the charts
+        time.sleep(3)  # a little history on the charts
         screenshot("ui")
 
         # The admitted sessions end: the waiting ones get in, the queue empties.
