@@ -466,7 +466,6 @@ def run(opts: Options) -> dict[str, Any]:
             elif name.startswith("marsproxy-") and name.endswith("+pages"):
                 t = start_marsproxy(opts, name[len("marsproxy-"):-len("+pages")], upstream.url,
                                     name)
-                started.append(start_pages(opts, t))
             elif name.startswith("marsproxy-"):
                 t = start_marsproxy(opts, name.split("-", 1)[1], upstream.url)
             elif name == "nginx":
@@ -478,6 +477,8 @@ def run(opts: Options) -> dict[str, Any]:
             targets.append(t)
             if t.proc is not None:
                 started.append(t)
+            if name.endswith("+pages"):  # after its proxy: stopped before it
+                started.append(start_pages(opts, t))
         rows: list[Measurement] = []
         for rnd in range(opts.rounds):
             for point in opts.points:

@@ -1,7 +1,8 @@
 """Emulated ``/mars/ui`` pages: what open browser tabs ask of a proxy, without a browser.
 
 Each page does what the page's script does: polls ``/mars/v1/state?sessions=1&limit=50`` about
-once a second and reads ``/mars/v1/events`` as NDJSON, reconnecting when either fails. The
+once a second and reads ``/mars/v1/events`` as NDJSON (``flush_ms=250``), reconnecting when
+either fails. The
 overhead benchmark runs these beside a proxy under load (target ``marsproxy-<policy>+pages``)
 to show what open pages cost the request path.
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 STATE_PATH = "/mars/v1/state?sessions=1&limit=50"
-EVENTS_PATH = "/mars/v1/events?format=ndjson"
+EVENTS_PATH = "/mars/v1/events?format=ndjson&flush_ms=250"
 
 
 @dataclass

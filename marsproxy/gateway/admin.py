@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from marsproxy.core.events import Event
 from marsproxy.core.identity import tenant_of
-from marsproxy.gateway.admin_models import MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
 from marsproxy.gateway.bodies import BodyError, read_limited
 from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.event_rate import EventRate
@@ -177,6 +177,12 @@ class Admin:
         except FilterError as exc:
             return _bad(f"{exc.param}: {exc}")
         session = q.get("session") or None
+        try:
+            flush_ms = int(q.get("flush_ms", "0"))
+        except ValueError:
+            return _bad("flush_ms: must be an integer")
+        if not 0 <= flush_ms <= MAX_FLUSH_MS:
+            return _bad(f"flush_ms: must be 0..{MAX_FLUSH_MS}, got {flush_ms}")
         resp = web.StreamResponse(
             headers={
                 "Content-Type": CONTENT_TYPE[fmt],
@@ -192,6 +198,10 @@ class Admin:
             while not self._closing.is_set():
                 batch = await self._next(sub, keepalive)
                 await resp.write(self._encoder.encode(batch, fmt) if batch else KEEPALIVE[fmt])
+                if batch and flush_ms:
+                    # Let events gather: one write per interval instead of one per event.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._closing.wait(), flush_ms / 1000)
             with contextlib.suppress(ConnectionError):
                 await resp.write_eof()
         except ConnectionError:
