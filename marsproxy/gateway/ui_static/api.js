@@ -53,17 +53,24 @@ export async function pollLoop({ path, periodS, signal, onData, onError, onAuth 
   const backoff = new Backoff();
   while (!signal.aborted) {
     const t0 = performance.now();
+    let doc;
     try {
-      onData(await getJson(path(), signal));
-      backoff.reset();
-      await sleep(Math.max(0.05, periodS - (performance.now() - t0) / 1000), signal);
+      doc = await getJson(path(), signal);
     } catch (err) {
       if (signal.aborted) return;
       if (err instanceof AuthError) { onAuth(err.message); return; }
       const wait = backoff.next();
       onError(err, wait);
       await sleep(wait, signal);
+      continue;
     }
+    backoff.reset();
+    try {
+      onData(doc);
+    } catch (err) {
+      console.error("marsproxy page: cannot render the state", err); // a bug, not the network
+    }
+    await sleep(Math.max(0.05, periodS - (performance.now() - t0) / 1000), signal);
   }
 }
 
