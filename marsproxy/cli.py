@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=0, help="proxy port (0: a free one)")
     d.add_argument(
         "--linger", type=float, default=0.0,
-        help="keep workers and proxy up this many seconds after the replay (for `status`)",
+        help="keep workers and proxy up this many seconds after the replay (for `status` and"
+        " the page at /mars/ui)",
     )
     d.add_argument(
         "--tool-cpus", type=float, default=3.0,

@@ -243,7 +243,8 @@ async def _run_once(
     if announce:
         out.write(f"workers: {', '.join(urls)}\n")
         out.write(f"proxy:   {', '.join(p.url for p in proxies)}\n")
-        out.write(f"watch it live: marsproxy status --url {proxies[0].url} --watch\n")
+        out.write(f"watch it live: {proxies[0].url}/mars/ui in a browser"
+                  f" (or marsproxy status --url {proxies[0].url} --watch)\n")
     out.write(f"[{label}] burst of {len(burst)} sessions, then {len(calm)} calm ones "
               f"(at most {opts.max_turns} turns each)...\n")
     out.flush()
@@ -298,7 +299,8 @@ async def _run_once(
             await sampler
         wall = time.perf_counter() - t0
         if opts.linger_s > 0:
-            out.write(f"replay done; keeping the proxy up for {opts.linger_s:.0f} s\n")
+            out.write(f"replay done; keeping the proxy up for {opts.linger_s:.0f} s:"
+                      f" {proxies[0].url}/mars/ui\n")
             out.flush()
             await asyncio.sleep(opts.linger_s)
     finally:

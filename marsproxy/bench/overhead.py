@@ -8,7 +8,9 @@ Targets, each its own process on loopback in front of the same fast upstream
   what marsproxy's HTTP stack costs without any of marsproxy's own work;
 - ``marsproxy-fcfs`` / ``marsproxy-mars``: ``marsproxy serve --policy fcfs|mars``;
 - ``nginx``: Debian's nginx as a plain reverse proxy (keep-alive upstream, buffering off);
-- ``litellm``: LiteLLM's proxy from its own virtualenv (see ``benchmarks/overhead/``).
+- ``litellm``: LiteLLM's proxy from its own virtualenv (see ``benchmarks/overhead/``);
+- ``marsproxy-<policy>+pages`` (opt-in): the same proxy with five emulated ``/mars/ui`` pages
+  reading its state and event stream throughout (:mod:`marsproxy.bench.page_readers`).
 
 The load generator is ``wrk`` (Debian) with ``benchmarks/overhead/wrk.lua``, one thread, in
 its own process. With ``taskset`` and two or more CPUs the proxy under test is pinned to one
@@ -176,17 +178,28 @@ def start_upstream(opts: Options) -> Target:
     return Target("upstream", url, proc)
 
 
-def start_marsproxy(opts: Options, policy: str, upstream: str) -> Target:
+def start_marsproxy(opts: Options, policy: str, upstream: str, name: str = "") -> Target:
+    name = name or f"marsproxy-{policy}"
     port = free_port()
     cfg = opts.marsproxy_config or opts.config_dir / "marsproxy.yaml"
     proc = _spawn(
         [*_pin(opts.proxy_cpus), sys.executable, "-m", "marsproxy.cli", "serve",
          "--config", str(cfg), "--policy", policy, "--port", str(port), "--worker", upstream],
-        opts.workdir / f"marsproxy-{policy}.log",
+        opts.workdir / f"{name}.log",
     )
     url = f"http://127.0.0.1:{port}"
     _wait(url + "/readyz", proc, 60)
-    return Target(f"marsproxy-{policy}", url, proc)
+    return Target(name, url, proc)
+
+
+def start_pages(opts: Options, proxy: Target, pages: int = 5) -> Target:
+    """Emulated /mars/ui pages reading ``proxy``, on the load CPUs (they are clients)."""
+    proc = _spawn(
+        [*_pin(opts.load_cpus), sys.executable, "-m", "marsproxy.bench.page_readers",
+         "--url", proxy.url, "--pages", str(pages)],
+        opts.workdir / f"{proxy.name}-pages.log",
+    )
+    return Target(f"{proxy.name} pages", proxy.url, proc)
 
 
 def start_relay(opts: Options, upstream: str) -> Target:
@@ -450,6 +463,9 @@ def run(opts: Options) -> dict[str, Any]:
                 t = Target("direct", upstream.url, None)
             elif name == "aiohttp-relay":
                 t = start_relay(opts, upstream.url)
+            elif name.startswith("marsproxy-") and name.endswith("+pages"):
+                t = start_marsproxy(opts, name[len("marsproxy-"):-len("+pages")], upstream.url,
+                                    name)
             elif name.startswith("marsproxy-"):
                 t = start_marsproxy(opts, name.split("-", 1)[1], upstream.url)
             elif name == "nginx":
@@ -461,6 +477,8 @@ def run(opts: Options) -> dict[str, Any]:
             targets.append(t)
             if t.proc is not None:
                 started.append(t)
+            if name.endswith("+pages"):  # after its proxy: stopped before it
+                started.append(start_pages(opts, t))
         rows: list[Measurement] = []
         for rnd in range(opts.rounds):
             for point in opts.points:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from marsproxy.core.events import Event
 from marsproxy.core.identity import tenant_of
-from marsproxy.gateway.admin_models import MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
 from marsproxy.gateway.bodies import BodyError, read_limited
 from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.event_rate import EventRate
@@ -33,8 +33,8 @@ from marsproxy.telemetry.sse import (
     CONTENT_TYPE,
     KEEPALIVE,
     FilterError,
+    SharedEncoder,
     StreamFormat,
-    encode,
     event_filter,
     parse_types,
 )
@@ -56,6 +56,7 @@ class Admin:
         lim = gw.cfg.limits
         self._rate = EventRate(lim.session_events_per_s, lim.session_events_burst)
         self._openapi = build_openapi(auth=bool(gw.cfg.auth.admin_token.get_secret_value()))
+        self._encoder = SharedEncoder()  # one encoding per event for all open streams
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
@@ -181,6 +182,12 @@ class Admin:
         except FilterError as exc:
             return _bad(f"{exc.param}: {exc}")
         session = q.get("session") or None
+        try:
+            flush_ms = int(q.get("flush_ms", "0"))
+        except ValueError:
+            return _bad("flush_ms: must be an integer")
+        if not 0 <= flush_ms <= MAX_FLUSH_MS:
+            return _bad(f"flush_ms: must be 0..{MAX_FLUSH_MS}, got {flush_ms}")
         resp = web.StreamResponse(
             headers={
                 "Content-Type": CONTENT_TYPE[fmt],
@@ -195,7 +202,11 @@ class Admin:
             keepalive = self.gw.cfg.telemetry.sse_keepalive_s
             while not self._closing.is_set():
                 batch = await self._next(sub, keepalive)
-                await resp.write(encode(batch, fmt) if batch else KEEPALIVE[fmt])
+                await resp.write(self._encoder.encode(batch, fmt) if batch else KEEPALIVE[fmt])
+                if batch and flush_ms:
+                    # Let events gather: one write per interval instead of one per event.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._closing.wait(), flush_ms / 1000)
             with contextlib.suppress(ConnectionError):
                 await resp.write_eof()
         except ConnectionError:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_PAGE = 1000  # most sessions one /mars/v1/state?sessions=1 page lists
+MAX_FLUSH_MS = 5000  # longest /mars/v1/events?flush_ms= (the bus ring must hold what gathers)
 
 
 class ToolEventBody(BaseModel):

@@ -41,6 +41,7 @@ from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
 from marsproxy.gateway.routes import PassthroughGate
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.state import build_state
+from marsproxy.gateway.ui import UiRoutes
 from marsproxy.telemetry.prometheus import StateCollector
 
 log = logging.getLogger("marsproxy.gateway")
@@ -170,6 +171,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
     app.router.add_get("/healthz", healthz, **ROUTE_ARGS)
     app.router.add_get("/readyz", readyz, **ROUTE_ARGS)
     app.router.add_get("/metrics", metrics, **ROUTE_ARGS)
+    UiRoutes().add_routes(app)  # before the admin API's catch-all under /mars/
     Admin(gw).add_routes(app)
     for path, route in SCHEDULED_ROUTES.items():
         app.router.add_post(path, scheduled(route), **ROUTE_ARGS)

@@ -4,8 +4,10 @@ Operator endpoints (everything under ``/mars/`` but the tenant-scoped session en
 ``/metrics`` when ``auth.protect_metrics``) need ``Authorization: Bearer <auth.admin_token>``
 once a token is configured. Session endpoints (``/mars/v1/sessions/...``) are authorized by the
 caller's own API key instead: they only ever reach that key's sessions (see ``admin.py``), so
-agents need no operator secret. ``/healthz`` and ``/readyz`` stay open for probes. The same token
-lets a request through to the workers' routes beyond the inference API (``routes.py``).
+agents need no operator secret. ``/healthz`` and ``/readyz`` stay open for probes, and so do
+the live page's static files (``/mars/ui``, ``ui.py``): they hold no data, and the page asks for
+the token before it reads any. The same token lets a request through to the workers' routes
+beyond the inference API (``routes.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from marsproxy.gateway.errors import error_response
 from marsproxy.gateway.security_config import AuthConfig
 
 SESSION_PREFIX = "/mars/v1/sessions/"
+UI_PATH = "/mars/ui"
 
 
 class AdminAuth:
@@ -33,7 +36,8 @@ class AdminAuth:
         if not self._token:
             return False
         if path.startswith("/mars/"):
-            return not path.startswith(SESSION_PREFIX)
+            return not (path.startswith(SESSION_PREFIX) or path == UI_PATH
+                        or path.startswith(UI_PATH + "/"))
         return self._metrics and path == "/metrics"
 
     def allows(self, authorization: str | None) -> bool:

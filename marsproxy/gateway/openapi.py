@@ -12,7 +12,7 @@ from typing import Any
 
 import marsproxy
 from marsproxy.core.events import EVENT_TYPES
-from marsproxy.gateway.admin_models import MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -171,6 +171,13 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                         "description": "Only this session's events (id without tenant).",
                         "schema": {"type": "string"},
                     },
+                    {
+                        "name": "flush_ms",
+                        "in": "query",
+                        "description": "Gather events this long between writes (0: write each"
+                        " batch at once); what a page that redraws a few times a second needs.",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_FLUSH_MS},
+                    },
                 ],
                 "responses": {
                     "200": {
@@ -180,7 +187,7 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             "application/x-ndjson": {"schema": {"type": "string"}},
                         },
                     },
-                    "400": _error("Bad format or unknown event type."),
+                    "400": _error("Bad format, unknown event type or flush_ms out of range."),
                     **unauthorized,
                 },
             }

@@ -139,6 +139,10 @@ class ObservedSessions(SessionTable):
             return self._match(tenant, history) is None
         return True
 
+    def born(self, key: str, default: float) -> float:
+        """When the session's first request came (``default`` for one not known)."""
+        return self._born.get(key, default)
+
     def tenant_sessions(self, tenant: str) -> int:
         return self._per_tenant[tenant]
 

@@ -15,7 +15,7 @@ from marsproxy.gateway.admission import AdmissionShell
 from marsproxy.gateway.service import Gateway
 from marsproxy.gateway.sessions import unscoped_id
 from marsproxy.probes.nvml import GpuPressure
-from marsproxy.telemetry.admission_state import core_state
+from marsproxy.telemetry.admission_state import SHOWN_IDS, binding_cap, core_state, queue_why
 from marsproxy.telemetry.state import (
     SESSION_STATES,
     AdmissionState,
@@ -28,6 +28,7 @@ from marsproxy.telemetry.state import (
     SessionState,
     StateDoc,
     ToolsState,
+    WaitingState,
     WorkerSchedState,
     WorkerState,
     finite,
@@ -62,22 +63,41 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
     without tenant)."""
     base = core_state(adm.core, adm.now(), unscoped_id)
     workers: dict[str, AdmissionWorkerState] = {
-        w: {**v, "limit": adm.limit(w), "admitted_store": adm.store_admitted(w)}
+        w: {**v, "limit": adm.limit(w), "admitted_store": adm.store_admitted(w),
+            "binds": binding_cap(v["window"], v["kv_cap"], v["cpu_cap"])}
         for w, v in base["workers"].items()
     }
-    store = adm.store
+    store, a = adm.store, adm.acfg
+    waiting = _waiting(adm)
     return {
         "enabled": True,
         "peak_growth": base["peak_growth"],
         "session_lifetime_s": base["session_lifetime_s"],
         "workers": workers,
-        "queue": {**base["queue"], "pending": adm.pending},
+        "queue": {**base["queue"], "pending": adm.pending, "waiting": waiting,
+                  "why": queue_why(workers, base["queue"]["length"] + adm.pending)},
         "store": {
             "backend": adm.cfg.store.backend, "mode": store.mode, "up": store.up,
             "is_leader": store.is_leader, "live_replicas": store.live_replicas,
             "failures_total": store.failures_total,
         },
+        "marks": {
+            "kv_enter": a.kv_enter, "kv_leave": a.kv_leave,
+            "cpu_backlog_enter": a.cpu_backlog_enter, "cpu_backlog_leave": a.cpu_backlog_leave,
+            "psi_enter": a.psi_enter, "psi_leave": a.psi_leave,
+        },
     }
+
+
+def _waiting(adm: AdmissionShell) -> list[WaitingState]:
+    """Who waits, for how long, and the Retry-After each would get (by its place in line)."""
+    q, now = adm.core.queue, adm.now()
+    return [
+        {"session": unscoped_id(e.session), "waited_s": max(0.0, now - e.arrival),
+         "est_tokens": e.est_tokens, "long": e.long, "bypasses": q.bypasses(e.session),
+         "retry_after_s": q.retry_after(now, ahead=i + 1)}
+        for i, e in enumerate(q.ordered(now)[:SHOWN_IDS])
+    ]
 
 
 def _worker(gw: Gateway, w: WorkerConfig) -> WorkerState:
@@ -187,6 +207,7 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
     rows: list[SessionDetail] = []
     keys = gw.sessions.keys()
     mono, wall = gw.now(), time.time()
+    sched = gw.scheduler.core
     for i, key in enumerate(keys):
         sess = gw.sessions.get(key)
         if sess is None:
@@ -202,6 +223,7 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
         if details and offset <= i < offset + limit:
             url = gw.placement.worker_of(key)
             tool = tools.get(key)
+            held = sched.ledger.reservation(key)
             rows.append(
                 {
                     "id": unscoped_id(key),
@@ -212,6 +234,9 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
                     "since_s": max(
                         0.0, wall - tool[1] if state == "tool" and tool else mono - sess.last_seen
                     ),
+                    "age_s": max(0.0, mono - gw.sessions.born(key, mono)),
+                    "level": sched.level_of(key),
+                    "retained_blocks": 0 if held is None else held.blocks,
                 }
             )
     out: SessionsState = {"total": len(keys), "by_state": counts}

@@ -97,6 +97,7 @@ class _Session:
     ordinal: int  # arrival order of the session (session_fcfs)
     context_tokens: int = 0  # prompt + completion of its last call
     calls: int = 0
+    level: int | None = None  # of its latest call (shown in the state document)
 
 
 @dataclass(slots=True)
@@ -175,6 +176,7 @@ class SchedulerCore:
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
         uncached = max(0, prompt_tokens - cached)
         lvl, prio = self._level(sess, session, uncached)
+        sess.level = lvl
         blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
                                    self.facts[worker].block_size or 16)
         t = Ticket(
@@ -389,6 +391,11 @@ class SchedulerCore:
         return self.ledger.release_on_return(session)
 
     # -- reading --------------------------------------------------------------------------
+    def level_of(self, session: str) -> int | None:
+        """The level of the session's latest call (None: none yet, or no levels)."""
+        sess = self._sessions.get(session)
+        return None if sess is None else sess.level
+
     def retained_blocks(self, worker: str) -> int:
         return self.ledger.reserved_blocks(worker)
 

@@ -9,13 +9,14 @@ Pure: no I/O; ``now`` is a parameter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from marsproxy.aimd.admission import AdmissionCore
 from marsproxy.telemetry.state import (
     AdmissionCoreQueueState,
     AdmissionCoreState,
     AdmissionCoreWorkerState,
+    AdmissionWorkerState,
     finite,
 )
 
@@ -56,3 +57,29 @@ def _worker(
         "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
         "sessions": [show_id(k) for k in core.sessions.sessions_on(w)[:SHOWN_IDS]],
     }
+
+
+def binding_cap(window: int, kv_cap: int, cpu_cap: int) -> str:
+    """Which bound sets the effective limit, min(window, kv_cap, cpu_cap); on a tie the window
+    (the caps only bind once they are below it)."""
+    if window <= min(kv_cap, cpu_cap):
+        return "window"
+    return "kv_cap" if kv_cap <= cpu_cap else "cpu_cap"
+
+
+def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int) -> str:
+    """Why ``waiting`` sessions wait: per worker, what keeps it from taking the next one."""
+    if waiting == 0:
+        return ""
+    parts: list[str] = []
+    for name, w in workers.items():
+        if w["stale"]:
+            parts.append(f"{name}: stale pressure, nothing placed (fail closed)")
+        elif w["admitted_store"] >= w["limit"] or w["admitted"] >= w["effective_limit"]:
+            held = max(w["admitted_store"], w["admitted"])
+            parts.append(f"{name}: full {held}/{w['limit']} ({w['binds'].replace('_', ' ')})")
+        elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
+            parts.append(f"{name}: no KV room for another forecast peak")
+        else:
+            parts.append(f"{name}: room for {w['limit'] - w['admitted_store']} (next pass)")
+    return "; ".join(parts)

@@ -7,6 +7,7 @@ the live stream, the JSONL file and the Redis stream carry the same objects.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -37,6 +38,36 @@ def encode(events: Iterable[Event], fmt: StreamFormat) -> bytes:
         data = json.dumps(event_to_dict(ev), separators=(",", ":"))
         out.append(f"event: {ev.type}\ndata: {data}\n\n" if fmt == "sse" else data + "\n")
     return "".join(out).encode()
+
+
+class SharedEncoder:
+    """Encodes each event once for every live stream.
+
+    All subscribers read the same :class:`Event` objects from the bus, so an event's JSON is kept
+    by identity for the streams that read it later: five open pages cost one encoding per
+    event, not five. The cache holds the event itself (so its id cannot be reused while cached)
+    and forgets the oldest past ``size``; a stream further behind encodes again.
+    """
+
+    def __init__(self, size: int = 8192) -> None:
+        self._size = size
+        self._lines: OrderedDict[int, tuple[Event, str]] = OrderedDict()
+
+    def line(self, ev: Event) -> str:
+        hit = self._lines.get(id(ev))
+        if hit is not None and hit[0] is ev:
+            return hit[1]
+        data = json.dumps(event_to_dict(ev), separators=(",", ":"))
+        self._lines[id(ev)] = (ev, data)
+        if len(self._lines) > self._size:
+            self._lines.popitem(last=False)
+        return data
+
+    def encode(self, events: Iterable[Event], fmt: StreamFormat) -> bytes:
+        """What :func:`encode` gives, from the shared lines."""
+        if fmt == "sse":
+            return "".join(f"event: {ev.type}\ndata: {self.line(ev)}\n\n" for ev in events).encode()
+        return "".join(self.line(ev) + "\n" for ev in events).encode()
 
 
 def parse_types(raw: str | None) -> frozenset[str] | None:

@@ -117,6 +117,12 @@ class SessionDetail(TypedDict):
     turns: int
     tool: str | None
     since_s: float
+    age_s: float
+    """Since the session's first request."""
+    level: int | None
+    """MLFQ level of its latest call (``None``: no call yet, or no priority policy)."""
+    retained_blocks: int
+    """KV blocks the ledger holds for it through its tool phase (0: none)."""
 
 
 class _SessionsBase(TypedDict):
@@ -170,6 +176,8 @@ class AdmissionWorkerState(AdmissionCoreWorkerState):
     """The limit the store enforces: the leader's published one, else ``effective_limit``."""
     admitted_store: int
     """Live leases on the worker in the store: all replicas together."""
+    binds: str
+    """Which bound sets ``effective_limit``: window, kv_cap or cpu_cap."""
 
 
 class AdmissionCoreQueueState(TypedDict):
@@ -181,9 +189,35 @@ class AdmissionCoreQueueState(TypedDict):
     retry_after_s: int
 
 
+class WaitingState(TypedDict):
+    session: str
+    waited_s: float
+    est_tokens: int
+    long: bool
+    bypasses: int
+    """Later arrivals admitted ahead of it."""
+    retry_after_s: int
+    """Retry-After the proxy sends this session if it refuses it now (its place in line)."""
+
+
 class AdmissionQueueState(AdmissionCoreQueueState):
     pending: int
     """Proposed by the core, waiting for the store to confirm (the global queue)."""
+    waiting: list[WaitingState]
+    """First 50 waiting sessions, next to be admitted first."""
+    why: str
+    """Why sessions wait: what holds each worker back (empty when none waits)."""
+
+
+class OverloadMarks(TypedDict):
+    """The admission thresholds (``admission.*``) the pressures are compared with."""
+
+    kv_enter: float
+    kv_leave: float
+    cpu_backlog_enter: float
+    cpu_backlog_leave: float
+    psi_enter: float
+    psi_leave: float
 
 
 class StoreState(TypedDict):
@@ -213,6 +247,7 @@ class AdmissionState(TypedDict):
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState
     store: StoreState
+    marks: OverloadMarks
 
 
 class StateDoc(TypedDict):

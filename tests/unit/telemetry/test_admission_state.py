@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.telemetry.admission_state import core_state
+from marsproxy.telemetry.admission_state import binding_cap, core_state, queue_why
+from marsproxy.telemetry.state import AdmissionWorkerState
 
 
 def test_core_state_shows_who_is_admitted_who_waits_and_why() -> None:
@@ -26,3 +29,37 @@ def test_core_state_shows_who_is_admitted_who_waits_and_why() -> None:
     assert w["peak_room_blocks"] == 250
     assert doc["queue"]["length"] == 1 and doc["queue"]["order"] == ["C"]
     assert doc["peak_growth"] == 2.0
+
+
+def test_binding_cap_names_the_smallest_bound() -> None:
+    assert binding_cap(8, 30, 30) == "window"
+    assert binding_cap(8, 8, 30) == "window"  # a tie: the caps bind only below the window
+    assert binding_cap(8, 5, 6) == "kv_cap"
+    assert binding_cap(8, 6, 5) == "cpu_cap"
+
+
+def _aw(**kw: Any) -> AdmissionWorkerState:
+    base: dict[str, Any] = {
+        "window": 2, "effective_limit": 2, "kv_cap": 30, "cpu_cap": 30, "kv_overloaded": False,
+        "cpu_overloaded": False, "stale": False, "budget_blocks": None,
+        "peak_room_blocks": None, "peak_overlap": 1.0, "peak_overcommit": 1.0,
+        "reprefill_s": None, "idle_s": None, "admitted": 2, "sessions": [], "limit": 2,
+        "admitted_store": 2, "binds": "window",
+    }
+    return cast(AdmissionWorkerState, base | kw)
+
+
+def test_queue_why_says_what_holds_each_worker() -> None:
+    workers = {
+        "w0": _aw(),
+        "w1": _aw(kv_cap=1, effective_limit=1, limit=1, admitted=1, admitted_store=1,
+                  binds="kv_cap"),
+        "w2": _aw(stale=True),
+        "w3": _aw(admitted=0, admitted_store=0, peak_room_blocks=0),
+    }
+    assert queue_why(workers, 0) == ""
+    assert queue_why(workers, 3) == (
+        "w0: full 2/2 (window); w1: full 1/1 (kv cap); "
+        "w2: stale pressure, nothing placed (fail closed); "
+        "w3: no KV room for another forecast peak"
+    )

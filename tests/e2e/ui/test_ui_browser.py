@@ -1,0 +1,225 @@
+"""``/mars/ui`` in a real browser (headless Chromium) against a real stack of subprocesses.
+
+What a user checks by looking: every worker is there, an admission shows up within 2 s, the
+queue shows who waits and why, the page comes back after the proxy restarts, works behind the
+admin token, and stays usable with 1000 sessions. No console errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from marsproxy.bench.procs import RedisServer
+
+from .conftest import start_stack, stop_stack
+
+WINDOW_1 = ("admission: {window_init: 1, window_min: 1, window_max: 1, idle_admit: false,"
+            " control_interval_s: 0.2}\n")
+TOKEN = "ui-test-token-3f9a"
+
+
+def _css(browser: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(browser.find_elements(By.CSS_SELECTOR, selector))
+
+
+def _wait(browser: Any, cond: Any, timeout_s: float, what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(browser, timeout_s, poll_frequency=0.05).until(lambda d: cond(d))
+    except Exception as exc:
+        raise AssertionError(f"{what}: not within {timeout_s} s") from exc
+
+
+def _conn(browser: Any) -> str:
+    return str(_css(browser, "#conn")[0].get_attribute("data-state"))
+
+
+def _wait_live(browser: Any, timeout_s: float = 20.0) -> None:
+    # "live" in full: the state answers and the event stream is open.
+    _wait(browser, lambda d: _conn(d) == "live" and _css(d, "#conn")[0].text == "live",
+          timeout_s, "page live")
+
+
+def _severe(browser: Any) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _rows(browser: Any, table: str) -> list[str]:
+    return [str(r.get_attribute("data-session")) for r in _css(browser, f"#{table} tbody tr")]
+
+
+def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
+                                             tmp_path: Path) -> None:
+    s = start_stack(tmp_path / "stack", WINDOW_1)
+    waiters: list[threading.Thread] = []
+    try:
+        browser.get(s.url + "/mars/ui")
+        _wait_live(browser)
+        _wait(browser, lambda d: len(_css(d, "#workers .worker")) == 2, 5, "worker cards")
+        names = [c.get_attribute("data-name") for c in _css(browser, "#workers .worker")]
+        assert names == ["w0", "w1"]
+
+        # An admission is on the page within 2 s of the request's answer.
+        assert s.chat("ui-first") == 200
+        _wait(browser, lambda d: _css(
+            d, '#events tr[data-type="session_admitted"][data-session="ui-first"]'), 2.0,
+            "the admission of ui-first in the event list")
+        _wait(browser, lambda d: "ui-first" in _rows(d, "sessions"), 2.0,
+              "ui-first in the sessions table")
+
+        # Window 1 on each worker: the second session takes w1, the next two wait.
+        assert s.chat("ui-second") == 200
+        results: list[int | str] = []
+
+        def wait_in_line(sid: str) -> None:
+            try:
+                results.append(s.chat(sid, timeout_s=60))
+            except (OSError, urllib.error.URLError) as exc:
+                results.append(repr(exc))
+
+        for sid in ("ui-wait-1", "ui-wait-2"):
+            t = threading.Thread(target=wait_in_line, args=(sid,), daemon=True)
+            t.start()
+            waiters.append(t)
+        _wait(browser, lambda d: sorted(_rows(d, "queue")) == ["ui-wait-1", "ui-wait-2"], 10,
+              "two sessions in the queue")
+        why = _css(browser, "#queue-why")[0].text
+        assert "w0: full 1/1 (window)" in why and "w1: full 1/1 (window)" in why, why
+        row = _css(browser, "#queue tbody tr")[0].text
+        assert row.endswith(" s"), row  # the Retry-After column
+        assert _css(browser, "#queue-count")[0].text == "2"
+        binds = {c.text for c in _css(browser, ".worker .binds")}
+        assert binds == {"binds\nwindow"}, binds
+        time.sleep(3)  # a little history on the charts
+        screenshot("ui")
+
+        # The admitted sessions end: the waiting ones get in, the queue empties.
+        s.end("ui-first")
+        s.end("ui-second")
+        _wait(browser, lambda d: not _rows(d, "queue"), 15, "the queue empties")
+        for t in waiters:
+            t.join(timeout=30)
+        assert results == [200, 200], results
+        assert _severe(browser) == []
+
+        # The proxy restarts: the page says so, reconnects, and shows new admissions again.
+        s.proxy.stop()
+        _wait(browser, lambda d: _conn(d) == "retrying", 10, "the page notices the restart")
+        s.proxy.start(timeout_s=60)
+        _wait_live(browser, 30)
+        assert s.chat("ui-after-restart") == 200
+        _wait(browser, lambda d: _css(
+            d, '#events tr[data-type="session_admitted"][data-session="ui-after-restart"]'),
+            2.0, "an admission after the restart")
+        # While the proxy was down the browser logged refused connections; nothing else.
+        assert all("ERR_CONNECTION_REFUSED" in m or "ERR_EMPTY_RESPONSE" in m
+                   or "Failed to fetch" in m for m in _severe(browser))
+    finally:
+        stop_stack(s)
+        for t in waiters:
+            t.join(timeout=5)
+
+
+def test_behind_the_admin_token(browser: Any, screenshot: Any, tmp_path: Path) -> None:
+    redis = RedisServer.available()
+    s = start_stack(tmp_path / "stack", "", token=TOKEN, redis=redis)
+    try:
+        # The page itself is open (it holds no data); the state is not.
+        with urllib.request.urlopen(s.url + "/mars/ui", timeout=10) as r:
+            assert r.status == 200 and "text/html" in r.headers["Content-Type"]
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(s.url + "/mars/v1/state", timeout=10)
+        assert err.value.code == 401
+
+        browser.get(s.url + "/mars/ui")
+        _wait(browser, lambda d: _css(d, "#token-panel")[0].is_displayed(), 10, "token prompt")
+        assert _conn(browser) == "auth"
+        screenshot("ui-token-prompt")
+
+        def submit(token: str) -> None:
+            field = _css(browser, "#token-input")[0]
+            field.clear()
+            field.send_keys(token)
+            _css(browser, "#token-submit")[0].click()
+
+        submit("not-the-token")
+        _wait(browser, lambda d: "refused" in _css(d, "#token-why")[0].text, 10,
+              "a wrong token is refused")
+        submit(TOKEN)
+        _wait_live(browser)
+        assert not _css(browser, "#token-panel")[0].is_displayed()
+        _wait(browser, lambda d: len(_css(d, "#workers .worker")) == 2, 5, "worker cards")
+        assert s.chat("ui-token-session") == 200
+        _wait(browser, lambda d: _css(
+            d, '#events tr[data-type="session_admitted"][data-session="ui-token-session"]'),
+            2.0, "the admission behind the token")
+        if redis:
+            assert _css(browser, "#store-backend")[0].text.startswith("redis")
+            _wait(browser, lambda d: _css(d, "#store-replicas")[0].text == "1", 10,
+                  "one live replica in the store")
+        # The token stays in a header: not in the page's URL, not in the proxy's access log.
+        assert TOKEN not in browser.current_url
+        logs = s.logs()
+        assert "/mars/v1/state" in logs and TOKEN not in logs
+        # The 401s the page got before the token are the only console errors.
+        assert all("401" in m for m in _severe(browser)), _severe(browser)
+    finally:
+        stop_stack(s)
+
+
+def test_a_thousand_sessions_stay_paged(browser: Any, tmp_path: Path) -> None:
+    s = start_stack(tmp_path / "stack", "admission: {enabled: false}\n", profile="zero")
+    try:
+        ids = [f"bulk-{i:04d}" for i in range(1000)]
+        errors: list[str] = []
+
+        def run(part: list[str]) -> None:
+            for sid in part:
+                try:
+                    s.chat(sid, max_tokens=1)
+                except OSError as exc:
+                    errors.append(repr(exc))
+
+        threads = [threading.Thread(target=run, args=(ids[i::8],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        browser.get(s.url + "/mars/ui")  # the page is open while the sessions arrive
+        for t in threads:
+            t.join(timeout=180)
+        assert errors == []
+        _wait(browser, lambda d: _css(d, "#sessions-count")[0].text == "1000", 10,
+              "1000 sessions counted")
+        rows = _rows(browser, "sessions")
+        assert len(rows) == 50 and set(rows) <= set(ids)
+        assert len(_css(browser, "#events tbody tr")) <= 200
+        _css(browser, "#sessions-next")[0].click()
+        _wait(browser, lambda d: _css(d, "#sessions-page")[0].text == "page 2 of 20", 5,
+              "page 2")
+        _wait(browser, lambda d: set(_rows(d, "sessions")).isdisjoint(rows), 5,
+              "other sessions on page 2")
+        # Responsive: timers on the page's main thread never wait long behind a redraw.
+        worst_ms = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            let worst = 0, n = 0, last = performance.now();
+            const tick = () => {
+              const now = performance.now();
+              worst = Math.max(worst, now - last - 50);
+              last = now;
+              if (++n < 60) setTimeout(tick, 50); else done(worst);
+            };
+            setTimeout(tick, 50);
+        """)
+        assert worst_ms < 1000, worst_ms
+        assert _severe(browser) == []
+    finally:
+        stop_stack(s)
