@@ -156,6 +156,26 @@ class SessionsConfig(_Section):
 
 
 class ToolsConfig(_Section):
+    location: Literal["host", "reported", "elsewhere"] = Field(
+        "host",
+        description="Where agents' tools run. host: on the probed host or cgroup (probes.cpu);"
+        " reported phases count as CPU work, inferred ones (the gap between a session's calls)"
+        " only while measured pressure confirms it. reported: only phases harnesses report"
+        " (POST /mars/v1/sessions/{id}/events) count. elsewhere: tool CPU never holds sessions"
+        " back (tools run in sandboxes on other machines).",
+    )
+    confirm_psi: float = Field(
+        50.0, ge=0, le=100,
+        description="With location host: CPU PSI some avg10 (%) at or above which the host's"
+        " pressure confirms inferred tool phases as CPU work (cgroup throttling confirms too)."
+        " Tools at twice the cores (the backlog's high mark) keep some task waiting nearly all"
+        " the time; lighter pressure is other work on the host.",
+    )
+    confirm_cpu_percent: float = Field(
+        80.0, ge=0, le=100,
+        description="With location host and no PSI or cgroup stats: CPU busy (%) at or above"
+        " which inferred tool phases count as CPU work.",
+    )
     ema_alpha: float = Field(
         0.2, gt=0, le=1, description="Weight of the newest sample in tool wait and slowdown EMAs."
     )

@@ -20,9 +20,17 @@ class AdmissionConfig(_Section):
         True, description="Hold new sessions in the admission queue; false: admit every session."
     )
     # -- AIMD window (DESIGN §5.1) ----------------------------------------------------------
-    window_init: int = Field(30, ge=1, description="Window (sessions per worker) at start.")
+    window_init: int = Field(
+        30, ge=1,
+        description="Window (sessions per worker) at start. The window holds sessions back only"
+        " while the worker is overloaded (KV, tool CPU, or unseen); otherwise the KV fit decides.",
+    )
     window_min: int = Field(4, ge=1, description="Smallest window; decreases stop here.")
-    window_max: int = Field(30, ge=1, description="Largest window; increases stop here.")
+    window_max: int | None = Field(
+        None, ge=1,
+        description="Most sessions a worker may hold, overloaded or not; null: no count bound"
+        " (the KV fit and, under overload, the window decide).",
+    )
     increase: int = Field(1, ge=1, description="Additive increase per control tick.")
     decrease: float = Field(
         0.7, gt=0, lt=1, description="Multiplicative decrease per control tick while overloaded."
@@ -65,11 +73,8 @@ class AdmissionConfig(_Section):
     cpu_cap_backlog: float = Field(
         4.0, gt=0,
         description="Sessions per tool CPU the CPU cap allows: cap = ceil(tool_cpus × this),"
-        " clamped to [window_min, window_max]. DESIGN derives 1.5 (the backlog marks' mean),"
-        " which on a 2-core host is window_min and queues short sessions behind long tool"
-        " phases while the cores are busy anyway (simulated CPU-bound twins of the live"
-        " benchmark, 2 tool CPUs of which 0.4 busy, 8 seeds, window held: 1.26x -> 1.60x"
-        " direct).",
+        " clamped to [window_min, the ceiling]. Lower values queue short sessions behind long"
+        " tool phases while the cores are busy anyway.",
     )
     cpu_overload_shrinks: bool = Field(
         False,
@@ -242,7 +247,8 @@ class AdmissionConfig(_Section):
     def _relations(self) -> AdmissionConfig:
         # Bad relations make the controller oscillate or never move; say which keys clash.
         problems = []
-        if not self.window_min <= self.window_init <= self.window_max:
+        top = self.window_init if self.window_max is None else self.window_max  # no bound
+        if not self.window_min <= self.window_init <= top:
             problems.append(
                 f"need window_min ≤ window_init ≤ window_max, got {self.window_min} ≤ "
                 f"{self.window_init} ≤ {self.window_max}"

@@ -1,14 +1,20 @@
-"""The AIMD admission window of one worker, with hysteresis and caps (DESIGN §5.1).
+"""The AIMD admission window of one worker, with hysteresis and caps.
 
 Two overload state machines (KV and tool CPU) each enter at a high mark and leave at a low
 mark, so a pressure that hovers between the marks neither grows nor shrinks the window. While
-KV is overloaded the window shrinks multiplicatively on every control tick; CPU overload holds
-it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no work) and lets the CPU cap
-bound the limit. The window grows by a constant only when both pressures are below their low
-marks, the KV budget is positive and the window is actually used. Caps derived from the
-current pressure bound the limit immediately, without waiting for the window to walk down. The
-CPU cap counts sessions, not tools, so by default (``cpu_cap_always`` false) it binds only
-while CPU is overloaded.
+KV is overloaded the window shrinks multiplicatively on every control tick, from the sessions
+actually admitted when that is less (an unused window says nothing about what the worker
+holds); CPU overload holds it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no
+work) and lets the CPU cap bound the limit. The window grows by a constant only when both
+pressures are below their low marks, the KV budget is positive and the window is actually used.
+
+Work conservation: the window counts sessions only while the worker is overloaded (KV, tool
+CPU, or unseen). Without overload the number of admitted sessions never holds anybody back: the
+KV fit (each admitted session budgeted at its forecast peak) decides, up to ``window_max`` where
+the operator set one. So sessions idle between calls keep their KV budget but no slot that
+blocks others. The KV cap takes the limit to ``window_min`` the moment usage reaches the high
+mark, without waiting for the window to walk down. The CPU cap counts sessions, not tools, so
+by default (``cpu_cap_always`` false) it binds only while CPU is overloaded.
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -25,6 +31,9 @@ from marsproxy.core.events import WindowChange
 # tolerance every other tick would be skipped. The same holds for 0.7·W landing a hair below
 # an integer it equals.
 _EPS = 1e-9
+# The ceiling without ``window_max``: no count bound (the KV fit bounds what fits). A number, not
+# None, because limits travel as integers (the store's records, the state document, metrics).
+NO_CEILING = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +64,9 @@ class AimdController:
         self.cfg = cfg
         self.worker = worker
         self._window = cfg.window_init
-        self._kv_cap = cfg.window_max
-        self._cpu_cap = cfg.window_max
+        self._ceiling = cfg.window_max if cfg.window_max is not None else NO_CEILING
+        self._kv_cap = self._ceiling
+        self._cpu_cap = self._ceiling
         self._kv_over = False
         self._cpu_over = False
         self._stale = False
@@ -76,9 +86,21 @@ class AimdController:
         return self._cpu_cap
 
     @property
+    def ceiling(self) -> int:
+        """Sessions this worker may ever hold: ``window_max``, else :data:`NO_CEILING`."""
+        return self._ceiling
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the window binds now: KV or tool CPU overloaded, or the worker unseen."""
+        return self._kv_over or self._cpu_over or self._stale
+
+    @property
     def effective_limit(self) -> int:
-        """Sessions this worker may hold now: the window bounded by both caps."""
-        return min(self._window, self._kv_cap, self._cpu_cap)
+        """Sessions this worker may hold now: the ceiling bounded by both caps and, while it is
+        overloaded, by the window."""
+        limit = min(self._ceiling, self._kv_cap, self._cpu_cap)
+        return min(limit, self._window) if self.overloaded else limit
 
     @property
     def idle_limit(self) -> int:
@@ -87,7 +109,7 @@ class AimdController:
         engine with nothing to run does not add to until the admitted session's call is done."""
         if self._kv_over or self._stale:
             return self.effective_limit
-        return min(self._kv_cap, self.cfg.window_max)
+        return min(self._kv_cap, self._ceiling)
 
     @property
     def kv_overloaded(self) -> bool:
@@ -122,15 +144,17 @@ class AimdController:
         self._update_cpu(signals)
         self._kv_cap = self._kv_cap_for(usage)
         self._cpu_cap = (self._cpu_cap_for(signals.tool_cpus)
-                         if cfg.cpu_cap_always or self._cpu_over else cfg.window_max)
+                         if cfg.cpu_cap_always or self._cpu_over else self._ceiling)
 
         old = self._window
         reason = ""
         if self._kv_over or (self._cpu_over and cfg.cpu_overload_shrinks):
-            self._window = max(cfg.window_min, math.floor(cfg.decrease * old + _EPS))
+            # Cut from what the worker holds: a window above it was never put to the test.
+            base = min(old, max(signals.admitted, cfg.window_min))
+            self._window = max(cfg.window_min, math.floor(cfg.decrease * base + _EPS))
             reason = self._overload_reason()
         elif self._may_grow(usage, signals):
-            self._window = min(cfg.window_max, old + cfg.increase)
+            self._window = min(self._ceiling, old + cfg.increase)
             reason = "additive_increase"
         if self._window == old:
             return []
@@ -185,17 +209,13 @@ class AimdController:
         return "+".join(parts)
 
     def _kv_cap_for(self, usage: float) -> int:
-        cfg = self.cfg
-        if usage <= cfg.kv_leave:
-            return cfg.window_max
-        if usage >= cfg.kv_enter:
-            return cfg.window_min
-        frac = (usage - cfg.kv_leave) / (cfg.kv_enter - cfg.kv_leave)
-        return math.floor(cfg.window_max - frac * (cfg.window_max - cfg.window_min) + _EPS)
+        # Between the marks the KV fit's reserve keeps new prompts below the high mark; at it,
+        # only the floor is let in until the window has walked down.
+        return self.cfg.window_min if usage >= self.cfg.kv_enter else self._ceiling
 
     def _cpu_cap_for(self, tool_cpus: float) -> int:
         cfg = self.cfg
         if tool_cpus <= 0:
-            return cfg.window_max
+            return self._ceiling
         cap = math.ceil(tool_cpus * cfg.cpu_cap_backlog - _EPS)
-        return max(cfg.window_min, min(cfg.window_max, cap))
+        return max(cfg.window_min, min(self._ceiling, cap))

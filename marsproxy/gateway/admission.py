@@ -145,9 +145,10 @@ class AdmissionShell:
         tel = self.telemetry
         pressures = {w: tel.worker_pressure(w) for w in self.urls}
         healthy = {w: self.health.is_healthy(u) for w, u in self.urls.items()}
+        tel.tool_signal.observe(tel.cpu.latest)
         signals = all_signals(
-            pressures, healthy, tel.tracker, tel.cpu.latest, tel.cpu_probe.tool_cpus,
-            tel.wall(), retained={w: self.retained_blocks(w) for w in self.urls},
+            pressures, healthy, tel.tool_signal.signals(tel.tracker, tel.wall()),
+            tel.cpu_probe.tool_cpus, retained={w: self.retained_blocks(w) for w in self.urls},
             elsewhere={w: self.sessions_elsewhere(w) for w in self.urls},
         )
         return self.core.tick(self.now(), signals)

@@ -18,8 +18,7 @@ from dataclasses import replace
 
 from marsproxy.aimd.admission import WorkerSignals
 from marsproxy.aimd.kvfit import free_blocks_from_usage
-from marsproxy.probes.cpu import CpuPressure
-from marsproxy.probes.tool_phases import ToolPhaseTracker
+from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_scraper import WorkerPressure
 
 
@@ -27,24 +26,22 @@ def worker_signals(
     pressure: WorkerPressure | None,
     *,
     healthy: bool,
-    tracker: ToolPhaseTracker,
-    cpu: CpuPressure | None,
+    tools: ToolCpuSignals,
     tool_cpus: float,
-    now: float,
     retained_blocks: int = 0,
     sessions_elsewhere: int = 0,
 ) -> WorkerSignals:
-    """One worker's ``WorkerSignals`` from its latest scrape and the shared CPU signals;
+    """One worker's ``WorkerSignals`` from its latest scrape and the shared tool-CPU signals;
     ``retained_blocks``: the scheduler's KV ledger on this worker (off the admission budget);
     ``sessions_elsewhere``: sessions other replicas hold there (the forecast-peak fit)."""
     base = WorkerSignals(
         healthy=healthy,
         retained_blocks=retained_blocks,
         sessions_elsewhere=max(0, sessions_elsewhere),
-        tools_in_flight=tracker.in_flight,
-        backlog_ratio=tracker.backlog_ratio(now),
-        tool_wait_ema_s=tracker.queue_wait_ema,
-        psi_some_avg10=None if cpu is None else cpu.psi_some_avg10,
+        tools_in_flight=tools.tools_in_flight,
+        backlog_ratio=tools.backlog_ratio,
+        tool_wait_ema_s=tools.tool_wait_ema_s,
+        psi_some_avg10=tools.psi_some_avg10,
         tool_cpus=tool_cpus,
     )
     if pressure is None:  # the scraper is not built yet
@@ -71,19 +68,16 @@ def worker_signals(
 def all_signals(
     pressures: Mapping[str, WorkerPressure | None],
     healthy: Mapping[str, bool],
-    tracker: ToolPhaseTracker,
-    cpu: CpuPressure | None,
+    tools: ToolCpuSignals,
     tool_cpus: float,
-    now: float,
     retained: Mapping[str, int] | None = None,
     elsewhere: Mapping[str, int] | None = None,
 ) -> dict[str, WorkerSignals]:
-    """``now``: the tool tracker's clock (wall seconds), which ages inferred tool phases."""
     retained = retained or {}
     elsewhere = elsewhere or {}
     return {
-        w: worker_signals(p, healthy=healthy[w], tracker=tracker, cpu=cpu, tool_cpus=tool_cpus,
-                          now=now, retained_blocks=retained.get(w, 0),
+        w: worker_signals(p, healthy=healthy[w], tools=tools, tool_cpus=tool_cpus,
+                          retained_blocks=retained.get(w, 0),
                           sessions_elsewhere=elsewhere.get(w, 0))
         for w, p in pressures.items()
     }

@@ -21,6 +21,7 @@ from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe
 from marsproxy.probes.poller import Poller
 from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.tool_signal import ToolCpuSignal
 from marsproxy.probes.vllm_scraper import VllmScraper, WorkerPressure
 from marsproxy.telemetry.bus import EventBus
 from marsproxy.telemetry.sinks import JsonlSink, RedisStreamSink
@@ -58,6 +59,7 @@ class Telemetry:
                 inferred_min_s=t.inferred_min_s,
             )
         )
+        self.tool_signal = ToolCpuSignal(t.location, t.confirm_psi, t.confirm_cpu_percent)
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None

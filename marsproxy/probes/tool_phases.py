@@ -12,7 +12,9 @@ observed / usual duration for the kind, > 1 when tools contend for CPUs).
 An inferred phase presses on the tool CPUs (counts in the backlog ratio) only once it has lasted
 ``inferred_min_s``: a gap of a few milliseconds between calls is a client's own overhead (or
 a client that runs no tools at all), not a tool competing for cores. Explicit phases press at
-once.
+once. Whether inferred phases count at all is the caller's choice (``inferred=False``): a gap
+between calls is a tool on this host only where tools run here and the CPUs show it
+(:mod:`marsproxy.probes.tool_signal`).
 
 Pure code: no I/O; ``now`` is a parameter; methods return the events to publish.
 """
@@ -90,7 +92,9 @@ class ToolPhaseTracker:
         self._sessions: dict[str, _SessionTools] = {}
         self._by_kind: dict[str, _Window] = {}
         self.in_flight = 0  # open phases, inferred or explicit
+        self.explicit_in_flight = 0  # open phases the harness reported
         self._pressing = 0  # explicit phases + inferred phases older than inferred_min_s
+        self._pressing_explicit = 0
         self._young: deque[tuple[float, str, int]] = deque()  # inferred: (start, session, id)
         self._next_id = 0
         self.queue_wait_ema: float = 0.0
@@ -140,11 +144,15 @@ class ToolPhaseTracker:
         st = self._sessions.pop(session, None)
         if st is not None and st.phase_start is not None:
             self.in_flight -= 1
+            self.explicit_in_flight -= 1 if st.explicit else 0
             self._unpress(st)
 
     # -- estimates ------------------------------------------------------------------------
-    def pressing(self, now: float) -> int:
-        """Tool phases pressing on the tool CPUs at ``now`` (see the module doc)."""
+    def pressing(self, now: float, *, inferred: bool = True) -> int:
+        """Tool phases pressing on the tool CPUs at ``now`` (see the module doc);
+        ``inferred`` False: only those the harness reported."""
+        if not inferred:
+            return self._pressing_explicit
         horizon = now - self.settings.inferred_min_s
         young = self._young
         while young and young[0][0] <= horizon:
@@ -155,9 +163,9 @@ class ToolPhaseTracker:
                 self._pressing += 1
         return self._pressing
 
-    def backlog_ratio(self, now: float) -> float:
+    def backlog_ratio(self, now: float, *, inferred: bool = True) -> float:
         cpus = self.settings.tool_cpus
-        return self.pressing(now) / cpus if cpus > 0 else 0.0
+        return self.pressing(now, inferred=inferred) / cpus if cpus > 0 else 0.0
 
     def predicted_duration(self, session: str, tool: str | None = None) -> float | None:
         """High quantile of the tool kind's recent durations, else of the session's."""
@@ -191,6 +199,7 @@ class ToolPhaseTracker:
         if st.pressing:
             st.pressing = False
             self._pressing -= 1
+            self._pressing_explicit -= 1 if st.explicit else 0
 
     def _open(
         self, session: str, st: _SessionTools, now: float, tool: str, *, inferred: bool,
@@ -201,11 +210,13 @@ class ToolPhaseTracker:
         self.in_flight += 1
         self._next_id += 1
         st.phase_id = self._next_id
+        self.explicit_in_flight += 0 if inferred else 1
         if inferred and self.settings.inferred_min_s > 0:
             self._young.append((now, session, st.phase_id))
         else:
             st.pressing = True
             self._pressing += 1
+            self._pressing_explicit += 0 if inferred else 1
         if queue_wait is not None:
             a = self.settings.ema_alpha
             self.queue_wait_ema = a * queue_wait + (1 - a) * self.queue_wait_ema
@@ -219,6 +230,7 @@ class ToolPhaseTracker:
         st.phase_start = None
         st.last_tool = tool
         self.in_flight -= 1
+        self.explicit_in_flight -= 0 if inferred else 1
         self._unpress(st)
         self.completed_total += 1
         usual = self.usual_duration(tool)

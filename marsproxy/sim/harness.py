@@ -44,7 +44,9 @@ from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
+from marsproxy.probes.cpu import CpuPressure
 from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.tool_signal import ToolCpuSignal, ToolCpuSignals
 from marsproxy.sched.core import Mode, SchedulerCore, WorkerFacts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.prefill import PrefillRate
@@ -134,6 +136,10 @@ class Simulation:
             inferred_min_s=cfg.tools.inferred_min_s if cfg else 0.5,
         ))
         self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
+        t = cfg.tools if cfg else None
+        self.tool_signal = ToolCpuSignal(t.location if t else "host",
+                                         t.confirm_psi if t else 50.0,
+                                         t.confirm_cpu_percent if t else 80.0)
         self._progress = progress
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
@@ -400,7 +406,7 @@ class Simulation:
         self._kick(worker, now)
 
     # -- the proxy's control loop ------------------------------------------------------------
-    def _signals(self, w: str, now: float) -> WorkerSignals:
+    def _signals(self, w: str, tools: ToolCpuSignals) -> WorkerSignals:
         eng = self.engines[w]
         prof = self.setup.profile
         usage = eng.kv.usage
@@ -410,13 +416,24 @@ class Simulation:
             prefill_tokens_per_s=self.prefill[w].sample(),
             kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
             total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
-            tools_in_flight=self.tracker.in_flight, backlog_ratio=self.tracker.backlog_ratio(now),
-            tool_wait_ema_s=self.tracker.queue_wait_ema, tool_cpus=self.setup.tool_cpus,
+            tools_in_flight=tools.tools_in_flight, backlog_ratio=tools.backlog_ratio,
+            tool_wait_ema_s=tools.tool_wait_ema_s, psi_some_avg10=tools.psi_some_avg10,
+            tool_cpus=self.setup.tool_cpus,
         )
+
+    def _cpu_reading(self, now: float) -> CpuPressure:
+        # The tools' host as its PSI would show it: some task waits for a core while more
+        # tools run than there are cores for them.
+        contended = self.cpu.running > self.cpu.cpus
+        return CpuPressure(sampled_at=now, source="sim",
+                           psi_some_avg10=100.0 if contended else 0.0,
+                           tool_cpus=self.setup.tool_cpus)
 
     def _on_tick(self, now: float, _: Any) -> None:
         assert self.core is not None and self.cfg is not None
-        signals = {w: self._signals(w, now) for w in self.workers}
+        self.tool_signal.observe(self._cpu_reading(now))
+        tools = self.tool_signal.signals(self.tracker, now)
+        signals = {w: self._signals(w, tools) for w in self.workers}
         self._carry(now, self.core.tick(now, signals))
         self._ticks += 1
         if self.setup.state_every_s > 0 and now >= self._next_state_s:

@@ -13,6 +13,7 @@ from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import Workload, WorkloadSpec, build_workload
 from marsproxy.config import MarsConfig
 from marsproxy.emulator.profiles import get_profile
+from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.sim.harness import SimSetup, Simulation
 
 SETUP = SimSetup(profile=get_profile("tiny", num_blocks=384), tool_cpus=2, system_prompt_tokens=60)
@@ -148,7 +149,7 @@ def test_busy_cpus_slow_the_tools_only() -> None:
     assert (busy.outcomes[0].e2e_s or 0) - (free.e2e_s or 0) == pytest.approx(tool_s, rel=1e-6)
     # The proxy still counts every core: its tool backlog reads against tool_cpus.
     sim = Simulation(wl, "mars", dataclasses.replace(SETUP, busy_cpus=1.5), _cfg("mars"))
-    assert sim.cpu.cpus == 0.5 and sim._signals("w0", 0.0).tool_cpus == 2
+    assert sim.cpu.cpus == 0.5 and sim._signals("w0", ToolCpuSignals()).tool_cpus == 2
 
 
 def test_state_snapshots_show_the_core_without_changing_the_run() -> None:
