@@ -76,13 +76,14 @@ def _profile(rng: random.Random) -> EngineProfile:
 
 
 def _synthetic(rng: random.Random, n: int, context: int) -> list[SessionTrace]:
-    """``n`` made-up sessions: prompts that start at 2–40 % of ``context`` and grow each turn."""
+    """``n`` made-up sessions: prompts that start at 2–70 % of ``context`` and grow each turn."""
     one_call = rng.random() < 0.25  # a batch of one-shot tasks, as a plain client sends
     tool_mean = rng.choice((0.05, 0.5, 2.0, 8.0))
+    share = rng.choice((0.1, 0.4, 0.7))  # of the context, the largest first prompt
     out = []
     for i in range(n):
         turns = 1 if one_call else rng.randint(1, 10)
-        prompt = max(16, round(context * rng.uniform(0.02, 0.4)))
+        prompt = max(16, round(context * rng.uniform(0.02, share)))
         growth = max(1, round(context * rng.uniform(0.0, 0.08)))
         rows = []
         for t in range(turns):
@@ -109,7 +110,7 @@ def make_case(seed: int, traces: Sequence[SessionTrace]) -> SweepCase:
     rng = random.Random(f"sweep:{seed}")
     profile = _profile(rng)
     workers = rng.randint(1, 4)
-    sessions = rng.randint(2, 40)
+    sessions = rng.randint(2, 64)
     # Room for the reply and the shared system prompt: every prompt fits one worker.
     system = 60 if profile.num_blocks < 4096 else 600
     context = max(64, min(profile.effective_max_model_len, 65_536) - 200 - system)
