@@ -120,7 +120,8 @@ class AdmissionCore:
         self.controllers = {w: AimdController(cfg, w) for w in self.workers}
         self.queue = AdmissionQueue(cfg)
         self.sessions = SessionLifecycle(
-            cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s
+            cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
+            cfg.kv_hold_min_s,
         )
         self.estimator = PromptEstimator(cfg.chars_per_token)
         self.peaks = PeakForecast(cfg.peak_growth_prior, cfg.peak_history, cfg.peak_min_samples)
@@ -138,7 +139,10 @@ class AdmissionCore:
         """A request arrives: serve it now, hold it, or reject it."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
+            released = not rec.kv_held
             self.sessions.request(now, session, final)
+            if released:
+                self.peaks.hold(session)  # back after its hold: its forecast counts again
             return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")
         if rec is not None:
             self.sessions.add_waiter(session, final)
@@ -260,6 +264,8 @@ class AdmissionCore:
             actions.events.extend(changes)
         for rec in self.sessions.idle_expired(now):
             self._end(now, rec.key, EndReason.IDLE_TIMEOUT, actions)
+        for rec in self.sessions.hold_expired(now):
+            self.peaks.release(rec.key)
         expired = self.queue.expire(now)
         if expired:
             placeable = any(v.placeable for v in self._views())
@@ -417,6 +423,7 @@ class AdmissionCore:
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
+                held=self.sessions.held_on(w),
             ))
         return out
 
@@ -437,9 +444,10 @@ class AdmissionCore:
     def _admit_unconditionally(
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool
     ) -> Decision:
-        # Admission control off: place by KV budget among placeable workers, ignore the window.
+        # Admission control off: the fewest sessions among placeable workers, ties in worker
+        # order, as the queue places; the window is ignored.
         views = [v for v in self._views() if v.placeable] or self._views()
-        best = max(views, key=lambda v: (v.budget_blocks or 0, -v.admitted))
+        best = min(views, key=lambda v: v.held if v.held is not None else v.admitted)
         long = est_tokens > self.cfg.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, best.name)

@@ -242,6 +242,13 @@ class AdmissionConfig(_Section):
         description="Floor of the idle timeout (s); also used while no tool history exists.",
     )
     idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
+    kv_hold_min_s: float = Field(
+        5.0, ge=0,
+        description="A dormant session's forecast counts in the KV fit for idle_timeout_factor ×"
+        " its usual tool time, at least this long (at most its idle timeout; without tool"
+        " history, until the idle timeout). A session away longer than its tools ever took"
+        " (a plain client's finished task) stays admitted but no longer holds KV room.",
+    )
 
     @model_validator(mode="after")
     def _relations(self) -> AdmissionConfig:

@@ -33,6 +33,8 @@ class _Session:
     context: int
     """Largest context seen so far (prompt + reply of its calls)."""
     observed: bool = False
+    held: bool = True
+    """Counted in the worker's committed forecasts (false: dormant past its KV hold)."""
 
 
 class PeakForecast:
@@ -58,6 +60,18 @@ class PeakForecast:
         s = self._sessions.get(session)
         if s is not None:
             s.worker = worker
+
+    def release(self, session: str) -> None:
+        """``session`` stayed dormant past its KV hold: its forecast stops counting."""
+        s = self._sessions.get(session)
+        if s is not None:
+            s.held = False
+
+    def hold(self, session: str) -> None:
+        """``session`` is back (a request): its forecast counts again."""
+        s = self._sessions.get(session)
+        if s is not None:
+            s.held = True
 
     def observe(self, session: str, prompt_tokens: int, completion_tokens: int = 0) -> None:
         """A call of ``session`` finished with these token counts (its context now)."""
@@ -97,12 +111,13 @@ class PeakForecast:
         return max(s.context, math.ceil(s.first * self.growth()))
 
     def committed_tokens(self, worker: str, elsewhere: int = 0) -> int:
-        """Sum of the forecast peaks of the sessions admitted on ``worker``, plus ``elsewhere``
+        """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
+        (in a call, or dormant within their hold), plus ``elsewhere``
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
         mine = [max(s.context, math.ceil(s.first * g))
-                for s in self._sessions.values() if s.worker == worker]
+                for s in self._sessions.values() if s.worker == worker and s.held]
         total = sum(mine)
         if elsewhere > 0:
             if mine:

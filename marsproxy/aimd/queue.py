@@ -60,6 +60,9 @@ class WorkerView:
     idle_limit: int = 0
     """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
     bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
+    held: int | None = None
+    """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
+    the load placement balances; ``None``: as admitted."""
 
     @property
     def placeable(self) -> bool:
@@ -86,9 +89,13 @@ class _Room:
     budget: int | None
     pack: int | None
     long_admitted: int
+    placed: int = 0
 
-    def rank(self) -> tuple[int, int, int]:
-        return (self.budget if self.budget is not None else 0, self.slots, -self.index)
+    def rank(self) -> tuple[int, int]:
+        # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
+        # worker order: with equal loads, as round robin spreads sessions without a proxy.
+        load = self.view.admitted if self.view.held is None else self.view.held
+        return (-(load + self.placed), -self.index)
 
 
 @dataclass(slots=True)
@@ -278,7 +285,8 @@ class AdmissionQueue:
     def _place(self, e: QueueEntry, rooms: list[_Room], shorts_wait: bool) -> tuple[
         _Room | None, bool
     ]:
-        """The room for ``e`` (most budget first) and whether only the long cap stood in the way."""
+        """The room for ``e`` (fewest sessions first) and whether only the long cap stood in
+        the way."""
         best: _Room | None = None
         capped = False
         for r in rooms:
@@ -303,6 +311,7 @@ class AdmissionQueue:
     def _take(room: _Room, e: QueueEntry) -> None:
         blocks = blocks_for_tokens(e.est_tokens, room.view.block_size)
         room.slots -= 1
+        room.placed += 1
         if room.budget is not None:
             room.budget -= blocks
         if room.pack is not None:

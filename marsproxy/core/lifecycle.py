@@ -47,6 +47,16 @@ class LifecycleError(ValueError):
     """A transition the lifecycle does not allow (a bug in the caller)."""
 
 
+def kv_hold_s(usual_tool_s: float | None, factor: float, min_s: float, idle_s: float) -> float:
+    """How long a dormant session's KV budget is held for it: factor × its usual tool time, at
+    least ``min_s``, at most its idle timeout; without tool history, the idle timeout. A session
+    that stays away longer than its tools ever took is likely done (a plain client's one-shot
+    task): its forecast stops counting, though it stays admitted until the idle timeout."""
+    if usual_tool_s is None:
+        return idle_s
+    return min(idle_s, max(min_s, factor * usual_tool_s))
+
+
 def idle_timeout_s(usual_tool_s: float | None, factor: float, min_s: float, max_s: float) -> float:
     """clamp(factor × usual tool time, min, max); without any tool history, the floor.
 
@@ -80,6 +90,10 @@ class SessionRecord:
     end_reason: EndReason | None = None
     idle_key: tuple[float, str] | None = None
     """Its place in the lifecycle's idle index while it is idle."""
+    hold_key: tuple[float, str] | None = None
+    """Its place in the KV-hold index while it is dormant and its KV budget still held."""
+    kv_held: bool = True
+    """Whether its forecast counts in the KV fit (false once dormant past its hold)."""
 
     def idle_deadline(self) -> float | None:
         """When an idle session times out; ``None`` while a request is in flight."""
@@ -91,11 +105,16 @@ class SessionRecord:
 class SessionLifecycle:
     """The live sessions of the admission plane, and the counts per worker."""
 
-    def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float) -> None:
+    def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
+                 hold_min_s: float = 0.0) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
+        self._hold_min_s = hold_min_s
+        # (hold deadline, key) of dormant sessions whose KV budget is still held, sorted.
+        self._holds: list[tuple[float, str]] = []
         self._records: dict[str, SessionRecord] = {}
         self._by_worker: dict[str, set[str]] = {}
         self._long_by_worker: dict[str, int] = {}
+        self._held_by_worker: dict[str, int] = {}  # admitted sessions whose KV is held
         # (idle deadline, key) of admitted sessions with nothing in flight, sorted, so a tick
         # finds the timed-out ones without scanning every session.
         self._idle: list[tuple[float, str]] = []
@@ -134,6 +153,11 @@ class SessionLifecycle:
 
     def long_on(self, worker: str) -> int:
         return self._long_by_worker.get(worker, 0)
+
+    def held_on(self, worker: str) -> int:
+        """Sessions admitted on ``worker`` that hold KV room: in a call, or dormant within
+        their hold (the load a new session would share)."""
+        return self._held_by_worker.get(worker, 0)
 
     def sessions_on(self, worker: str) -> list[str]:
         return sorted(self._by_worker.get(worker, ()))
@@ -196,11 +220,21 @@ class SessionLifecycle:
             self._by_worker[rec.worker].discard(rec.key)
         if rec.long:
             self._long_by_worker[rec.worker] = self._long_by_worker.get(rec.worker, 0) + sign
+        if rec.kv_held:
+            self._held(rec, sign)
+
+    def _held(self, rec: SessionRecord, sign: int) -> None:
+        assert rec.worker is not None
+        self._held_by_worker[rec.worker] = self._held_by_worker.get(rec.worker, 0) + sign
 
     def request(self, now: float, key: str, final: bool = False) -> SessionRecord:
         """A continuation of an admitted session: served at once, never held by the window."""
         rec = self._require(key, SessionState.ADMITTED)
         self._unidle(rec)
+        self._unhold(rec)
+        if not rec.kv_held:
+            rec.kv_held = True
+            self._held(rec, +1)
         rec.in_flight += 1
         rec.turns += 1
         rec.phase = Phase.LLM
@@ -219,6 +253,12 @@ class SessionLifecycle:
             self._unidle(rec)
             rec.idle_key = (rec.last_active + rec.idle_timeout_s, key)
             bisect.insort(self._idle, rec.idle_key)
+            factor = self._idle_args[0]
+            hold = kv_hold_s(usual_tool_s, factor, self._hold_min_s, rec.idle_timeout_s)
+            self._unhold(rec)
+            if hold < rec.idle_timeout_s:  # else the idle timeout ends it first
+                rec.hold_key = (rec.last_active + hold, key)
+                bisect.insort(self._holds, rec.hold_key)
         return rec
 
     def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
@@ -227,6 +267,7 @@ class SessionLifecycle:
         if rec is None:
             return None
         self._unidle(rec)
+        self._unhold(rec)
         if rec.state is SessionState.ADMITTED and rec.worker is not None:
             self._count(rec, -1)
         rec.state = SessionState.ENDED
@@ -238,6 +279,26 @@ class SessionLifecycle:
         """Admitted sessions idle past their timeout (still live; the caller ends them)."""
         end = bisect.bisect_right(self._idle, now, key=lambda k: k[0])
         return [self._records[key] for _, key in self._idle[:end]]
+
+    def hold_expired(self, now: float) -> list[SessionRecord]:
+        """Dormant sessions past their KV hold, now released (their forecasts stop counting
+        until their next request)."""
+        end = bisect.bisect_right(self._holds, now, key=lambda k: k[0])
+        out = [self._records[key] for _, key in self._holds[:end]]
+        del self._holds[:end]
+        for rec in out:
+            rec.hold_key = None
+            rec.kv_held = False
+            self._held(rec, -1)
+        return out
+
+    def _unhold(self, rec: SessionRecord) -> None:
+        if rec.hold_key is None:
+            return
+        i = bisect.bisect_left(self._holds, rec.hold_key)
+        if i < len(self._holds) and self._holds[i] == rec.hold_key:
+            del self._holds[i]
+        rec.hold_key = None
 
     def _unidle(self, rec: SessionRecord) -> None:
         if rec.idle_key is None:

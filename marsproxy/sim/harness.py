@@ -79,6 +79,9 @@ class SimSetup:
     FCFS engines, the scheduler core's dispatch gate releases continuations in level order."""
     report_tools: bool = True
     """Agents report tool_start/tool_end with the tool kind (else the tracker infers phases)."""
+    send_final: bool = True
+    """Agents flag their last call as final; else (a plain OpenAI client) the proxy holds each
+    session until its idle timeout, and the run goes on until the last one has ended."""
     pressure_every: int = 5
     """A pressure_sample event every this many control ticks (the gateway: every 5th scrape)."""
     time_scale: float = 1.0
@@ -116,7 +119,10 @@ class Simulation:
     def __init__(
         self, workload: Workload, policy: str, setup: SimSetup, cfg: MarsConfig | None,
         progress: Callable[[int], None] | None = None,
+        on_tick: Callable[[float, AdmissionCore], None] | None = None,
     ) -> None:
+        """``on_tick``: called after every admission control tick with the core (the sweep's
+        invariant checks read its state there)."""
         self.workload = workload
         self.policy = policy
         self.setup = setup
@@ -142,6 +148,7 @@ class Simulation:
                                          t.confirm_psi if t else 50.0,
                                          t.confirm_cpu_percent if t else 80.0)
         self._progress = progress
+        self._on_tick_hook = on_tick
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._busy = dict.fromkeys(self.workers, False)
@@ -156,7 +163,7 @@ class Simulation:
         self.states: list[dict[str, Any]] = []
         self._next_state_s = 0.0
         self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
-                                      "gate_waits": 0}
+                                      "gate_waits": 0, "max_tools": 0}
         self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
         self._reply: list[int] = []
 
@@ -195,7 +202,7 @@ class Simulation:
             "tick": self._on_tick, "sched_tick": self._on_sched_tick, "send": self._request,
         }
         now = 0.0
-        while self._heap and self._unfinished > 0:
+        while self._heap and self._live():
             now, _, kind, payload = heapq.heappop(self._heap)
             if now > self.setup.horizon_s:
                 break
@@ -213,6 +220,20 @@ class Simulation:
                    "state_snapshots": len(self.states)},
         )
 
+    def _live(self) -> bool:
+        # Sessions without a final flag outlive their agents in the core until idle timeout.
+        # (Only those: with final flags, a session the core still holds then is a leak to see.)
+        return self._unfinished > 0 or (not self.setup.send_final and self.core is not None
+                                        and len(self.core.sessions) > 0)
+
+    def leftovers(self) -> dict[str, int]:
+        """What the run still holds outside the cores: agents waiting for admission or in the
+        dispatch gate, calls in the engines, tool phases running."""
+        return {"held_agents": len(self._held), "gated_calls": len(self._gated),
+                "engine_calls": len(self._by_request),
+                "engines_with_work": sum(e.has_work() for e in self.engines.values()),
+                "tools_running": self.cpu.running}
+
     # -- agents ------------------------------------------------------------------------------
     def _on_arrive(self, now: float, agent: _Agent) -> None:
         self._request(now, agent)
@@ -221,7 +242,7 @@ class Simulation:
         """The agent sends its next call (through the proxy, or straight to a worker)."""
         agent.sent_s = now
         prompt = agent.plan.turns[agent.turn].input_tokens
-        final = agent.turn == len(agent.plan.turns) - 1
+        final = self.setup.send_final and agent.turn == len(agent.plan.turns) - 1
         if self.core is None:
             self._dispatch(now, agent, self.workers[agent.seq % len(self.workers)])
             return
@@ -308,15 +329,20 @@ class Simulation:
             self._carry(now, self.core.on_session_end(now, agent.plan.id, EndReason.DELETED))
         self._finish(agent)
 
-    def _finish(self, agent: _Agent) -> None:
+    def _finish(self, agent: _Agent, *, told: bool = True) -> None:
+        """``told``: the proxy learns that the session ended (else its idle timeout ends it)."""
         agent.done = True
         agent.tokens = []
         self._unfinished -= 1
-        self.tracker.session_ended(agent.plan.id)
-        if self.sched is not None:
-            self.sched.session_ended(agent.plan.id)
+        if told:
+            self._forget(agent.plan.id)
         if self._progress is not None:
             self._progress(1)
+
+    def _forget(self, sid: str) -> None:
+        self.tracker.session_ended(sid)
+        if self.sched is not None:
+            self.sched.session_ended(sid)
 
     def _call_done(self, now: float, fin: FinishedEvent) -> None:
         agent = self._by_request.pop(fin.req_id)
@@ -329,7 +355,8 @@ class Simulation:
         agent.first_token_s = None
         agent.tokens.extend(self._reply_ids(fin.completion_tokens))
         agent.context = fin.prompt_tokens + fin.completion_tokens
-        final = agent.turn == len(agent.plan.turns) - 1
+        last = agent.turn == len(agent.plan.turns) - 1
+        final = last and self.setup.send_final
         if self.core is not None:
             self._carry(now, self.core.on_response_end(
                 now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
@@ -350,9 +377,11 @@ class Simulation:
                 self.stats["retained" if res.retention.retain else "not_retained"] += 1
             if res.ticket is not None:
                 self._release(now, [res.ticket.worker])
-        if final:
+        if last:
             agent.outcome.end_s = now
-            self._finish(agent)
+            if not final and not self.setup.report_tools:
+                self.tracker.response_ended(sid, now)  # to the proxy, a gap like any other
+            self._finish(agent, told=final or self.core is None)
             return
         turn = agent.plan.turns[agent.turn]
         if self.setup.report_tools:
@@ -360,6 +389,7 @@ class Simulation:
         else:
             self.tracker.response_ended(sid, now)
         self.cpu.add(now, sid, turn.tool_s or 0.0)
+        self.stats["max_tools"] = max(self.stats["max_tools"], self.cpu.running)
         self._schedule_cpu()
 
     # -- tools -------------------------------------------------------------------------------
@@ -438,6 +468,8 @@ class Simulation:
         tools = self.tool_signal.signals(self.tracker, now)
         signals = {w: self._signals(w, tools) for w in self.workers}
         self._carry(now, self.core.tick(now, signals))
+        if self._on_tick_hook is not None:
+            self._on_tick_hook(now, self.core)
         self._ticks += 1
         if self.setup.state_every_s > 0 and now >= self._next_state_s:
             self._snapshot(now)
@@ -448,7 +480,7 @@ class Simulation:
                     ts=now, worker=w, kv_usage=s.kv_usage, running=eng.running,
                     waiting=eng.waiting, tools_in_flight=s.tools_in_flight,
                     backlog_ratio=s.backlog_ratio))
-        if self._unfinished > 0:
+        if self._live():
             self._push(now + self.cfg.admission.control_interval_s, "tick")
 
     def _snapshot(self, now: float) -> None:
@@ -474,7 +506,7 @@ class Simulation:
             ))
         self.sched.tick(now)
         self._release(now)
-        if self._unfinished > 0:
+        if self._live():
             self._push(now + self.sched.cfg.tick_s, "sched_tick")
 
     def _record(self, ev: Event) -> None:
@@ -492,3 +524,7 @@ class Simulation:
             agent = self._held.pop(exp.session, None)
             if agent is not None:
                 self._fail(now, agent, exp.status, exp.reason)
+        for sid, _ in actions.ended:
+            ended = self._agents.get(sid)
+            if ended is not None and ended.done:
+                self._forget(sid)  # a session its agent left without a final flag

@@ -18,6 +18,7 @@ from marsproxy.bench.trace import load_trace
 from marsproxy.bench.workload import build_workload
 from marsproxy.emulator.profiles import get_profile, profile_names
 from marsproxy.sim.harness import SimSetup, Simulation
+from marsproxy.sim.sweep import sweep
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " dispatch gate")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
+    k = p.add_argument_group("invariants")
+    k.add_argument("--sweep", type=int, default=None, metavar="N",
+                   help="instead of the workloads above: check the admission invariants"
+                   " (docs/admission.md) on N seeded random workloads, seeds --seed .."
+                   " --seed+N-1; exit status 1 on any violation")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.sweep is not None:
+        if args.sweep < 1:
+            sys.stderr.write(f"marsproxy sim: --sweep needs N >= 1, got {args.sweep}\n")
+            return 2
+        return 1 if sweep(args.sweep, args.seed, sys.stdout) else 0
     try:
         profile = get_profile(args.profile, num_blocks=args.num_blocks)
         cases = options.cases(args, profile.effective_max_model_len)

@@ -225,3 +225,39 @@ def test_other_replicas_sessions_count_as_in_a_call() -> None:
     _two_in_tools(c)
     c.tick(1.6, {"w0": sig(prefill_tokens_per_s=72_000.0, sessions_elsewhere=2)})
     assert c.peak_factor("w0") == 1.0
+
+
+def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
+    # One-call sessions that never say they are done: while they are dormant within their hold
+    # their forecasts fill the fit; once past it (factor 4 × a usual tool time of 1 s, at least
+    # kv_hold_min_s 2 s) they stay admitted but no longer hold room, and one that comes back
+    # counts again.
+    from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
+    from marsproxy.aimd.config import AdmissionConfig
+
+    cfg = AdmissionConfig(kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0,
+                          idle_admit=False)
+    core = AdmissionCore(cfg, ["w0"])
+    sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16)
+    core.tick(0.0, {"w0": sig})
+    for i in range(2):  # 2 × 640 tokens × growth 2.0 = 160 of 180 usable blocks: full
+        assert core.on_request(0.0, f"s{i}", "t", 640).kind is DecisionKind.ADMITTED
+        core.on_response_end(0.1, f"s{i}", prompt_tokens=640, usual_tool_s=1.0)
+    assert core.on_request(0.2, "late", "t", 640).kind is DecisionKind.WAIT
+    core.tick(4.0, {"w0": sig})  # 4 × 1 s after its call: still held
+    assert core.queue.get("late") is not None
+    acts = core.tick(4.2, {"w0": sig})  # past 0.1 + 4 s: both released, "late" fits
+    assert [a.entry.session for a in acts.admitted] == ["late"]
+    assert core.sessions.admitted_on("w0") == 3 and not core.sessions.get("s0").kv_held
+    assert core.on_request(5.0, "s0", "t", 700).kind is DecisionKind.ADMITTED
+    assert core.sessions.get("s0").kv_held
+    assert core.peaks.committed_tokens("w0") == 2 * 1280  # s0 and "late" count, s1 not
+
+
+def test_without_tool_history_the_hold_is_the_idle_timeout() -> None:
+    from marsproxy.core.lifecycle import kv_hold_s
+
+    assert kv_hold_s(None, 4.0, 5.0, 60.0) == 60.0
+    assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
+    assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
+    assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0

@@ -141,14 +141,16 @@ def test_no_deadlock_needs_a_placeable_worker_with_a_slot() -> None:
     assert picked(q, 1.0, [worker(budget_blocks=0, limit=0)]) == []
 
 
-def test_placement_by_most_kv_budget() -> None:
+def test_placement_by_fewest_sessions_ties_in_worker_order() -> None:
     q = AdmissionQueue(CFG)
-    fill(q, [320, 320, 320])  # 20 blocks each
-    ws = [worker("a", budget_blocks=100), worker("b", budget_blocks=130),
-          worker("c", budget_blocks=500, admitted=10)]  # c: no free slot
+    fill(q, [320, 320, 320, 320, 320])  # 20 blocks each
+    ws = [worker("a", budget_blocks=100, admitted=1), worker("b", budget_blocks=130, admitted=1),
+          worker("c", budget_blocks=500, admitted=10),  # c: no free slot
+          worker("d", budget_blocks=30),  # d: fewest sessions, room for one
+          worker("e", budget_blocks=500, admitted=3, held=0)]  # e: its 3 dormant, released
     got = [(a.entry.session, a.worker) for a in q.select(10.0, ws)]
-    # b (130) → b has 110 → a (100) vs b (110): b → a (100) vs b (90): a.
-    assert got == [("s0", "b"), ("s1", "b"), ("s2", "a")]
+    # d, e at 0: d, then e; a, b, e at 1 (d is full): a, then b, then e.
+    assert got == [("s0", "d"), ("s1", "e"), ("s2", "a"), ("s3", "b"), ("s4", "e")]
 
 
 def test_slots_never_exceeded() -> None:

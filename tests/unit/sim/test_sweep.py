@@ -1,0 +1,83 @@
+"""The sweep's workloads and the harness's hooks it relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+
+from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.bench import options
+from marsproxy.bench.arrivals import ArrivalSpec
+from marsproxy.bench.trace import load_trace
+from marsproxy.bench.workload import WorkloadSpec, build_workload
+from marsproxy.cli import main as cli_main
+from marsproxy.emulator.profiles import get_profile
+from marsproxy.sim.harness import SimSetup, Simulation
+from marsproxy.sim.invariants import check_drained
+from marsproxy.sim.sweep import _longest_call, make_case, sweep
+
+SETUP = SimSetup(profile=get_profile("tiny", num_blocks=1024), tool_cpus=4,
+                 system_prompt_tokens=60)
+
+
+def _run(send_final: bool) -> tuple[Simulation, float, list[float]]:
+    wl = build_workload(load_trace(), WorkloadSpec(
+        sessions=4, seed=3, token_scale=0.05, tool_time_scale=0.01, max_turns=3,
+        max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 1.0)))
+    cfg = options.proxy_config("mars", options.parse_sets([]), ["http://w0"])
+    ticks: list[float] = []
+
+    def seen(now: float, core: AdmissionCore) -> None:
+        assert core is sim.core
+        ticks.append(now)
+
+    sim = Simulation(wl, "mars", dataclasses.replace(SETUP, send_final=send_final), cfg,
+                     on_tick=seen)
+    res = sim.run()
+    assert all(o.ok for o in res.outcomes), [o.error for o in res.outcomes]
+    return sim, float(res.extra["sim_end_s"]), ticks
+
+
+def test_without_the_final_flag_sessions_end_by_idle_timeout_and_nothing_is_left() -> None:
+    flagged, flagged_end, ticks = _run(send_final=True)
+    plain, plain_end, plain_ticks = _run(send_final=False)
+    assert ticks and plain_ticks and ticks == sorted(ticks)
+    assert flagged_end < 30  # the run ends with its last session
+    assert flagged.core is not None and plain.core is not None
+    # Without the flag the proxy holds every session until its idle timeout (60 s at least),
+    # then lets all of it go.
+    assert plain_end >= plain.core.cfg.idle_timeout_min_s
+    assert len(plain.core.sessions) == 0
+    for sim, end in ((flagged, flagged_end), (plain, plain_end)):
+        assert check_drained(sim.core, sim.sched, sim.leftovers(), end) == []
+        assert sim.stats["max_tools"] >= 1
+
+
+def test_workloads_are_deterministic_and_every_call_fits_the_engine() -> None:
+    traces = load_trace()
+    kinds = set()
+    for seed in range(40):
+        case = make_case(seed, traces)
+        again = make_case(seed, traces)
+        assert case.workload == again.workload and case.label == again.label
+        limit = case.setup.profile.effective_max_model_len
+        system = case.setup.system_prompt_tokens
+        assert all(_longest_call(s, system) <= limit for s in case.workload.sessions)
+        assert 1 <= case.setup.workers <= 4
+        kinds.add((case.setup.send_final, case.setup.report_tools,
+                   case.workload.spec.arrivals.kind))
+    assert len(kinds) >= 8  # clients and arrival patterns vary
+
+
+def test_the_sweep_prints_the_same_report_twice() -> None:
+    a, b = io.StringIO(), io.StringIO()
+    assert sweep(3, 5, a) == sweep(3, 5, b)
+    assert a.getvalue() == b.getvalue()
+    assert "workloads: 3" in a.getvalue() and "violations:" in a.getvalue()
+
+
+def test_the_cli_refuses_an_empty_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["sim", "--sweep", "0"]) == 2
+    assert "--sweep needs N >= 1, got 0" in capsys.readouterr().err
