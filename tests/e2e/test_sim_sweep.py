@@ -51,9 +51,5 @@ def test_no_session_waits_idly_is_lost_or_leaks(swept: Sweep, rule: str) -> None
 
 
 @pytest.mark.timeout(660)
-@pytest.mark.xfail(strict=True, reason=(
-    "the admission core: at light load mars's P95 E2E is 1.048x direct's on workload 1 (4"
-    " workers, 36 sessions, no session ever waits: mars's placement, most KV budget first,"
-    " puts 8/8/9/11 sessions on the workers where direct's round robin puts 9 on each)"))
 def test_light_load_stays_within_three_percent_of_direct(swept: Sweep) -> None:
     assert swept.counts["c"] == 0, swept.out[-5000:]
