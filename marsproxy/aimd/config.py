@@ -243,11 +243,11 @@ class AdmissionConfig(_Section):
     )
     idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
     kv_hold_min_s: float = Field(
-        5.0, ge=0,
+        20.0, ge=0,
         description="A dormant session's forecast counts in the KV fit for idle_timeout_factor ×"
-        " its usual tool time, at least this long (at most its idle timeout; without tool"
-        " history, until the idle timeout). A session away longer than its tools ever took"
-        " (a plain client's finished task) stays admitted but no longer holds KV room.",
+        " its usual tool time, at least this long, at most its idle timeout (without tool"
+        " history: this long). A session away longer than that (a plain client's finished"
+        " task) stays admitted but no longer holds KV room; it counts again when it is back.",
     )
 
     @model_validator(mode="after")

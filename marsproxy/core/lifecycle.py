@@ -49,11 +49,11 @@ class LifecycleError(ValueError):
 
 def kv_hold_s(usual_tool_s: float | None, factor: float, min_s: float, idle_s: float) -> float:
     """How long a dormant session's KV budget is held for it: factor × its usual tool time, at
-    least ``min_s``, at most its idle timeout; without tool history, the idle timeout. A session
-    that stays away longer than its tools ever took is likely done (a plain client's one-shot
-    task): its forecast stops counting, though it stays admitted until the idle timeout."""
+    least ``min_s``, at most its idle timeout; without tool history, ``min_s``. A session that
+    stays away longer than its tools ever took is likely done (a plain client's one-shot task):
+    its forecast stops counting, though it stays admitted until the idle timeout."""
     if usual_tool_s is None:
-        return idle_s
+        return min(idle_s, min_s)
     return min(idle_s, max(min_s, factor * usual_tool_s))
 
 

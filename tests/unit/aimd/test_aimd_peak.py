@@ -254,10 +254,11 @@ def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     assert core.peaks.committed_tokens("w0") == 2 * 1280  # s0 and "late" count, s1 not
 
 
-def test_without_tool_history_the_hold_is_the_idle_timeout() -> None:
+def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:
     from marsproxy.core.lifecycle import kv_hold_s
 
-    assert kv_hold_s(None, 4.0, 5.0, 60.0) == 60.0
+    assert kv_hold_s(None, 4.0, 5.0, 60.0) == 5.0  # no tool history: the floor
+    assert kv_hold_s(None, 4.0, 90.0, 60.0) == 60.0
     assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
     assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
     assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0
