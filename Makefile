@@ -3,7 +3,7 @@ PYTHON ?= python3
 DEMO_VENV := .venv-demo
 TEST_VENV := .venv
 
-.PHONY: demo test lint config-docs clean
+.PHONY: demo test lint config-docs module-map clean
 
 $(DEMO_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DEMO_VENV)
@@ -29,6 +29,9 @@ lint: $(TEST_VENV)/.installed
 
 config-docs: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python scripts/config_docs.py docs/configuration.md configs/marsproxy.yaml
+
+module-map:
+	$(PYTHON) scripts/module_map.py docs/architecture.md
 
 clean:
 	rm -rf $(DEMO_VENV) $(TEST_VENV) .pytest_cache .mypy_cache .ruff_cache
