@@ -63,6 +63,8 @@ class WorkerSignals:
     reported."""
     prefill_tokens_per_s: float | None = None
     """The engine's measured prefill speed (the scraper's estimate); ``None``: not known yet."""
+    sampled_at: float | None = None
+    """When the engine's gauges were read, on the core's clock (``None``: unknown)."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0
@@ -307,12 +309,19 @@ class AdmissionCore:
         """How long ``worker`` has run nothing while every session admitted on it sits in a
         tool phase (``None``: something runs, nothing is admitted, or it cannot be known)."""
         s = self._signals[worker]
-        if s.stale or (s.running or 0) > 0:
+        if s.stale:
             return None
-        if s.running is None and s.sessions_elsewhere > 0:
-            return None  # other replicas' sessions may be running there: unseen
         since = self.sessions.dormant_since(worker)
-        return None if since is None else max(0.0, now - since)
+        if since is None:
+            return None
+        if (s.running or 0) > 0 or (s.running is None and s.sessions_elsewhere > 0):
+            # Something runs there (other replicas' or anyone's requests), unless the gauge
+            # was read before this replica's last call ended and no one else holds sessions
+            # there: then it still counted that call, and it is the one that is over.
+            earlier = s.sampled_at is not None and s.sampled_at < since
+            if not earlier or s.sessions_elsewhere > 0:
+                return None
+        return max(0.0, now - since)
 
     def peak_room(self, worker: str, committed_tokens: int | None = None) -> int | None:
         """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so

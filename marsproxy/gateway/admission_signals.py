@@ -57,6 +57,7 @@ def worker_signals(
         stale=pressure.stale,
         kv_usage=m.kv_usage,
         running=m.running,
+        sampled_at=m.sampled_at,
         preemptions_total=m.preemptions_total,
         prefill_tokens_per_s=pressure.rates.prefill_tokens_per_s,
         free_blocks=free_blocks_from_usage(m.kv_usage, total),

@@ -439,13 +439,14 @@ class Simulation:
         self._kick(worker, now)
 
     # -- the proxy's control loop ------------------------------------------------------------
-    def _signals(self, w: str, tools: ToolCpuSignals) -> WorkerSignals:
+    def _signals(self, w: str, tools: ToolCpuSignals, now: float | None = None) -> WorkerSignals:
         eng = self.engines[w]
         prof = self.setup.profile
         usage = eng.kv.usage
         retained = self.sched.retained_blocks(w) if self.sched else 0
         return WorkerSignals(
             running=eng.stats().running, preemptions_total=float(eng.num_preemptions),
+            sampled_at=now,
             prefill_tokens_per_s=self.prefill[w].sample(),
             kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
             total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
@@ -466,7 +467,7 @@ class Simulation:
         assert self.core is not None and self.cfg is not None
         self.tool_signal.observe(self._cpu_reading(now))
         tools = self.tool_signal.signals(self.tracker, now)
-        signals = {w: self._signals(w, tools) for w in self.workers}
+        signals = {w: self._signals(w, tools, now) for w in self.workers}
         self._carry(now, self.core.tick(now, signals))
         if self._on_tick_hook is not None:
             self._on_tick_hook(now, self.core)

@@ -82,6 +82,18 @@ def test_the_engine_running_anything_is_not_idle() -> None:
     assert [a.entry.session for a in acts.admitted] == ["x"]
 
 
+def test_a_gauge_read_before_the_last_call_ended_does_not_hold_an_idle_admission() -> None:
+    # The scrape counted the call that has ended since: alone on the worker, this replica's
+    # own sessions (all in tools) are the current view; read after it, the gauge is believed.
+    c = core()
+    two_in_tools(c)  # their calls ended at 1.1 and 1.2
+    c.on_request(1.3, "x", "t", FIRST)
+    busy_since = {"kv_usage": 0.3, "free_blocks": 700, "running": 1}
+    assert not c.tick(3.0, {"w0": sig(**busy_since, sampled_at=2.9)}).admitted
+    acts = c.tick(3.2, {"w0": sig(**busy_since, sampled_at=1.05)})
+    assert [a.entry.session for a in acts.admitted] == ["x"]
+
+
 def test_the_first_prompt_must_fit_the_free_blocks() -> None:
     c = core()
     two_in_tools(c)
