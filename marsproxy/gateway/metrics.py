@@ -132,8 +132,8 @@ class GatewayMetrics:
         self.resumes = Tally(
             "marsproxy_resumes",
             "Continuations back from a tool phase, by outcome (warm: cached prompt tokens cover"
-            " scheduler.warm_resume_min_frac of the context it left with) and whether its prefix"
-            " was retained.",
+            " scheduler.tuning.warm_resume_min_frac of the context it left with) and whether its"
+            " prefix was retained.",
             ["outcome", "retained"],
         )
         self.resume_tokens = Tally(

@@ -54,7 +54,7 @@ def check_tick(now: float, core: AdmissionCore) -> list[Violation]:
         return []
     out: list[Violation] = []
     views = [v for v in core.views(now) if open_to(v)]
-    bound = core.cfg.max_bypass
+    bound = core.cfg.tuning.max_bypass
     for pos, e in enumerate(core.queue.ordered(now)):
         bypassed = core.queue.bypasses(e.session)
         if bypassed > bound:
