@@ -105,7 +105,7 @@ class Decision:
     retry_after_s: int | None = None
     reason: str = ""
     idle: bool = False
-    """Admitted onto an idle worker past the limit (``admission.idle_admit``): the store must
+    """Admitted onto an idle worker past the limit (``admission.tuning.idle_admit``): the store must
     confirm it against the idle limit."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""

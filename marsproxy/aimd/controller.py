@@ -105,7 +105,7 @@ class AimdController:
 
     @property
     def idle_limit(self) -> int:
-        """The limit for an idle admission (``admission.idle_admit``): without the window and
+        """The limit for an idle admission (``admission.tuning.idle_admit``): without the window and
         the CPU cap while KV is healthy. The CPU cap binds on tool-CPU overload, which an
         engine with nothing to run does not add to until the admitted session's call is done."""
         if self._kv_over or self._stale:

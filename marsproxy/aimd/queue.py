@@ -77,7 +77,7 @@ class Admission:
     forced: bool = False
     """Admitted by the no-deadlock rule, without fitting."""
     idle: bool = False
-    """Admitted onto an idle worker past the forecast-peak fit (``admission.idle_admit``)."""
+    """Admitted onto an idle worker past the forecast-peak fit (``admission.tuning.idle_admit``)."""
 
 
 @dataclass(slots=True)

@@ -117,7 +117,7 @@ class GatewayMetrics:
             " slow body, 413 body too large, 429 connection cap, 431 head too large).",
             ["status"],
         )
-        # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
+        # -- scheduler ------------------------------------------------
         self.continuations = Tally(
             "marsproxy_continuations",
             "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",

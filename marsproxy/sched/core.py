@@ -1,4 +1,4 @@
-"""The scheduler core (DESIGN §5.3, §5.4): what happens to each continuation, and after it.
+"""The scheduler core: what happens to each continuation, and after it.
 
 One object that the gateway shell and a simulator both drive with events, all pure and
 clock-injected (``now`` is a parameter; no I/O):

@@ -1,4 +1,4 @@
-"""Priority level of a continuation (DESIGN §5.3): a 4-level MLFQ, lower runs sooner.
+"""Priority level of a continuation: a 4-level MLFQ, lower runs sooner.
 
 The level starts from the prefill bucket of the continuation's *uncached* tokens (prefill is
 what a continuation costs the engine before its first token), is demoted by the session's

@@ -1,4 +1,4 @@
-"""KV retention decision at the end of a continuation (DESIGN §5.4).
+"""KV retention decision at the end of a continuation.
 
 Holding a dormant session's prefix costs KV that others could use; dropping it costs a
 re-prefill when the session returns. MARS retains iff the re-prefill would take longer than

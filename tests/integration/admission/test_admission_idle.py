@@ -1,6 +1,6 @@
 """Idle admission through the gateway: a session the forecast-peak fit holds back is let in
 once every admitted session has sat in its tool phase, with nothing running on the engine,
-for ``admission.idle_admit_after_s`` (scraped from a real emulated worker's /metrics)."""
+for ``admission.tuning.idle_admit_after_s`` (scraped from a real emulated worker's /metrics)."""
 
 from __future__ import annotations
 

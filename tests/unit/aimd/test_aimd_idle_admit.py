@@ -1,5 +1,6 @@
 """Idle admission: a worker whose admitted sessions all sit in tool phases, with nothing running
-and sessions waiting, takes one more past the forecast-peak fit (``admission.idle_admit``)."""
+and sessions waiting, takes one more past the forecast-peak fit
+(``admission.tuning.idle_admit``)."""
 
 from __future__ import annotations
 

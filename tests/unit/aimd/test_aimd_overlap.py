@@ -1,5 +1,5 @@
 """The measured overlap of forecast peaks, and the overcommit of the fit it allows
-(``admission.peak_overcommit_max``, ``aimd/overlap.py``)."""
+(``admission.tuning.peak_overcommit_max``, ``aimd/overlap.py``)."""
 
 from __future__ import annotations
 
