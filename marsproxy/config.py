@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.stores.config import StoreConfig
+from marsproxy.config_moves import retired_keys
 from marsproxy.config_section import Section as _Section
-from marsproxy.gateway.security_config import AuthConfig, LimitsConfig
-from marsproxy.policies import PolicyError, policy_names, policy_preset
+from marsproxy.policies import PolicyError, policy_preset
 from marsproxy.probes.config import ProbesConfig
 from marsproxy.sched.config import SchedulerConfig
+from marsproxy.security_config import AuthConfig, LimitsConfig
 
 ENV_PREFIX = "MARSPROXY_"
 
@@ -155,15 +156,9 @@ class SessionsConfig(_Section):
         return tuple(h.lower() for h in v)
 
 
-class ToolsConfig(_Section):
-    location: Literal["host", "reported", "elsewhere"] = Field(
-        "host",
-        description="Where agents' tools run. host: on the probed host or cgroup (probes.cpu);"
-        " reported phases count as CPU work, inferred ones (the gap between a session's calls)"
-        " only while measured pressure confirms it. reported: only phases harnesses report"
-        " (POST /mars/v1/sessions/{id}/events) count. elsewhere: tool CPU never holds sessions"
-        " back (tools run in sandboxes on other machines).",
-    )
+class ToolsTuning(_Section):
+    """``tools.tuning:`` — how tool phases are confirmed, predicted and bounded."""
+
     confirm_psi: float = Field(
         50.0, ge=0, le=100,
         description="With location host: CPU PSI some avg10 (%) at or above which the host's"
@@ -193,6 +188,21 @@ class ToolsConfig(_Section):
     )
     event_max_age_s: float = Field(
         3600.0, gt=0, description="Explicit tool events with an older ts are refused (400)."
+    )
+
+
+class ToolsConfig(_Section):
+    location: Literal["host", "reported", "elsewhere"] = Field(
+        "host",
+        description="Where agents' tools run. host: on the probed host or cgroup (probes.cpu);"
+        " reported phases count as CPU work, inferred ones (the gap between a session's calls)"
+        " only while measured pressure confirms it. reported: only phases harnesses report"
+        " (POST /mars/v1/sessions/{id}/events) count. elsewhere: tool CPU never holds sessions"
+        " back (tools run in sandboxes on other machines).",
+    )
+    tuning: ToolsTuning = Field(
+        ToolsTuning(),
+        description="How tool phases are confirmed as CPU work, predicted and bounded.",
     )
 
 
@@ -323,13 +333,22 @@ def load_config(
             raise ConfigError(f"config file {p}: the top level must be a mapping")
         data = loaded
         sources.append(f"file {p}")
+        retired = retired_keys(loaded, f"file {p}")
+    else:
+        retired = []
     env = env_overrides(environ)
     if env:
         data = _deep_merge(data, env)
         sources.append("environment " + ", ".join(k for k in environ if k.startswith(ENV_PREFIX)))
+        for name in sorted(environ):
+            one = env_overrides({name: environ[name]})
+            retired += retired_keys(one, f"environment variable {name}", ENV_PREFIX)
     if overrides:
         data = _deep_merge(data, overrides)
         sources.append("command line")
+        retired += retired_keys(overrides, "command line")
+    if retired:
+        raise ConfigError("configuration keys that moved or were removed:\n" + "\n".join(retired))
     # The preset is the bottom layer: whatever the file, env or flags set wins over it.
     name = data.get("policy", MarsConfig.model_fields["policy"].default)
     try:
@@ -345,88 +364,3 @@ def load_config(
 def dump_config(cfg: MarsConfig) -> str:
     """The effective values as YAML (what ``marsproxy config check`` prints)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-def iter_keys(
-    model: type[BaseModel] = MarsConfig, prefix: str = ""
-) -> list[tuple[str, Any, str]]:
-    """Every leaf key as (dotted name, default, description): the config reference's rows."""
-    rows: list[tuple[str, Any, str]] = []
-    for name, info in model.model_fields.items():
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(iter_keys(ann, f"{prefix}{name}."))
-        else:
-            default = info.get_default(call_default_factory=True)
-            rows.append((f"{prefix}{name}", default, info.description or ""))
-    return rows
-
-
-def _yaml_scalar(v: Any) -> str:
-    v = list(v) if isinstance(v, tuple) else v
-    v = v.get_secret_value() if isinstance(v, SecretStr) else v  # defaults only: never secret
-    text = yaml.safe_dump(v, default_flow_style=True, width=10_000)
-    return str(text).strip().removesuffix("...").strip()
-
-
-def reference_table() -> str:
-    """The Markdown table of every key, as kept in ``docs/configuration.md``."""
-    out = ["| key | default | meaning |", "|---|---|---|"]
-    for key, default, desc in iter_keys():
-        out.append(f"| `{key}` | `{_yaml_scalar(default)}` | {desc} |")
-    return "\n".join(out) + "\n"
-
-
-EXAMPLE_HEAD = """\
-# marsproxy example configuration: every key, set to its default (see docs/configuration.md).
-# Environment variables override it (MARSPROXY_SERVER__PORT=9000), command-line flags override both.
-# The policy preset (`policy:`, or `serve --policy NAME`) lies beneath this file: the keys a
-# preset sets are commented out here, so that choosing another policy is not overruled.
-# Generated by `make config-docs` from marsproxy/config.py; edit the code, not this file.
-"""
-EXAMPLE_WORKERS = """\
-# Upstream workers (vLLM OpenAI servers or `marsproxy emulate`). `serve` needs at least one.
-# A bare URL, or {url: ..., name: ..., priority: true|false|auto, max_num_seqs: N}
-# (priority: whether it runs --scheduling-policy priority; see docs/scheduler.md).
-workers:
-  - http://127.0.0.1:8000
-  - http://127.0.0.1:8001
-"""
-
-
-def example_yaml() -> str:
-    """``configs/marsproxy.yaml``: every key at its default, described in comments."""
-    out = [EXAMPLE_HEAD]
-    preset_keys = _preset_keys()
-    opened: list[str] = []  # the section path whose header was written last
-    for key, default, desc in iter_keys():
-        if key == "workers":
-            out.append("\n" + EXAMPLE_WORKERS)
-            opened = []
-            continue
-        *path, leaf = key.split(".")
-        common = 0
-        while common < min(len(path), len(opened)) and path[common] == opened[common]:
-            common += 1
-        for depth in range(common, len(path)):
-            blank = "\n" if depth == 0 else ""
-            out.append(f"{blank}{'  ' * depth}{path[depth]}:\n")
-        opened = path
-        pad = "  " * len(path)
-        if key in preset_keys:
-            # Set here, it would pin the key against every policy preset (the file wins).
-            out.append(f"{pad}# {desc}\n{pad}# {leaf}: {_yaml_scalar(default)}"
-                       "  # set by the policy preset; uncomment to pin it\n")
-        else:
-            out.append(f"{pad}# {desc}\n{pad}{leaf}: {_yaml_scalar(default)}\n")
-    return "".join(out)
-
-
-def _preset_keys() -> set[str]:
-    """Dotted keys that some policy preset sets."""
-    def walk(tree: Mapping[str, Any], prefix: str) -> set[str]:
-        keys: set[str] = set()
-        for k, v in tree.items():
-            keys |= walk(v, f"{prefix}{k}.") if isinstance(v, Mapping) else {prefix + k}
-        return keys
-    return set().union(*(walk(policy_preset(n), "") for n in policy_names()))

@@ -221,7 +221,7 @@ async def _run_once(
         "probes": {"cpu": {"tool_cpus": opts.tool_cpus}, "nvml": {"enabled": False}},
         "policy": policy,
         # Growth needs a used window (app-limited guard): the calm phase is small on purpose.
-        "admission": {"app_limited_frac": 0.25},
+        "admission": {"tuning": {"app_limited_frac": 0.25}},
     }
     if redis_url is not None:
         overrides["store"] = {"backend": "redis", "redis_url": redis_url, "pool": "demo",

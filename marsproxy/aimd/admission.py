@@ -107,7 +107,7 @@ class Decision:
     retry_after_s: int | None = None
     reason: str = ""
     idle: bool = False
-    """Admitted onto an idle worker past the limit (``admission.idle_admit``): the store must
+    """Admitted onto an idle worker past the limit (``admission.tuning.idle_admit``): the store must
     confirm it against the idle limit."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""
@@ -123,10 +123,11 @@ class AdmissionCore:
         self.queue = AdmissionQueue(cfg)
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
-            cfg.kv_hold_min_s,
+            cfg.tuning.kv_hold_min_s,
         )
-        self.estimator = PromptEstimator(cfg.chars_per_token)
-        self.peaks = PeakForecast(cfg.peak_growth_prior, cfg.peak_history, cfg.peak_min_samples)
+        self.estimator = PromptEstimator(cfg.tuning.chars_per_token)
+        t = cfg.tuning
+        self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)
         self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         # Blocks promised to sessions admitted whose first prompt the worker has not served
@@ -181,7 +182,7 @@ class AdmissionCore:
             return self.on_request(now, session, tenant, est_tokens, final=final)
         if correction is not None:
             self.estimator.restore(session, correction)
-        long = est_tokens > self.cfg.long_prompt_tokens
+        long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
                             turns=turns)
         self.peaks.admit(session, worker, est_tokens)
@@ -203,7 +204,7 @@ class AdmissionCore:
         for v in self._views():
             if v.name == rec.worker or v.name not in candidates or not v.placeable:
                 continue
-            if rec.long and v.long_admitted >= self.cfg.max_long_in_flight:
+            if rec.long and v.long_admitted >= self.cfg.tuning.max_long_in_flight:
                 continue
             if not fits(blocks_for_tokens(rec.est_tokens, v.block_size), v.budget_blocks):
                 continue
@@ -259,7 +260,7 @@ class AdmissionCore:
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
             # The forecasts' sum once per worker: the controller's budget and the overlap.
             committed = (self.peaks.committed_tokens(w, self._signals[w].sessions_elsewhere)
-                         if self.cfg.kv_fit_peak else 0)
+                         if self.cfg.tuning.kv_fit_peak else 0)
             changes = self.controllers[w].tick(now, self._control_signals(w, committed))
             self._observe_overlap(now, w, committed)
             actions.window_changes.extend(changes)
@@ -329,9 +330,10 @@ class AdmissionCore:
         (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
         forecasts' sum, when the caller has it."""
         s = self._signals[worker]
-        if not self.cfg.kv_fit_peak or s.total_blocks is None:
+        if not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
             return None
-        if self.sessions.admitted_on(worker) + s.sessions_elsewhere < self.cfg.peak_free_sessions:
+        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
+        if held < self.cfg.tuning.peak_free_sessions:
             return None
         if committed_tokens is None:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
@@ -346,7 +348,7 @@ class AdmissionCore:
         :meth:`reprefill_s`) and fewer than ``peak_free_sessions`` sessions are in a call
         (those of other replicas count as in a call: this replica cannot see them)."""
         factor = self.overlaps.factor(worker)
-        limit = self.cfg.peak_cheap_reprefill_s
+        limit = self.cfg.tuning.peak_cheap_reprefill_s
         if limit <= 0 or factor >= self.overlaps.ceiling:
             return factor
         reprefill = self.reprefill_s(worker, committed_tokens)
@@ -354,7 +356,7 @@ class AdmissionCore:
             return factor
         # The price first: counting the sessions in a call walks them all.
         in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
-        return self.overlaps.ceiling if in_call < self.cfg.peak_free_sessions else factor
+        return self.overlaps.ceiling if in_call < self.cfg.tuning.peak_free_sessions else factor
 
     def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
         """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held
@@ -371,7 +373,7 @@ class AdmissionCore:
 
     def _observe_overlap(self, now: float, worker: str, committed_tokens: int) -> None:
         s = self._signals[worker]
-        if (not self.cfg.kv_fit_peak or s.stale or not s.total_blocks
+        if (not self.cfg.tuning.kv_fit_peak or s.stale or not s.total_blocks
                 or s.free_blocks is None):
             return
         usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
@@ -404,12 +406,12 @@ class AdmissionCore:
         )
 
     def kv_signal(self, worker: str) -> float | None:
-        """The KV usage the AIMD controller reads: vLLM's gauge, or with ``kv_count_retained``
-        max(gauge, (used + retained blocks) / total). vLLM counts the cached blocks of a
+        """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
+        total). vLLM counts the cached blocks of a
         session in its tool phase as free; the ledger knows they will be wanted back."""
         s = self._signals[worker]
         u = s.kv_usage
-        if u is None or not self.cfg.kv_count_retained or s.retained_blocks <= 0:
+        if u is None or s.retained_blocks <= 0:
             return u
         if not s.total_blocks or s.free_blocks is None:
             return u
@@ -457,7 +459,7 @@ class AdmissionCore:
         # order, as the queue places; the window is ignored.
         views = [v for v in self._views() if v.placeable] or self._views()
         best = min(views, key=lambda v: v.held if v.held is not None else v.admitted)
-        long = est_tokens > self.cfg.long_prompt_tokens
+        long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, best.name)
         self.peaks.admit(session, best.name, est_tokens)

@@ -1,36 +1,21 @@
 """Configuration of the admission control plane (mounted into ``MarsConfig`` as ``admission:``).
 
-Every number of DESIGN §5.1 (AIMD window) and §5.2 (admission order) is a field here with the
-design's default, so code, YAML, docs and Prometheus share one name for it.
+The keys an operator sets sit directly under ``admission:``; the controller's internals (overload
+marks, the forecast fit, queue order details) under ``admission.tuning:``, whose defaults suit
+the deployments marsproxy was measured on and rarely need a change.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 from pydantic import Field, model_validator
 
 from marsproxy.config_section import Section as _Section
 
 
-class AdmissionConfig(_Section):
-    """``admission:`` — AIMD window per worker, KV-fit check and the admission queue."""
+class AdmissionTuning(_Section):
+    """``admission.tuning:`` — internals of the window, the KV fit and the queue order."""
 
-    enabled: bool = Field(
-        True, description="Hold new sessions in the admission queue; false: admit every session."
-    )
-    # -- AIMD window (DESIGN §5.1) ----------------------------------------------------------
-    window_init: int = Field(
-        30, ge=1,
-        description="Window (sessions per worker) at start. The window holds sessions back only"
-        " while the worker is overloaded (KV, tool CPU, or unseen); otherwise the KV fit decides.",
-    )
-    window_min: int = Field(4, ge=1, description="Smallest window; decreases stop here.")
-    window_max: int | None = Field(
-        None, ge=1,
-        description="Most sessions a worker may hold, overloaded or not; null: no count bound"
-        " (the KV fit and, under overload, the window decide).",
-    )
+    # -- AIMD window --------------------------------------------------------------------------
     increase: int = Field(1, ge=1, description="Additive increase per control tick.")
     decrease: float = Field(
         0.7, gt=0, lt=1, description="Multiplicative decrease per control tick while overloaded."
@@ -38,17 +23,20 @@ class AdmissionConfig(_Section):
     control_interval_s: float = Field(
         0.2, gt=0, description="Period of the control tick; faster calls are ignored."
     )
+    app_limited_frac: float = Field(
+        0.5, ge=0, le=1,
+        description="Grow only when admitted sessions ≥ this fraction of the window (app-limited"
+        " guard).",
+    )
+    # -- Overload marks -------------------------------------------------------------------------
     kv_enter: float = Field(
-        0.90, gt=0, le=1, description="KV usage at or above which a worker is KV-overloaded."
+        0.90, gt=0, le=1,
+        description="KV usage at or above which a worker is KV-overloaded. The usage read is"
+        " max(vLLM usage, (used blocks + blocks retained for dormant sessions) / total): vLLM"
+        " counts a dormant session's cached blocks as free.",
     )
     kv_leave: float = Field(
         0.85, ge=0, lt=1, description="KV usage at or below which KV overload ends."
-    )
-    kv_count_retained: bool = Field(
-        True,
-        description="KV overload reads the effective usage max(vLLM usage, (used blocks +"
-        " blocks the KV ledger retains for dormant sessions) / total): vLLM counts a dormant"
-        " session's cached blocks as free, so tool phases would read as spare capacity.",
     )
     cpu_backlog_enter: float = Field(
         2.0, gt=0,
@@ -64,26 +52,6 @@ class AdmissionConfig(_Section):
     tool_wait_leave_s: float = Field(
         2.0, ge=0, description="Tool queue-wait EMA (s) at or below which CPU overload may end."
     )
-    cpu_cap_always: bool = Field(
-        False,
-        description="Bound the limit by the CPU cap (ceil(tool_cpus × cpu_cap_backlog)) on every"
-        " tick; false: only while CPU is overloaded. The cap counts sessions, and a session in"
-        " an LLM call uses no tool CPU, so without CPU pressure it only holds back GPU work.",
-    )
-    cpu_cap_backlog: float = Field(
-        4.0, gt=0,
-        description="Sessions per tool CPU the CPU cap allows: cap = ceil(tool_cpus × this),"
-        " clamped to [window_min, the ceiling]. Lower values queue short sessions behind long"
-        " tool phases while the cores are busy anyway.",
-    )
-    cpu_overload_shrinks: bool = Field(
-        False,
-        description="CPU overload shrinks the window multiplicatively, as KV overload does"
-        " (DESIGN §5.1); false: it holds the window (no growth) and the CPU cap bounds the"
-        " limit. An overloaded CPU wastes no work, it stretches tool phases, and the sessions"
-        " that overloaded it stay admitted, so a cut every tick walks the window to window_min"
-        " long before any of them leaves.",
-    )
     use_psi: bool = Field(
         False, description="Also use CPU PSI 'some avg10' for CPU overload (when the probe has it)."
     )
@@ -93,32 +61,38 @@ class AdmissionConfig(_Section):
     psi_leave: float = Field(
         30.0, ge=0, lt=100, description="PSI some avg10 (%) at or below which CPU overload may end."
     )
-    app_limited_frac: float = Field(
-        0.5, ge=0, le=1,
-        description="Grow only when admitted sessions ≥ this fraction of the window (app-limited"
-        " guard).",
+    cpu_cap_backlog: float = Field(
+        4.0, gt=0,
+        description="While tool CPUs are overloaded the window stops growing and the limit is at"
+        " most ceil(tool_cpus × this) sessions, clamped to [window_min, the ceiling]. Lower"
+        " values queue short sessions behind long tool phases while the cores are busy anyway.",
     )
-    # -- KV fit ---------------------------------------------------------------------------
-    kv_reserve_frac: float = Field(
-        0.10, ge=0, lt=1, description="Fraction of a worker's KV blocks never promised to sessions."
-    )
+    # -- KV fit ---------------------------------------------------------------------------------
     kv_fit_peak: bool = Field(
         True,
         description="KV-fit budgets every admitted session (running or in a tool phase) at its"
         " forecast peak context, max(context so far, first prompt × growth), and admits a new"
         " session only if its forecast fits beside them; false: only its first prompt against"
-        " the free blocks.",
+        " the free blocks (with window_min = window_init = window_max = N, a fixed window of N"
+        " sessions: the benchmarks' yardstick).",
     )
     peak_growth_prior: float = Field(
         2.0, ge=1,
         description="Peak context per first-prompt token assumed until peak_min_samples sessions"
-        " have finished (agent traces: 2.3-4.2).",
+        " have finished.",
+    )
+    peak_history: int = Field(
+        64, ge=1,
+        description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",
+    )
+    peak_min_samples: int = Field(
+        4, ge=1, description="Finished sessions needed before the learnt growth replaces the prior."
     )
     peak_overcommit: float = Field(
         1.0, gt=0,
         description="Forecast peaks may always sum to this many times a worker's usable KV: the"
-        " floor of the overcommit measured from the overlap (peak_overcommit_max). As a fixed"
-        " factor, simulated 32k: 1.2 about as good as 1.0, 1.5 brings back the preemptions.",
+        " floor of the overcommit measured from the overlap (peak_overcommit_max). Well above 1"
+        " the fit lets in more than the KV holds and the engine preempts.",
     )
     peak_overcommit_max: float = Field(
         3.0, gt=0,
@@ -156,10 +130,8 @@ class AdmissionConfig(_Section):
         " mean forecast over its measured prefill speed) within this many seconds, and fewer than"
         " peak_free_sessions of them are in an LLM call, the fit overcommits by"
         " peak_overcommit_max: such preemptions cost less than sessions held back while the"
-        " engine has little to run (simulated CPU-bound tiny worker at 4/s: 1.17x -> 1.72x"
-        " direct). 0: off. The simulated H200 takes 1.6-26 s at 32k-128k contexts, and the"
-        " real vLLM on a 2-core CPU 0.55-1.9 s for 1.2-1.9k tokens, so the rule stays off"
-        " there (at 1 s it fired on that vLLM and cost it a third of its speed-up).",
+        " engine has little to run. 0: off. Keep it below a second: on workers that take longer"
+        " to re-prefill, the preemptions it lets in cost more than they save.",
     )
     idle_admit: bool = Field(
         True,
@@ -174,33 +146,22 @@ class AdmissionConfig(_Section):
         description="How long a worker must sit idle that way before idle_admit lets one more"
         " session in; 0: at once (a plain client's next one-shot session waits for nothing).",
     )
-    peak_history: int = Field(
-        64, ge=1,
-        description="Finished sessions whose Σ peak / Σ first prompt is the learnt growth.",
-    )
-    peak_min_samples: int = Field(
-        4, ge=1, description="Finished sessions needed before the learnt growth replaces the prior."
+    kv_hold_min_s: float = Field(
+        20.0, ge=0,
+        description="A dormant session's forecast counts in the KV fit for idle_timeout_factor ×"
+        " its usual tool time, at least this long, at most its idle timeout (without tool"
+        " history: this long). A session away longer than that (a plain client's finished"
+        " task) stays admitted but no longer holds KV room; it counts again when it is back.",
     )
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."
     )
-    tokenize: bool = Field(
-        False,
-        description="Count a new session's first prompt with a worker's /tokenize (one round"
-        " trip per new session) instead of characters / chars_per_token.",
-    )
     tokenize_timeout_s: float = Field(
-        0.5, gt=0, description="Timeout of that /tokenize call; past it, the character estimate."
+        0.5, gt=0,
+        description="Timeout of the /tokenize call (admission.tokenize); past it, the character"
+        " estimate.",
     )
-    # -- Admission order (DESIGN §5.2) ----------------------------------------------------
-    cpu_overload_order: Literal["arrival", "longest_first"] = Field(
-        "arrival",
-        description="Queue order while tool CPUs are overloaded: arrival, or longest estimated"
-        " first prompt first (DESIGN §5.2: GPU-heavy, tool-light work). A first prompt says"
-        " little about a session's tool work (the shipped traces' first prompts differ by about"
-        " 2 % within a trace), so longest-first is close to a lottery that lets later arrivals"
-        " bypass a session up to max_bypass times.",
-    )
+    # -- Queue order ----------------------------------------------------------------------------
     long_prompt_tokens: int = Field(
         50_000, ge=1, description="A session whose first prompt exceeds this many tokens is long."
     )
@@ -210,13 +171,6 @@ class AdmissionConfig(_Section):
     long_pack_frac: float = Field(
         0.9, gt=0, le=1,
         description="When only long sessions wait, pack them into this fraction of free KV.",
-    )
-    queue_deadline_s: float = Field(
-        300.0, gt=0,
-        description="Longest wait in the admission queue; past it the request gets 503.",
-    )
-    queue_max: int = Field(
-        10_000, ge=1, description="Most sessions waiting; one more gets 429."
     )
     aging_margin_s: float = Field(
         30.0, ge=0,
@@ -233,33 +187,11 @@ class AdmissionConfig(_Section):
     )
     retry_after_min_s: int = Field(1, ge=0, description="Smallest Retry-After sent (s).")
     retry_after_max_s: int = Field(60, ge=1, description="Largest Retry-After sent (s).")
-    # -- Session lifecycle ------------------------------------------------------------------
-    idle_timeout_factor: float = Field(
-        4.0, gt=0, description="An admitted session idle this many times its usual tool time ends."
-    )
-    idle_timeout_min_s: float = Field(
-        60.0, gt=0,
-        description="Floor of the idle timeout (s); also used while no tool history exists.",
-    )
-    idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
-    kv_hold_min_s: float = Field(
-        20.0, ge=0,
-        description="A dormant session's forecast counts in the KV fit for idle_timeout_factor ×"
-        " its usual tool time, at least this long, at most its idle timeout (without tool"
-        " history: this long). A session away longer than that (a plain client's finished"
-        " task) stays admitted but no longer holds KV room; it counts again when it is back.",
-    )
 
     @model_validator(mode="after")
-    def _relations(self) -> AdmissionConfig:
+    def _relations(self) -> AdmissionTuning:
         # Bad relations make the controller oscillate or never move; say which keys clash.
         problems = []
-        top = self.window_init if self.window_max is None else self.window_max  # no bound
-        if not self.window_min <= self.window_init <= top:
-            problems.append(
-                f"need window_min ≤ window_init ≤ window_max, got {self.window_min} ≤ "
-                f"{self.window_init} ≤ {self.window_max}"
-            )
         pairs = (
             ("kv_leave", self.kv_leave, "kv_enter", self.kv_enter),
             ("cpu_backlog_leave", self.cpu_backlog_leave, "cpu_backlog_enter",
@@ -267,8 +199,6 @@ class AdmissionConfig(_Section):
             ("tool_wait_leave_s", self.tool_wait_leave_s, "tool_wait_enter_s",
              self.tool_wait_enter_s),
             ("psi_leave", self.psi_leave, "psi_enter", self.psi_enter),
-            ("idle_timeout_min_s", self.idle_timeout_min_s, "idle_timeout_max_s",
-             self.idle_timeout_max_s),
             ("retry_after_min_s", self.retry_after_min_s, "retry_after_max_s",
              self.retry_after_max_s),
         )
@@ -277,10 +207,77 @@ class AdmissionConfig(_Section):
             if low > high or (strict and low == high):
                 rel = "<" if strict else "≤"
                 problems.append(f"need {low_name} {rel} {high_name}, got {low} and {high}")
-        if self.aging_margin_s >= self.queue_deadline_s:
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class AdmissionConfig(_Section):
+    """``admission:`` — the session window per worker, the KV reserve and the admission queue."""
+
+    enabled: bool = Field(
+        True, description="Hold new sessions in the admission queue; false: admit every session."
+    )
+    window_init: int = Field(
+        30, ge=1,
+        description="Window (sessions per worker) at start. The window holds sessions back only"
+        " while the worker is overloaded (KV, tool CPU, or unseen); otherwise the KV fit decides.",
+    )
+    window_min: int = Field(4, ge=1, description="Smallest window; decreases stop here.")
+    window_max: int | None = Field(
+        None, ge=1,
+        description="Most sessions a worker may hold, overloaded or not; null: no count bound"
+        " (the KV fit and, under overload, the window decide).",
+    )
+    kv_reserve_frac: float = Field(
+        0.10, ge=0, lt=1,
+        description="Share of a worker's KV blocks never promised: neither to sessions by the"
+        " KV fit nor to continuations by the scheduler's dispatch gate (which keeps it with"
+        " admission off too).",
+    )
+    tokenize: bool = Field(
+        False,
+        description="Count a new session's first prompt with a worker's /tokenize (one round"
+        " trip per new session) instead of characters / admission.tuning.chars_per_token.",
+    )
+    queue_deadline_s: float = Field(
+        300.0, gt=0,
+        description="Longest wait in the admission queue; past it the request gets 503.",
+    )
+    queue_max: int = Field(
+        10_000, ge=1, description="Most sessions waiting; one more gets 429."
+    )
+    idle_timeout_factor: float = Field(
+        4.0, gt=0, description="An admitted session idle this many times its usual tool time ends."
+    )
+    idle_timeout_min_s: float = Field(
+        60.0, gt=0,
+        description="Floor of the idle timeout (s); also used while no tool history exists.",
+    )
+    idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
+    tuning: AdmissionTuning = Field(
+        AdmissionTuning(),
+        description="Internals of the window, the KV fit and the queue order.",
+    )
+
+    @model_validator(mode="after")
+    def _relations(self) -> AdmissionConfig:
+        problems = []
+        top = self.window_init if self.window_max is None else self.window_max  # no bound
+        if not self.window_min <= self.window_init <= top:
             problems.append(
-                f"need aging_margin_s < queue_deadline_s, got {self.aging_margin_s} and "
-                f"{self.queue_deadline_s}"
+                f"need window_min ≤ window_init ≤ window_max, got {self.window_min} ≤ "
+                f"{self.window_init} ≤ {self.window_max}"
+            )
+        if self.idle_timeout_min_s > self.idle_timeout_max_s:
+            problems.append(
+                f"need idle_timeout_min_s ≤ idle_timeout_max_s, got {self.idle_timeout_min_s}"
+                f" and {self.idle_timeout_max_s}"
+            )
+        if self.tuning.aging_margin_s >= self.queue_deadline_s:
+            problems.append(
+                f"need tuning.aging_margin_s < queue_deadline_s, got "
+                f"{self.tuning.aging_margin_s} and {self.queue_deadline_s}"
             )
         if problems:
             raise ValueError("; ".join(problems))

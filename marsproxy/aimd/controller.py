@@ -3,8 +3,9 @@
 Two overload state machines (KV and tool CPU) each enter at a high mark and leave at a low
 mark, so a pressure that hovers between the marks neither grows nor shrinks the window. While
 KV is overloaded the window shrinks multiplicatively on every control tick; CPU overload holds
-it (``cpu_overload_shrinks`` false: an overloaded CPU wastes no work) and lets the CPU cap bound
-the limit. The window grows by a constant only when both
+it (an overloaded CPU wastes no work, it stretches tool phases, and the sessions that overloaded
+it stay admitted, so a cut every tick would walk the window to ``window_min`` long before any of
+them leaves) and lets the CPU cap bound the limit. The window grows by a constant only when both
 pressures are below their low marks, the KV budget is positive and the window is actually used.
 
 Work conservation: the window counts sessions only while the worker is overloaded (KV, tool
@@ -12,9 +13,9 @@ CPU, or unseen). Without overload the number of admitted sessions never holds an
 KV fit (each admitted session budgeted at its forecast peak) decides, up to ``window_max`` where
 the operator set one. So sessions idle between calls keep their KV budget but no slot that
 blocks others. The KV cap takes the limit to ``window_min`` the moment usage reaches the high
-mark, without waiting for the window to walk down. The CPU cap counts sessions, not tools, so
-by default (``cpu_cap_always`` false) it binds only while tool-CPU pressure is above its low
-marks (overloaded, or in the band on the way up).
+mark, without waiting for the window to walk down. The CPU cap counts sessions, not tools (a
+session in an LLM call uses no tool CPU), so it binds only while tool-CPU pressure is above its
+low marks (overloaded, or in the band on the way up).
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -104,7 +105,7 @@ class AimdController:
 
     @property
     def idle_limit(self) -> int:
-        """The limit for an idle admission (``admission.idle_admit``): without the window and
+        """The limit for an idle admission (``admission.tuning.idle_admit``): without the window and
         the CPU cap while KV is healthy. The CPU cap binds on tool-CPU overload, which an
         engine with nothing to run does not add to until the admitted session's call is done."""
         if self._kv_over or self._stale:
@@ -135,7 +136,7 @@ class AimdController:
         """
         cfg = self.cfg
         last = self._last_tick
-        if last is not None and now < last + cfg.control_interval_s - _EPS:
+        if last is not None and now < last + cfg.tuning.control_interval_s - _EPS:
             return []
         self._last_tick = now
         self._stale = signals.stale or signals.kv_usage is None
@@ -146,16 +147,15 @@ class AimdController:
         # Above the low marks the CPUs are measurably pressed: more sessions in tools would
         # overload them, so the cap binds in the band as well as in overload.
         pressed = self._cpu_over or not self._cpu_below_leave(signals)
-        self._cpu_cap = (self._cpu_cap_for(signals.tool_cpus)
-                         if cfg.cpu_cap_always or pressed else self._ceiling)
+        self._cpu_cap = self._cpu_cap_for(signals.tool_cpus) if pressed else self._ceiling
 
         old = self._window
         reason = ""
-        if self._kv_over or (self._cpu_over and cfg.cpu_overload_shrinks):
-            self._window = max(cfg.window_min, math.floor(cfg.decrease * old + _EPS))
+        if self._kv_over:
+            self._window = max(cfg.window_min, math.floor(cfg.tuning.decrease * old + _EPS))
             reason = self._overload_reason()
         elif self._may_grow(usage, signals):
-            self._window = min(self._ceiling, old + cfg.increase)
+            self._window = min(self._ceiling, old + cfg.tuning.increase)
             reason = "additive_increase"
         if self._window == old:
             return []
@@ -165,41 +165,41 @@ class AimdController:
 
     def _update_kv(self, usage: float) -> None:
         if self._kv_over:
-            self._kv_over = usage > self.cfg.kv_leave
+            self._kv_over = usage > self.cfg.tuning.kv_leave
         else:
-            self._kv_over = usage >= self.cfg.kv_enter
+            self._kv_over = usage >= self.cfg.tuning.kv_enter
 
     def _update_cpu(self, s: ControlSignals) -> None:
         cfg = self.cfg
         # PSI joins only when configured and reported; a host without PSI is not overloaded.
-        psi = s.psi_some_avg10 if cfg.use_psi else None
+        psi = s.psi_some_avg10 if cfg.tuning.use_psi else None
         if self._cpu_over:
             self._cpu_over = not self._cpu_below_leave(s)
         else:
             self._cpu_over = (
-                s.backlog_ratio >= cfg.cpu_backlog_enter
-                or s.tool_wait_ema_s >= cfg.tool_wait_enter_s
-                or (psi is not None and psi >= cfg.psi_enter)
+                s.backlog_ratio >= cfg.tuning.cpu_backlog_enter
+                or s.tool_wait_ema_s >= cfg.tuning.tool_wait_enter_s
+                or (psi is not None and psi >= cfg.tuning.psi_enter)
             )
 
     def _cpu_below_leave(self, s: ControlSignals) -> bool:
         cfg = self.cfg
-        psi = s.psi_some_avg10 if cfg.use_psi else None
+        psi = s.psi_some_avg10 if cfg.tuning.use_psi else None
         return (
-            s.backlog_ratio <= cfg.cpu_backlog_leave
-            and s.tool_wait_ema_s <= cfg.tool_wait_leave_s
-            and (psi is None or psi <= cfg.psi_leave)
+            s.backlog_ratio <= cfg.tuning.cpu_backlog_leave
+            and s.tool_wait_ema_s <= cfg.tuning.tool_wait_leave_s
+            and (psi is None or psi <= cfg.tuning.psi_leave)
         )
 
     def _may_grow(self, usage: float, s: ControlSignals) -> bool:
         cfg = self.cfg
-        if usage > cfg.kv_leave or not self._cpu_below_leave(s):
+        if usage > cfg.tuning.kv_leave or not self._cpu_below_leave(s):
             return False  # inside a hysteresis band: hold
         # A worker that reports no blocks has only its usage gauge to go by, checked above.
         if s.budget_blocks is not None and s.budget_blocks <= 0:
             return False
         # App-limited guard: an unused window proves nothing about capacity.
-        return s.admitted >= cfg.app_limited_frac * self._window
+        return s.admitted >= cfg.tuning.app_limited_frac * self._window
 
     def _overload_reason(self) -> str:
         parts = []
@@ -212,11 +212,11 @@ class AimdController:
     def _kv_cap_for(self, usage: float) -> int:
         # Between the marks the KV fit's reserve keeps new prompts below the high mark; at it,
         # only the floor is let in until the window has walked down.
-        return self.cfg.window_min if usage >= self.cfg.kv_enter else self._ceiling
+        return self.cfg.window_min if usage >= self.cfg.tuning.kv_enter else self._ceiling
 
     def _cpu_cap_for(self, tool_cpus: float) -> int:
         cfg = self.cfg
         if tool_cpus <= 0:
             return self._ceiling
-        cap = math.ceil(tool_cpus * cfg.cpu_cap_backlog - _EPS)
+        cap = math.ceil(tool_cpus * cfg.tuning.cpu_cap_backlog - _EPS)
         return max(cfg.window_min, min(self._ceiling, cap))

@@ -1,8 +1,8 @@
 """The waiting sessions, indexed for every admission order at once.
 
 A control tick must stay cheap with ten thousand sessions waiting, so nothing is sorted per
-tick: each entry sits in sorted lists for arrival, shortest-first, longest-first and deadline
-order, kept by bisection as entries come and go, and a pass walks only as far as it admits.
+tick: each entry sits in sorted lists for arrival, shortest-first and deadline order, kept by
+bisection as entries come and go, and a pass walks only as far as it admits.
 
 Bypasses are counted without touching waiting entries: the sessions that bypassed an entry are
 exactly the admitted ones that arrived after it (a higher sequence number), so one sorted list
@@ -25,7 +25,6 @@ from enum import StrEnum
 
 class OrderMode(StrEnum):
     ARRIVAL = "arrival"
-    LONGEST_FIRST = "longest_first"
     SHORTEST_FIRST = "shortest_first"
 
 
@@ -60,7 +59,6 @@ class OrderIndex:
         self._by_session: dict[str, QueueEntry] = {}
         self._arrival: list[tuple[float, ...]] = []  # (arrival, seq)
         self._short: list[tuple[float, ...]] = []  # (tokens, arrival, seq)
-        self._long: list[tuple[float, ...]] = []  # (−tokens, arrival, seq)
         self._deadline: list[tuple[float, ...]] = []  # (deadline, arrival, seq)
         self._admitted_seqs: list[int] = []
         self.tokens = 0
@@ -72,7 +70,6 @@ class OrderIndex:
         self._by_session[e.session] = e
         bisect.insort(self._arrival, (e.arrival, e.seq))
         bisect.insort(self._short, (e.est_tokens, e.arrival, e.seq))
-        bisect.insort(self._long, (-e.est_tokens, e.arrival, e.seq))
         bisect.insort(self._deadline, (e.deadline, e.arrival, e.seq))
         self.tokens += e.est_tokens
         self.shorts += 0 if e.long else 1
@@ -84,7 +81,6 @@ class OrderIndex:
         del self._by_seq[e.seq]
         _remove(self._arrival, (e.arrival, e.seq))
         _remove(self._short, (e.est_tokens, e.arrival, e.seq))
-        _remove(self._long, (-e.est_tokens, e.arrival, e.seq))
         _remove(self._deadline, (e.deadline, e.arrival, e.seq))
         self.tokens -= e.est_tokens
         self.shorts -= 0 if e.long else 1
@@ -171,19 +167,9 @@ class OrderIndex:
                 last = j
             yield self._by_seq[int(k[2])]
 
-    def in_mode(
-        self, mode: OrderMode, skip: set[int], max_tokens: float | None = None
-    ) -> Iterator[QueueEntry]:
-        """Entries in ``mode`` order, leaving out ``skip``; longest-first may start at the
-        largest entry of at most ``max_tokens`` (larger ones cannot fit anywhere)."""
-        keys: Iterable[tuple[float, ...]]
-        if mode is OrderMode.SHORTEST_FIRST:
-            keys = self._short
-        elif mode is OrderMode.LONGEST_FIRST:
-            start = 0 if max_tokens is None else bisect.bisect_left(self._long, (-max_tokens,))
-            keys = itertools.islice(self._long, start, None)
-        else:
-            keys = self._arrival
+    def in_mode(self, mode: OrderMode, skip: set[int]) -> Iterator[QueueEntry]:
+        """Entries in ``mode`` order, leaving out ``skip``."""
+        keys = self._short if mode is OrderMode.SHORTEST_FIRST else self._arrival
         for k in keys:
             seq = int(k[-1])
             if seq not in skip:

@@ -46,13 +46,13 @@ class OverlapTracker:
     """Per worker overlap of forecast peaks, and the overcommit it allows."""
 
     def __init__(self, cfg: AdmissionConfig, workers: Sequence[str]) -> None:
-        self.floor = cfg.peak_overcommit
-        self.ceiling = max(cfg.peak_overcommit, cfg.peak_overcommit_max)
-        self.target = cfg.peak_overlap_target
-        self.min_sessions = cfg.peak_overlap_min_sessions
-        self.min_fill = cfg.peak_overlap_min_fill
+        self.floor = cfg.tuning.peak_overcommit
+        self.ceiling = max(cfg.tuning.peak_overcommit, cfg.tuning.peak_overcommit_max)
+        self.target = cfg.tuning.peak_overlap_target
+        self.min_sessions = cfg.tuning.peak_overlap_min_sessions
+        self.min_fill = cfg.tuning.peak_overlap_min_fill
         self._workers = {w: _Worker() for w in workers}
-        self._lives: deque[float] = deque(maxlen=cfg.peak_history)
+        self._lives: deque[float] = deque(maxlen=cfg.tuning.peak_history)
         self._sum_lives = 0.0
 
     def factor(self, worker: str) -> float:

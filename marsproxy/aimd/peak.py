@@ -1,4 +1,5 @@
-"""Forecast peak contexts of admitted sessions, for the KV-fit check (``admission.kv_fit_peak``).
+"""Forecast peak contexts of admitted sessions, for the KV-fit check
+(``admission.tuning.kv_fit_peak``).
 
 An agent's context grows after admission: every call appends the previous reply and the tool
 output (trace p50: a 13k first prompt grows to a 53k peak). A KV-fit on the first prompt alone

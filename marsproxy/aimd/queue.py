@@ -1,9 +1,9 @@
-"""The admission queue and the global load balancer (DESIGN §5.2).
+"""The admission queue and the global load balancer.
 
 Waiting sessions are ordered by the load: arrival order while everything fits, and while tool
-CPUs are the bottleneck (``cpu_overload_order``; DESIGN's longest prompt first, meant to keep
-the GPU busy with tool-light work, is an option: a first prompt hardly tells tool work apart),
-otherwise shortest first (most sessions per block). Long sessions are capped per worker while
+CPUs are the bottleneck (a first prompt hardly tells a session's tool work apart, so no order by
+prompt length would favour tool-light work), otherwise shortest first (most sessions per
+block). Long sessions are capped per worker while
 short ones wait, and packed into a fraction of free KV once only long ones remain.
 
 Reordering must not make anyone miss a deadline. A session is *urgent* when its slack no
@@ -77,7 +77,7 @@ class Admission:
     forced: bool = False
     """Admitted by the no-deadlock rule, without fitting."""
     idle: bool = False
-    """Admitted onto an idle worker past the forecast-peak fit (``admission.idle_admit``)."""
+    """Admitted onto an idle worker past the forecast-peak fit (``admission.tuning.idle_admit``)."""
 
 
 @dataclass(slots=True)
@@ -110,7 +110,7 @@ class AdmissionQueue:
         self.cfg = cfg
         self._index = OrderIndex()
         self._seq = 0
-        self._rate = AdmissionRate(cfg.rate_halflife_s)
+        self._rate = AdmissionRate(cfg.tuning.rate_halflife_s)
         self.mode = OrderMode.ARRIVAL
         """The mode of the last pass (also used for reported positions)."""
 
@@ -127,7 +127,7 @@ class AdmissionQueue:
             return False
         self._seq += 1
         entry.seq = self._seq
-        entry.long = entry.est_tokens > self.cfg.long_prompt_tokens
+        entry.long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
         self._index.add(entry)
         return True
 
@@ -160,7 +160,7 @@ class AdmissionQueue:
     def choose_mode(self, workers: Sequence[WorkerView]) -> OrderMode:
         live = [w for w in workers if w.placeable]
         if any(w.cpu_overloaded for w in live):
-            return OrderMode(self.cfg.cpu_overload_order)
+            return OrderMode.ARRIVAL
         if not live or any(w.kv_overloaded for w in live):
             return OrderMode.SHORTEST_FIRST if live else OrderMode.ARRIVAL
         slots = sum(max(0, w.limit - w.admitted) for w in live)
@@ -174,7 +174,8 @@ class AdmissionQueue:
     def ordered(self, now: float, mode: OrderMode | None = None) -> list[QueueEntry]:
         """Waiting sessions, first to be admitted first."""
         m = self.mode if mode is None else mode
-        return self._index.ordered(now, m, self.cfg.aging_margin_s, self.cfg.max_bypass,
+        t = self.cfg.tuning
+        return self._index.ordered(now, m, t.aging_margin_s, t.max_bypass,
                                    self._rate.per_second(now))
 
     def positions(self, now: float) -> list[tuple[str, int]]:
@@ -191,7 +192,7 @@ class AdmissionQueue:
             out = self._pass(now, rooms)
             if not out and not any(w.admitted for w in workers):
                 out = self._no_deadlock(rooms)
-        if len(self._index) > len(out) and self.cfg.idle_admit:
+        if len(self._index) > len(out) and self.cfg.tuning.idle_admit:
             # Also where no slot is free: the idle rule has its own limit (idle_limit).
             out.extend(self._idle_admits(now, rooms, out))
         for a in out:
@@ -204,7 +205,7 @@ class AdmissionQueue:
     def _room(self, w: WorkerView, index: int) -> _Room:
         pack = None
         if w.free_blocks is not None:
-            pack = int(self.cfg.long_pack_frac * w.free_blocks) - w.retained_blocks
+            pack = int(self.cfg.tuning.long_pack_frac * w.free_blocks) - w.retained_blocks
             if w.peak_room_blocks is not None:
                 pack = min(pack, w.peak_room_blocks)
         return _Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
@@ -217,11 +218,12 @@ class AdmissionQueue:
         out: list[Admission] = []
         held: set[int] = set()
         rate = self._rate.per_second(now)
-        for e in self._index.urgent(now, self.cfg.aging_margin_s, self.cfg.max_bypass, rate):
+        t = self.cfg.tuning
+        for e in self._index.urgent(now, t.aging_margin_s, t.max_bypass, rate):
             held.add(e.seq)
             if not self._offer(e, rooms, tally, out, now, urgent=True):
                 return out
-        rest = self._index.in_mode(self.mode, held, self._mode_bound(rooms, tally))
+        rest = self._index.in_mode(self.mode, held)
         for e in rest:
             if not self._offer(e, rooms, tally, out, now, urgent=False):
                 break
@@ -230,8 +232,8 @@ class AdmissionQueue:
     def _holds(self, e: QueueEntry, now: float) -> bool:
         # Only a session about to miss its deadline, or bypassed too often, stops the others;
         # the rest of the critical prefix goes first when it fits but lets others backfill.
-        return (e.deadline - now <= self.cfg.aging_margin_s
-                or self._index.bypasses(e) >= self.cfg.max_bypass)
+        return (e.deadline - now <= self.cfg.tuning.aging_margin_s
+                or self._index.bypasses(e) >= self.cfg.tuning.max_bypass)
 
     def _offer(
         self, e: QueueEntry, rooms: list[_Room], tally: _Tally, out: list[Admission],
@@ -272,16 +274,6 @@ class AdmissionQueue:
             best = max(best, cap * r.view.block_size)
         return best
 
-    def _mode_bound(self, rooms: list[_Room], tally: _Tally) -> float | None:
-        """Where the mode's walk may start: past prompts that cannot go now at all."""
-        if tally.shorts > 0 and all(
-            r.long_admitted >= self.cfg.max_long_in_flight for r in rooms if r.slots > 0
-        ):
-            # Every room is at its long cap: skip all long sessions at once.
-            cap = float(self.cfg.long_prompt_tokens)
-            return cap if tally.bound is None else min(tally.bound, cap)
-        return tally.bound
-
     def _place(self, e: QueueEntry, rooms: list[_Room], shorts_wait: bool) -> tuple[
         _Room | None, bool
     ]:
@@ -294,7 +286,7 @@ class AdmissionQueue:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
             if e.long and shorts_wait:
-                if r.long_admitted >= self.cfg.max_long_in_flight:
+                if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
                     capped = capped or fits(blocks, r.budget)
                     continue
                 ok = fits(blocks, r.budget)
@@ -325,7 +317,8 @@ class AdmissionQueue:
         """One session for each worker idle for ``idle_admit_after_s`` that this pass gave
         none: the first waiting (in this pass's order) whose first prompt fits its free KV."""
         idle = [r for r in rooms if r.view.admitted < r.view.idle_limit
-                and r.view.idle_s is not None and r.view.idle_s >= self.cfg.idle_admit_after_s]
+                and r.view.idle_s is not None
+                and r.view.idle_s >= self.cfg.tuning.idle_admit_after_s]
         if not idle:
             return []
         busy = {a.worker for a in taken}
@@ -336,7 +329,7 @@ class AdmissionQueue:
             if r.view.name in busy:
                 continue
             for e in waiting:
-                if e.long and r.long_admitted >= self.cfg.max_long_in_flight:
+                if e.long and r.long_admitted >= self.cfg.tuning.max_long_in_flight:
                     continue
                 if fits(blocks_for_tokens(e.est_tokens, r.view.block_size),
                         r.view.free_budget_blocks):
@@ -363,5 +356,6 @@ class AdmissionQueue:
         """Seconds a client should wait: sessions ahead / observed admission rate, clamped."""
         n = len(self._index) if ahead is None else ahead
         return retry_after_s(
-            n, self._rate.per_second(now), self.cfg.retry_after_min_s, self.cfg.retry_after_max_s
+            n, self._rate.per_second(now), self.cfg.tuning.retry_after_min_s,
+            self.cfg.tuning.retry_after_max_s,
         )

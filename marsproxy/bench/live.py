@@ -136,7 +136,7 @@ def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
     tree: dict[str, Any] = {**setup.sets, "workers": _worker_entries(workers, setup, priority)}
     if setup.vllm is not None:
         # The proxy estimates a new session's first prompt from its characters.
-        tree.setdefault("admission", {}).setdefault(
+        tree.setdefault("admission", {}).setdefault("tuning", {}).setdefault(
             "chars_per_token", setup.vllm.chars_per_token)
     tree.setdefault("health", {})["interval_s"] = 0.5
     tree.setdefault("server", {})["log_level"] = "warning"

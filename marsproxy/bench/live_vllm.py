@@ -5,7 +5,8 @@ Before the runs (:func:`calibrate`), on the idle server:
 - the served model name and ``max_model_len`` (``GET /v1/models``) and the KV capacity
   (``vllm:cache_config_info`` on ``/metrics``): workloads are sized to them;
 - the tokenizer's characters per token on the replay's filler text (``POST /tokenize``): the
-  agents size their messages with it, and the proxy's ``admission.chars_per_token`` is set to it;
+  agents size their messages with it, and the proxy's ``admission.tuning.chars_per_token`` is
+  set to it;
 - the engine's speed, timed with token-id prompts of random ids (no prefix-cache hit): a
   one-token call (the fixed cost per call), then streamed calls of ``P`` prompt tokens and
   ``N`` output tokens: prefill speed from the first token's time, decode speed from the rest.

@@ -1,4 +1,4 @@
-"""Typed, timestamped events of the unified information stream (DESIGN §4).
+"""Typed, timestamped events of the unified information stream.
 
 Every sample and every decision is one of these. They are plain frozen dataclasses so that pure
 code can produce them and any sink can serialise them with :func:`event_to_dict`. ``ts`` is the

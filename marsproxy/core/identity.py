@@ -1,8 +1,8 @@
 """Who is asking: tenant, explicit session id, final flag, and the history used for chaining.
 
-One resolver for the whole project (DESIGN §2 "one way to do each thing"). The order is
-DESIGN §3.1: configured headers, then body ``session_params.session_id``, ``prompt_cache_key``,
-``user``; chain matching is the table's job (``core.sessions``) and gets the history built here.
+One resolver for the whole project. The order: configured headers, then body
+``session_params.session_id``, ``prompt_cache_key``, ``user``; chain matching is the table's
+job (``core.sessions``) and gets the history built here.
 
 Pure code: no I/O.
 """

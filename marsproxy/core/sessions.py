@@ -1,7 +1,7 @@
 """The session table: which session a request belongs to, and what is remembered about it.
 
 Explicit ids (header or body) name a session directly. Requests without one are matched by
-their append-only history (DESIGN §3.1):
+their append-only history:
 
 - after a request of a session got a successful reply, the session is indexed under the hash
   of that request's history + the reply (a *continuation key*); a later request that strictly

@@ -127,11 +127,11 @@ class Admin:
         tel, tools = self.gw.telemetry, self.gw.cfg.tools
         now = tel.wall()
         ts = now if body.ts is None else body.ts
-        if ts > now + tools.event_max_future_s:
+        if ts > now + tools.tuning.event_max_future_s:
             return _bad(f"ts: {ts} is {ts - now:.1f} s in the future", code="invalid_event")
-        if ts < now - tools.event_max_age_s:
+        if ts < now - tools.tuning.event_max_age_s:
             return _bad(
-                f"ts: {ts} is older than {tools.event_max_age_s:g} s", code="invalid_event"
+                f"ts: {ts} is older than {tools.tuning.event_max_age_s:g} s", code="invalid_event"
             )
         if self.gw.sessions.get(key) is None:  # ended while its body was on the way
             return self._not_found(sid)

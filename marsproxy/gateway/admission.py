@@ -128,7 +128,7 @@ class AdmissionShell:
                 await self.tick()
             except Exception:  # a failed tick must not stop admission for good
                 log.exception("admission tick failed")
-            await asyncio.sleep(self.acfg.control_interval_s)
+            await asyncio.sleep(self.acfg.tuning.control_interval_s)
 
     async def _wakeup_loop(self) -> None:
         # A lease released anywhere (this replica or another) may let a pending session in.
@@ -259,7 +259,7 @@ class AdmissionShell:
         healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
         if http is None or not healthy:
             return
-        tokens = await count_tokens(http, healthy[0], body, self.acfg.tokenize_timeout_s)
+        tokens = await count_tokens(http, healthy[0], body, self.acfg.tuning.tokenize_timeout_s)
         if tokens is not None:
             # As if the worker had reported it: the estimate of this prompt becomes exact.
             self.core.estimator.observe(key, chars, tokens)

@@ -26,8 +26,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from marsproxy.gateway.bodies import BodyError
 from marsproxy.gateway.errors import error_body, error_response
-from marsproxy.gateway.security_config import LimitsConfig
 from marsproxy.redact import redact
+from marsproxy.security_config import LimitsConfig
 
 log = logging.getLogger("marsproxy.gateway.limits")
 

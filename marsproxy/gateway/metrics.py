@@ -117,7 +117,7 @@ class GatewayMetrics:
             " slow body, 413 body too large, 429 connection cap, 431 head too large).",
             ["status"],
         )
-        # -- scheduler (DESIGN §5.3, §5.4) ------------------------------------------------
+        # -- scheduler ------------------------------------------------
         self.continuations = Tally(
             "marsproxy_continuations",
             "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
@@ -132,8 +132,8 @@ class GatewayMetrics:
         self.resumes = Tally(
             "marsproxy_resumes",
             "Continuations back from a tool phase, by outcome (warm: cached prompt tokens cover"
-            " scheduler.warm_resume_min_frac of the context it left with) and whether its prefix"
-            " was retained.",
+            " scheduler.tuning.warm_resume_min_frac of the context it left with) and whether its"
+            " prefix was retained.",
             ["outcome", "retained"],
         )
         self.resume_tokens = Tally(

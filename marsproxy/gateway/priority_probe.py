@@ -67,10 +67,10 @@ async def probe_priority(
 ) -> ProbeResult:
     """Whether ``worker`` orders waiting requests by the body's ``priority``."""
     try:
-        async with asyncio.timeout(cfg.probe_timeout_s):
-            reading = await _run(http, worker.url, cfg.probe_min_lead)
+        async with asyncio.timeout(cfg.tuning.probe_timeout_s):
+            reading = await _run(http, worker.url, cfg.tuning.probe_min_lead)
     except TimeoutError:
-        reading = ProbeReading(False, f"probe timed out after {cfg.probe_timeout_s} s")
+        reading = ProbeReading(False, f"probe timed out after {cfg.tuning.probe_timeout_s} s")
     except (aiohttp.ClientError, RuntimeError, KeyError, IndexError, TypeError,
             ValueError) as exc:
         log.info("worker %s: priority probe failed: %r", worker.label, exc)

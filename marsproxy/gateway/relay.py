@@ -108,7 +108,7 @@ class Relay:
         self, turn: Turn, obj: dict[str, Any], raw: bytes, clock: Clock, out: Outcome
     ) -> Prepared:
         """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
-        then the body and hint headers that go upstream (DESIGN §5.3-5.4)."""
+        then the body and hint headers that go upstream."""
         gw = self.gw
         url = gw.placement.assign(turn.session, gw.healthy())
         if url is None:  # no healthy worker: the upstream step answers 503 at once

@@ -59,8 +59,8 @@ class SchedulerShell:
         self.telemetry, self.metrics = telemetry, metrics
         self.workers: dict[str, WorkerConfig] = {w.label: w for w in cfg.workers}
         self.label_of = {w.url: w.label for w in cfg.workers}
-        self.core = SchedulerCore(cfg.scheduler, list(self.workers))
-        self.estimator = PromptEstimator(cfg.admission.chars_per_token)
+        self.core = SchedulerCore(cfg.scheduler, list(self.workers), cfg.admission.kv_reserve_frac)
+        self.estimator = PromptEstimator(cfg.admission.tuning.chars_per_token)
         self.mode_reason: dict[str, str] = {}
         for w in cfg.workers:
             if w.priority is True:
@@ -98,7 +98,7 @@ class SchedulerShell:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _probe(self, w: WorkerConfig) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.scfg.probe_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.scfg.tuning.probe_timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             for attempt in range(_PROBE_ATTEMPTS):
                 if attempt:  # a worker still starting fails to answer: give it a moment
@@ -116,7 +116,7 @@ class SchedulerShell:
                 self.tick()
             except Exception:  # a failed tick must not stop expiries for good
                 log.exception("scheduler tick failed")
-            await asyncio.sleep(self.scfg.tick_s)
+            await asyncio.sleep(self.scfg.tuning.tick_s)
 
     def tick(self) -> None:
         for label, w in self.workers.items():

@@ -50,14 +50,14 @@ class Gateway:
         )
         self.checker = HealthChecker(cfg.workers, self.health, cfg.health, self._health_changed)
         self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
-        # Admission control (DESIGN §5.1-5.5); None: every session is served at once, as before.
+        # Admission control; None: every session is served at once, as before.
         self.admission = (
             AdmissionShell(cfg, self.telemetry, self.health, self.metrics,
                            http=lambda: self.upstream.session)
             if cfg.admission.enabled
             else None
         )
-        # The agent-centric scheduler (DESIGN §5.3-5.4): levels, gated dispatch, retention.
+        # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.telemetry, self.metrics)
         if self.admission is not None:
             # The KV ledger's reservations come off the admission budget (retention is real).

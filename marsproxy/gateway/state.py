@@ -82,9 +82,10 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
             "failures_total": store.failures_total,
         },
         "marks": {
-            "kv_enter": a.kv_enter, "kv_leave": a.kv_leave,
-            "cpu_backlog_enter": a.cpu_backlog_enter, "cpu_backlog_leave": a.cpu_backlog_leave,
-            "psi_enter": a.psi_enter, "psi_leave": a.psi_leave,
+            "kv_enter": a.tuning.kv_enter, "kv_leave": a.tuning.kv_leave,
+            "cpu_backlog_enter": a.tuning.cpu_backlog_enter,
+            "cpu_backlog_leave": a.tuning.cpu_backlog_leave,
+            "psi_enter": a.tuning.psi_enter, "psi_leave": a.tuning.psi_leave,
         },
     }
 

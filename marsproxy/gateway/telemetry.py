@@ -52,14 +52,16 @@ class Telemetry:
         t = cfg.tools
         self.tracker = ToolPhaseTracker(
             ToolTrackerSettings(
-                ema_alpha=t.ema_alpha,
-                quantile=t.quantile,
-                history=t.history,
+                ema_alpha=t.tuning.ema_alpha,
+                quantile=t.tuning.quantile,
+                history=t.tuning.history,
                 tool_cpus=self.cpu_probe.tool_cpus,
-                inferred_min_s=t.inferred_min_s,
+                inferred_min_s=t.tuning.inferred_min_s,
             )
         )
-        self.tool_signal = ToolCpuSignal(t.location, t.confirm_psi, t.confirm_cpu_percent)
+        self.tool_signal = ToolCpuSignal(
+            t.location, t.tuning.confirm_psi, t.tuning.confirm_cpu_percent
+        )
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None

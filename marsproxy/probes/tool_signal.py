@@ -9,9 +9,9 @@ machine (the usual Kubernetes setup), leaves gaps that cost this host nothing. S
 
 - ``host`` (default): on the probed host or cgroup. Reported phases always count; inferred
   phases count only while the measured pressure confirms CPU work (PSI some avg10 at or above
-  ``tools.confirm_psi``, the cgroup throttled since the previous reading, or without either
-  source the CPUs busy at or above ``tools.confirm_cpu_percent``). PSI feeds the controller too
-  (``admission.use_psi``).
+  ``tools.tuning.confirm_psi``, the cgroup throttled since the previous reading, or without
+  either source the CPUs busy at or above ``tools.tuning.confirm_cpu_percent``). PSI feeds the
+  controller too (``admission.tuning.use_psi``).
 - ``reported``: only what harnesses report counts; the host's pressure is not the tools'.
 - ``elsewhere``: nothing counts; tool CPU never holds sessions back. Phases are still tracked
   for tool-time predictions (idle timeouts, KV retention).

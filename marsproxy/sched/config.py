@@ -1,7 +1,8 @@
 """Configuration of the scheduler (``scheduler:`` in ``MarsConfig``).
 
-Every number of DESIGN §5.3 (continuation priority) and §5.4 (KV retention) is a field here
-with the design's default, so code, YAML, docs and Prometheus share one name for it.
+The policy choices an operator makes sit directly under ``scheduler:``; the numbers behind the
+priority levels, KV retention, gated dispatch and the start-up probe under ``scheduler.tuning:``.
+The KV reserve the dispatch gate keeps free is ``admission.kv_reserve_frac``, one key for both.
 """
 
 from __future__ import annotations
@@ -18,16 +19,9 @@ RetentionPolicy = Literal["mars", "fixed", "off"]
 PriorityPolicy = Literal["mars", "las", "session_fcfs", "off"]
 
 
-class SchedulerConfig(_Section):
-    """``scheduler:`` — MLFQ levels of continuations, KV retention and upstream hints."""
+class SchedulerTuning(_Section):
+    """``scheduler.tuning:`` — levels, retention, gated dispatch and probe internals."""
 
-    # -- Priority levels (DESIGN §5.3) ------------------------------------------------------
-    priority_policy: PriorityPolicy = Field(
-        "mars",
-        description="How continuations are ordered: mars (uncached-prefill bucket, demoted by"
-        " attained service, aged); las (attained service only, as Autellix); session_fcfs"
-        " (older sessions first, as Continuum); off (no levels, no priority hints).",
-    )
     level_thresholds: tuple[int, int, int] = Field(
         (2048, 8192, 32768),
         description="Uncached prompt tokens up to which a continuation is level 0, 1, 2;"
@@ -46,17 +40,6 @@ class SchedulerConfig(_Section):
     aging_period_s: float = Field(
         30.0, gt=0, description="A waiting continuation moves up one level per this many seconds."
     )
-    priority_override_client: bool = Field(
-        True,
-        description="Replace a client's explicit body 'priority' with the level; false: respect"
-        " the client's value.",
-    )
-    # -- KV retention (DESIGN §5.4) ---------------------------------------------------------
-    retention_policy: RetentionPolicy = Field(
-        "mars",
-        description="mars: retain iff re-prefill time > predicted tool time; fixed: retain for"
-        " fixed_retention_s when the predicted tool time is at most that (Continuum); off.",
-    )
     retention_ttl_max_s: float = Field(
         60.0, gt=0, description="Longest a retained session's blocks stay reserved (s)."
     )
@@ -68,20 +51,10 @@ class SchedulerConfig(_Section):
         description="KV usage of a worker at which reservations of dormant sessions are dropped"
         " (highest level first) until the ledger fits again.",
     )
-    # -- Gated dispatch (workers without --scheduling-policy priority) ----------------------
-    default_max_num_seqs: int = Field(
-        256, ge=1,
-        description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set"
-        " (vLLM's default: 256 on GPU, 128 on CPU).",
-    )
     backfill_max: int = Field(
         4, ge=0,
         description="How many smaller continuations may pass the head of a gated queue that"
         " does not fit the worker's KV budget, before the queue waits for it.",
-    )
-    kv_reserve_frac: float = Field(
-        0.10, ge=0, lt=1,
-        description="Share of a worker's KV blocks the dispatch gate keeps free (as admission).",
     )
     warm_resume_min_frac: float = Field(
         0.5, gt=0, le=1,
@@ -93,7 +66,6 @@ class SchedulerConfig(_Section):
         description="Period of the scheduler tick: reservation expiry, drops under pressure,"
         " worker facts from the latest scrape.",
     )
-    # -- priority: auto (the start-up probe) ------------------------------------------------
     probe_timeout_s: float = Field(
         30.0, gt=0, description="Longest the start-up priority probe of one worker may take."
     )
@@ -103,13 +75,9 @@ class SchedulerConfig(_Section):
         " high-priority request finishes before the long, low-priority one sent ahead of it by"
         " at least this share of the time from the blocker's end to the long one's end.",
     )
-    # -- Hints ------------------------------------------------------------------------------
-    hint_encoder: HintEncoderName = Field(
-        "headers", description="What goes upstream with each continuation: headers, dynamo, none."
-    )
 
     @model_validator(mode="after")
-    def _relations(self) -> SchedulerConfig:
+    def _relations(self) -> SchedulerTuning:
         # Unsorted thresholds would make buckets overlap; say which key is wrong.
         problems = []
         for name, values in (
@@ -121,3 +89,37 @@ class SchedulerConfig(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+class SchedulerConfig(_Section):
+    """``scheduler:`` — how continuations are ordered, what is retained, what goes upstream."""
+
+    priority_policy: PriorityPolicy = Field(
+        "mars",
+        description="How continuations are ordered: mars (uncached-prefill bucket, demoted by"
+        " attained service, aged); las (attained service only, as Autellix); session_fcfs"
+        " (older sessions first, as Continuum); off (no levels, no priority hints).",
+    )
+    priority_override_client: bool = Field(
+        True,
+        description="Replace a client's explicit body 'priority' with the level; false: respect"
+        " the client's value.",
+    )
+    retention_policy: RetentionPolicy = Field(
+        "mars",
+        description="mars: retain iff re-prefill time > predicted tool time; fixed: retain for"
+        " scheduler.tuning.fixed_retention_s when the predicted tool time is at most that"
+        " (Continuum); off.",
+    )
+    default_max_num_seqs: int = Field(
+        256, ge=1,
+        description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set"
+        " (vLLM's default: 256 on GPU, 128 on CPU).",
+    )
+    hint_encoder: HintEncoderName = Field(
+        "headers", description="What goes upstream with each continuation: headers, dynamo, none."
+    )
+    tuning: SchedulerTuning = Field(
+        SchedulerTuning(),
+        description="Numbers behind the priority levels, retention, gated dispatch and probe.",
+    )

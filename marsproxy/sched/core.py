@@ -1,4 +1,4 @@
-"""The scheduler core (DESIGN §5.3, §5.4): what happens to each continuation, and after it.
+"""The scheduler core: what happens to each continuation, and after it.
 
 One object that the gateway shell and a simulator both drive with events, all pure and
 clock-injected (``now`` is a parameter; no I/O):
@@ -121,8 +121,12 @@ class ResumeStats:
 
 
 class SchedulerCore:
-    def __init__(self, cfg: SchedulerConfig, workers: Sequence[str]) -> None:
+    def __init__(
+        self, cfg: SchedulerConfig, workers: Sequence[str], kv_reserve_frac: float
+    ) -> None:
         self.cfg = cfg
+        # admission.kv_reserve_frac: the one KV reserve that admission and this gate keep.
+        self.kv_reserve_frac = kv_reserve_frac
         self.workers = list(workers)
         self.modes: dict[str, Mode] = dict.fromkeys(workers, "gated")
         self.facts: dict[str, WorkerFacts] = {w: WorkerFacts() for w in workers}
@@ -227,7 +231,7 @@ class SchedulerCore:
         total = self.facts[worker].total_blocks
         if total is None:
             return None
-        reserve = math.ceil(self.cfg.kv_reserve_frac * total)
+        reserve = math.ceil(self.kv_reserve_frac * total)
         return total - reserve - self.ledger.reserved_blocks(worker)
 
     def running_blocks(self, worker: str) -> int:
@@ -281,7 +285,7 @@ class SchedulerCore:
     def _backfill(self, now: float, w: str, head: Ticket, rest: list[Ticket]) -> list[Ticket]:
         out: list[Ticket] = []
         for t in rest:
-            if head.bypassed >= self.cfg.backfill_max or self.in_flight(w) >= self.cap(w):
+            if head.bypassed >= self.cfg.tuning.backfill_max or self.in_flight(w) >= self.cap(w):
                 break
             if self._fits(w, t):
                 self._take(now, t)
@@ -347,7 +351,7 @@ class SchedulerCore:
         if sess is not None and ok and prompt_tokens > 0:
             if sess.context_tokens > 0:
                 left = min(sess.context_tokens, prompt_tokens)
-                hot = cached_tokens >= self.cfg.warm_resume_min_frac * left
+                hot = cached_tokens >= self.cfg.tuning.warm_resume_min_frac * left
                 resume = "warm" if hot else "cold"
                 (self.resumes.warm if hot else self.resumes.cold)[t.warm] += 1
                 self.resumes.cached_tokens += min(cached_tokens, left)
@@ -378,8 +382,8 @@ class SchedulerCore:
             usable = self.usable_blocks(w)
             if usable is not None and self.running_blocks(w) > usable:
                 need = self.running_blocks(w) - usable
-            if f.kv_usage is not None and f.kv_usage >= self.cfg.retention_drop_kv_usage:
-                over = f.kv_usage - self.cfg.retention_drop_kv_usage
+            if f.kv_usage is not None and f.kv_usage >= self.cfg.tuning.retention_drop_kv_usage:
+                over = f.kv_usage - self.cfg.tuning.retention_drop_kv_usage
                 need = max(need, math.ceil(over * f.total_blocks), 1)
             dropped.extend(self.ledger.drop_under_pressure(w, need))
         return TickResult(expired, dropped)

@@ -1,4 +1,4 @@
-"""Hints sent upstream with each continuation (DESIGN §5.4), by a named encoder.
+"""Hints sent upstream with each continuation, by a named encoder.
 
 An encoder writes the session id, the MLFQ level and the retention the proxy intends into the
 outgoing request's headers and/or JSON body. Hints must never break a worker that does not

@@ -1,4 +1,4 @@
-"""The KV ledger (DESIGN §5.4): blocks reserved for dormant sessions' retained prefixes.
+"""The KV ledger: blocks reserved for dormant sessions' retained prefixes.
 
 vLLM has no pinning API, so retention is made real by accounting: the admission budget
 subtracts the blocks reserved here, so new work is not admitted into the room a retained

@@ -1,4 +1,4 @@
-"""Priority level of a continuation (DESIGN §5.3): a 4-level MLFQ, lower runs sooner.
+"""Priority level of a continuation: a 4-level MLFQ, lower runs sooner.
 
 The level starts from the prefill bucket of the continuation's *uncached* tokens (prefill is
 what a continuation costs the engine before its first token), is demoted by the session's
@@ -20,19 +20,19 @@ LOWEST = 3  # the last MLFQ level; the highest number, the least urgent
 
 def prefill_bucket(uncached_tokens: int, cfg: SchedulerConfig) -> int:
     """0..3: ≤ t0 → 0, ≤ t1 → 1, ≤ t2 → 2, else 3 (boundaries belong to the lower level)."""
-    return bisect_left(cfg.level_thresholds, max(0, uncached_tokens))
+    return bisect_left(cfg.tuning.level_thresholds, max(0, uncached_tokens))
 
 
 def demotion(attained_service: float, cfg: SchedulerConfig) -> int:
     """Levels lost for attained service: one per threshold strictly passed."""
-    return bisect_left(cfg.service_thresholds, attained_service)
+    return bisect_left(cfg.tuning.service_thresholds, attained_service)
 
 
 def promotion(waited_s: float, cfg: SchedulerConfig) -> int:
     """Levels gained by waiting: one per whole aging period."""
     if waited_s <= 0:
         return 0
-    return math.floor(waited_s / cfg.aging_period_s)
+    return math.floor(waited_s / cfg.tuning.aging_period_s)
 
 
 def level(
@@ -57,7 +57,7 @@ def service_of(
     cfg: SchedulerConfig, prompt_tokens: int, completion_tokens: int, engine_s: float
 ) -> float:
     """One continuation's service in the configured measure (tokens or engine seconds)."""
-    if cfg.service_measure == "engine_seconds":
+    if cfg.tuning.service_measure == "engine_seconds":
         return max(0.0, engine_s)
     return float(max(0, prompt_tokens) + max(0, completion_tokens))
 

@@ -1,4 +1,4 @@
-"""KV retention decision at the end of a continuation (DESIGN §5.4).
+"""KV retention decision at the end of a continuation.
 
 Holding a dormant session's prefix costs KV that others could use; dropping it costs a
 re-prefill when the session returns. MARS retains iff the re-prefill would take longer than
@@ -94,10 +94,10 @@ def decide(
     if context_tokens <= 0:
         return no("empty context")
     if cfg.retention_policy == "fixed":
-        fixed = cfg.fixed_retention_s
+        fixed = cfg.tuning.fixed_retention_s
         if predicted_tool_s > fixed:
             return no(f"tool {predicted_tool_s:.3g} s > fixed {fixed:.3g} s")
-        return yes(min(fixed, cfg.retention_ttl_max_s), f"tool ≤ fixed {fixed:.3g} s")
+        return yes(min(fixed, cfg.tuning.retention_ttl_max_s), f"tool ≤ fixed {fixed:.3g} s")
     if reprefill is None:
         return no("no prefill throughput measured")
     if predicted_tool_s <= 0:
@@ -105,6 +105,6 @@ def decide(
         return no("tool predicted instant")
     if reprefill <= predicted_tool_s:
         return no(f"re-prefill {reprefill:.3g} s ≤ tool {predicted_tool_s:.3g} s")
-    ttl = min(predicted_tool_s, cfg.retention_ttl_max_s)
+    ttl = min(predicted_tool_s, cfg.tuning.retention_ttl_max_s)
     capped = " (TTL capped)" if ttl < predicted_tool_s else ""
     return yes(ttl, f"re-prefill {reprefill:.3g} s > tool {predicted_tool_s:.3g} s{capped}")

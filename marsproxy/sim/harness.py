@@ -136,17 +136,17 @@ class Simulation:
         self.prefill = {w: PrefillRate() for w in self.workers}
         self.core = AdmissionCore(cfg.admission, self.workers) if cfg else None
         self.tracker = ToolPhaseTracker(ToolTrackerSettings(
-            ema_alpha=cfg.tools.ema_alpha if cfg else 0.2,
-            quantile=cfg.tools.quantile if cfg else 0.9,
-            history=cfg.tools.history if cfg else 64,
+            ema_alpha=cfg.tools.tuning.ema_alpha if cfg else 0.2,
+            quantile=cfg.tools.tuning.quantile if cfg else 0.9,
+            history=cfg.tools.tuning.history if cfg else 64,
             tool_cpus=setup.tool_cpus,
-            inferred_min_s=cfg.tools.inferred_min_s if cfg else 0.5,
+            inferred_min_s=cfg.tools.tuning.inferred_min_s if cfg else 0.5,
         ))
         self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
         t = cfg.tools if cfg else None
         self.tool_signal = ToolCpuSignal(t.location if t else "host",
-                                         t.confirm_psi if t else 50.0,
-                                         t.confirm_cpu_percent if t else 80.0)
+                                         t.tuning.confirm_psi if t else 50.0,
+                                         t.tuning.confirm_cpu_percent if t else 80.0)
         self._progress = progress
         self._on_tick_hook = on_tick
         self._heap: list[tuple[float, int, str, Any]] = []
@@ -175,7 +175,7 @@ class Simulation:
         s = cfg.scheduler
         if s.priority_policy == "off" and s.retention_policy == "off" and s.hint_encoder == "none":
             return None
-        core = SchedulerCore(s, self.workers)
+        core = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
         for w in self.workers:
             core.set_mode(w, setup.worker_mode)
         return core
@@ -482,7 +482,7 @@ class Simulation:
                     waiting=eng.waiting, tools_in_flight=s.tools_in_flight,
                     backlog_ratio=s.backlog_ratio))
         if self._live():
-            self._push(now + self.cfg.admission.control_interval_s, "tick")
+            self._push(now + self.cfg.admission.tuning.control_interval_s, "tick")
 
     def _snapshot(self, now: float) -> None:
         assert self.core is not None
@@ -508,7 +508,7 @@ class Simulation:
         self.sched.tick(now)
         self._release(now)
         if self._live():
-            self._push(now + self.sched.cfg.tick_s, "sched_tick")
+            self._push(now + self.sched.cfg.tuning.tick_s, "sched_tick")
 
     def _record(self, ev: Event) -> None:
         if ev.type in _TIMELINE_TYPES:

@@ -4,7 +4,7 @@
   its first prompt without overload (placeable, neither KV nor tool CPU overloaded, below its
   limit, the prompt within its KV budget);
 - (b) every session finishes or is refused with a documented reason, and no waiting session is
-  bypassed more than ``admission.max_bypass`` times;
+  bypassed more than ``admission.tuning.max_bypass`` times;
 - (c) at light load (``direct`` sees no preemption and no tool waits for a core) the mean and
   the P95 end-to-end latency of the proxy stay within ``tolerance`` of ``direct``'s;
 - (d) at the end nothing is held: no session, queue entry or block promise in the admission
@@ -54,7 +54,7 @@ def check_tick(now: float, core: AdmissionCore) -> list[Violation]:
         return []
     out: list[Violation] = []
     views = [v for v in core.views(now) if open_to(v)]
-    bound = core.cfg.max_bypass
+    bound = core.cfg.tuning.max_bypass
     for pos, e in enumerate(core.queue.ordered(now)):
         bypassed = core.queue.bypasses(e.session)
         if bypassed > bound:

@@ -121,7 +121,7 @@ def test_sim_counts_refused_sessions_and_lifts_the_deadline_by_default(tmp_path:
     # about 3); each counts from its arrival to its refusal, in the mean and the percentiles.
     err: list[str] = []
     tight = _run(["sim", *WORKLOAD, "--tool-cpus", "2", "--no-plots", "--queue-deadline", "1",
-                  "--set", "admission.aging_margin_s=0.1"], tmp_path / "tight", err)
+                  "--set", "admission.tuning.aging_margin_s=0.1"], tmp_path / "tight", err)
     assert tight["meta"]["queue deadline"] == "1 s (set for this run)"
     runs = {r["policy"]: r for r in tight["runs"]}
     mars = runs["mars"]

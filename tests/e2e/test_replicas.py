@@ -152,7 +152,7 @@ async def make_cluster(
             + "health: {interval_s: 0.2}\n"
             + "probes: {vllm: {period_s: 0.1, stale_after_s: 1.0}, nvml: {enabled: false}}\n"
             + f"admission: {{window_init: {WINDOW}, window_min: {WINDOW}, window_max: {WINDOW},"
-            + " control_interval_s: 0.1}\n"
+            + " tuning: {control_interval_s: 0.1}}\n"
             + f"store: {{backend: redis, redis_url: '{server.url}', pool: {POOL}, "
             + ", ".join(f"{k}: {v}" for k, v in opts.items()) + "}\n"
         )

@@ -35,7 +35,8 @@ BASE_CONFIG: dict[str, Any] = {
         "nvml": {"enabled": False},
         "cpu": {"tool_cpus": 256},  # the tests' "tools" are sleeps: never CPU-bound
     },
-    "admission": {"control_interval_s": 0.1, "queue_deadline_s": 20.0, "aging_margin_s": 1.0},
+    "admission": {"queue_deadline_s": 20.0,
+                  "tuning": {"control_interval_s": 0.1, "aging_margin_s": 1.0}},
 }
 
 

@@ -93,7 +93,7 @@ def test_env_overrides_parse_yaml_values() -> None:
 
 def test_example_config_is_complete_and_valid() -> None:
     """configs/marsproxy.yaml sets every key, and to its documented default."""
-    from marsproxy.config import example_yaml, iter_keys
+    from marsproxy.config_reference import example_yaml, iter_keys
 
     example = REPO / "configs" / "marsproxy.yaml"
     cfg = load_config(example, environ={})
@@ -113,7 +113,96 @@ def test_example_config_leaves_the_policy_keys_to_the_preset() -> None:
 
 
 def test_reference_doc_matches_the_code() -> None:
-    from marsproxy.config import reference_table
+    from marsproxy.config_reference import reference_table
 
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert reference_table() in doc, "docs/configuration.md is stale: run `make config-docs`"
+
+
+# -- keys that moved or were removed ---------------------------------------------------------
+
+
+def test_a_moved_key_in_a_file_names_its_new_place(tmp_path: Path) -> None:
+    p = _write(tmp_path, "admission:\n  peak_growth_prior: 3.0\n  window_max: 8\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p, environ={})
+    msg = str(exc.value)
+    assert "admission.peak_growth_prior moved to admission.tuning.peak_growth_prior" in msg
+    assert str(p) in msg and "window_max" not in msg  # operator keys stay where they were
+    p = _write(tmp_path, "admission:\n  tuning:\n    peak_growth_prior: 3.0\n")
+    assert load_config(p, environ={}).admission.tuning.peak_growth_prior == 3.0
+
+
+def test_a_moved_key_in_the_environment_names_the_new_variable() -> None:
+    env = {"MARSPROXY_SCHEDULER__TICK_S": "0.5", "MARSPROXY_SERVER__PORT": "9000"}
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, environ=env)
+    msg = str(exc.value)
+    assert "scheduler.tick_s moved to scheduler.tuning.tick_s" in msg
+    assert "environment variable MARSPROXY_SCHEDULER__TICK_S" in msg
+    assert "set MARSPROXY_SCHEDULER__TUNING__TICK_S" in msg
+    cfg = load_config(None, environ={"MARSPROXY_SCHEDULER__TUNING__TICK_S": "0.5"})
+    assert cfg.scheduler.tuning.tick_s == 0.5
+
+
+def test_a_moved_key_on_the_command_line_is_an_error() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, environ={}, overrides={"tools": {"quantile": 0.5}})
+    assert "tools.quantile moved to tools.tuning.quantile (command line)" in str(exc.value)
+
+
+def test_the_one_kv_reserve_lives_under_admission() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, environ={}, overrides={"scheduler": {"kv_reserve_frac": 0.2}})
+    assert "scheduler.kv_reserve_frac moved to admission.kv_reserve_frac" in str(exc.value)
+
+
+def test_removed_keys_say_what_happens_now(tmp_path: Path) -> None:
+    p = _write(tmp_path, "admission:\n  cpu_overload_order: longest_first\n"
+                         "  cpu_cap_always: true\n")
+    env = {"MARSPROXY_ADMISSION__KV_COUNT_RETAINED": "false"}
+    with pytest.raises(ConfigError) as exc:
+        load_config(p, environ=env, overrides={"admission": {"cpu_overload_shrinks": True}})
+    msg = str(exc.value)
+    # Every retired key of every source in one message, each with its source.
+    assert "admission.cpu_overload_order was removed: the queue keeps arrival order" in msg
+    assert "admission.cpu_cap_always was removed" in msg and str(p) in msg
+    assert "admission.kv_count_retained was removed" in msg
+    assert "MARSPROXY_ADMISSION__KV_COUNT_RETAINED" in msg
+    assert "admission.cpu_overload_shrinks was removed" in msg and "(command line)" in msg
+
+
+def test_the_retired_table_matches_the_models() -> None:
+    from marsproxy.config_moves import MOVED, REMOVED
+    from marsproxy.config_reference import iter_keys
+
+    keys = {k for k, _, _ in iter_keys()}
+    assert set(MOVED.values()) <= keys, "every replacement exists"
+    assert not (set(MOVED) | set(REMOVED)) & keys, "no retired path is a key today"
+
+
+def test_every_policy_preset_loads() -> None:
+    from marsproxy.policies import policy_names
+
+    for name in policy_names():
+        cfg = load_config(None, environ={}, overrides={"policy": name})
+        assert cfg.policy == name
+    continuum = load_config(None, environ={}, overrides={"policy": "continuum"})
+    assert continuum.scheduler.tuning.fixed_retention_s == 2.0
+
+
+def test_the_docs_state_the_operator_and_tuning_key_counts() -> None:
+    import re
+
+    from marsproxy.config_reference import is_tuning, iter_keys, tuning_sections
+
+    keys = [k for k, _, _ in iter_keys()]
+    tuned = [k for k in keys if is_tuning(k)]
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    stated = re.search(r"There are (\d+) operator keys.*?internals \((\d+) keys\)", doc, re.S)
+    assert stated, "docs/configuration.md must state the key counts"
+    assert (int(stated[1]), int(stated[2])) == (len(keys) - len(tuned), len(tuned))
+    assert [s for s, _ in tuning_sections()] == [
+        "tools.tuning", "admission.tuning", "scheduler.tuning"]
+    for section, _ in tuning_sections():
+        assert f"`{section}.*`" in doc

@@ -1,4 +1,4 @@
-"""Admission state stores: in-memory for one replica, Redis for several (DESIGN §5.5).
+"""Admission state stores: in-memory for one replica, Redis for several.
 
 Build one with :func:`make_store` from the ``store:`` config section; the gateway sees only
 the :class:`WindowStore` Protocol.

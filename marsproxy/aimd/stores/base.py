@@ -1,7 +1,7 @@
 """The ``WindowStore`` interface: admission state that one or several replicas share.
 
 The gateway talks only to this Protocol; :mod:`.memory` serves one replica, :mod:`.redis_store`
-several replicas behind one Redis (DESIGN §5.5). Times are integer milliseconds on a clock the
+several replicas behind one Redis. Times are integer milliseconds on a clock the
 replicas share (wall clock), passed in so that tests and the simulator drive them.
 """
 
@@ -35,7 +35,7 @@ class WindowRecord:
     updated_ms: int
     reason: str = ""
     idle_limit: int | None = None
-    """What an idle admission checks against (``admission.idle_admit``); ``None``: ``limit``
+    """What an idle admission checks against (``admission.tuning.idle_admit``); ``None``: ``limit``
     (a record written before this field existed)."""
 
     def to_json(self) -> str:

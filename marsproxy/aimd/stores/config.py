@@ -1,7 +1,7 @@
 """Configuration of the admission state store (mounted into ``MarsConfig`` as ``store:``).
 
 Same pattern as :mod:`marsproxy.config`: frozen sections, every tunable a ``Field`` with a
-default and a description. DESIGN §5.5 holds the reasoning behind the defaults.
+default and a description.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Redis ``WindowStore``: admission state shared by several gateway replicas (DESIGN §5.5).
+"""The Redis ``WindowStore``: admission state shared by several gateway replicas.
 
 Every check-and-change is one Lua script (see the ``.lua`` files beside this module). Each
 replica also mirrors its own leases, queued sessions and session records in a private

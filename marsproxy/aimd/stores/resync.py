@@ -1,5 +1,5 @@
-"""Write a replica's local view back into Redis after an outage (DESIGN §5.5: nothing admitted
-is lost, nothing is counted twice).
+"""Write a replica's local view back into Redis after an outage: nothing admitted is lost,
+nothing is counted twice.
 
 The replica's mirror is the truth for what *it* admitted: its leases are re-added (ZADD of an
 existing member only re-scores it) and its own leases that Redis still holds but it released

@@ -20,8 +20,8 @@ from marsproxy.bench.procs import RedisServer
 
 from .conftest import start_stack, stop_stack
 
-WINDOW_1 = ("admission: {window_init: 1, window_min: 1, window_max: 1, idle_admit: false,"
-            " control_interval_s: 0.2}\n")
+WINDOW_1 = ("admission: {window_init: 1, window_min: 1, window_max: 1,"
+            " tuning: {idle_admit: false, control_interval_s: 0.2}}\n")
 TOKEN = "ui-test-token-3f9a"
 
 

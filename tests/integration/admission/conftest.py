@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from marsproxy.aimd.config import AdmissionTuning
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
 from marsproxy.gateway.app import Running, start
@@ -85,7 +86,8 @@ StackFactory = Callable[..., Awaitable[Stack]]
 
 @pytest.fixture
 async def make_stack() -> AsyncIterator[StackFactory]:
-    """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``;
+    """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``
+    (admission keys of both levels: the tuning ones go under ``admission.tuning``);
     ``share=stack`` puts a second gateway (a replica) in front of that stack's workers;
     ``cpu={...}`` overrides ``probes.cpu``."""
     made: list[Stack] = []
@@ -103,6 +105,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         else:
             emus = [await _run(build()) for _ in range(workers)]
             urls = [u for _, u in emus]
+        tuning_keys = AdmissionTuning.model_fields  # tuning keys go under admission.tuning
         cfg = load_config(
             None,
             environ={},
@@ -117,8 +120,10 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 },
                 "admission": {
                     "window_init": window, "window_min": window, "window_max": window,
-                    "control_interval_s": 0.05,
-                } | admission,
+                    **{k: v for k, v in admission.items() if k not in tuning_keys},
+                    "tuning": {"control_interval_s": 0.05}
+                    | {k: v for k, v in admission.items() if k in tuning_keys},
+                },
                 "store": store or {},
             },
         )

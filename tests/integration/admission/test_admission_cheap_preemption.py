@@ -1,7 +1,7 @@
 """Cheap preemption through the gateway: a real emulated worker's /metrics give the scraper
 its prefill speed, re-prefilling a forecast peak there takes milliseconds, so while the
 admitted sessions sit in tool phases the forecast-peak fit overcommits
-(``admission.peak_cheap_reprefill_s``); with the limit at a microsecond it does not."""
+(``admission.tuning.peak_cheap_reprefill_s``); with the limit at a microsecond it does not."""
 
 from __future__ import annotations
 

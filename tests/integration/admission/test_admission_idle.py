@@ -1,6 +1,6 @@
 """Idle admission through the gateway: a session the forecast-peak fit holds back is let in
 once every admitted session has sat in its tool phase, with nothing running on the engine,
-for ``admission.idle_admit_after_s`` (scraped from a real emulated worker's /metrics)."""
+for ``admission.tuning.idle_admit_after_s`` (scraped from a real emulated worker's /metrics)."""
 
 from __future__ import annotations
 
@@ -62,13 +62,17 @@ async def _queued(s: Any, n: int) -> bool:
 async def test_an_idle_admission_past_the_cpu_cap_is_confirmed_by_the_store(
     make_stack: _Factory,
 ) -> None:
-    # The CPU cap binds on every tick: 1 tool CPU × 1 session = a limit of 1. An idle engine
-    # adds no tool CPU until its call is done, so the idle limit is the window (4). The core
-    # admits the waiter past the limit; the store must confirm it against the idle limit,
+    # The holder's reported tool phase on 1 tool CPU overloads it (marks lowered below a
+    # backlog of 1), so the CPU cap binds: 1 tool CPU × 1 session = a limit of 1. An idle
+    # engine adds no tool CPU until its call is done, so the idle limit is the window (4). The
+    # core admits the waiter past the limit; the store must confirm it against the idle limit,
     # not hold it as pending until the holder ends.
-    s = await make_stack(window=4, window_min=1, cpu_cap_always=True, cpu_cap_backlog=1.0,
-                         idle_admit_after_s=0.3, cpu={"tool_cpus": 1.0})
-    assert (await s.chat("holder"))[0] == 200  # now in its tool phase, for good
+    s = await make_stack(window=4, window_min=1, cpu_cap_backlog=1.0, cpu_backlog_enter=0.9,
+                         cpu_backlog_leave=0.5, idle_admit_after_s=0.3, cpu={"tool_cpus": 1.0})
+    assert (await s.chat("holder"))[0] == 200
+    async with s.http.post(s.url("/mars/v1/sessions/holder/events"),
+                           json={"type": "tool_start", "tool": "make"}) as r:
+        assert r.status < 300  # now in its tool phase, for good
 
     async def capped() -> bool:
         row = (await s.state())["admission"]["workers"]["w0"]

@@ -21,8 +21,8 @@ async def test_state_shows_who_waits_why_and_each_sessions_kv(run_app: Any) -> N
         "server": {"port": 0},
         "health": {"interval_s": 0.1},
         "probes": {"vllm": {"period_s": 0.05}, "nvml": {"enabled": False}},
-        "admission": {"window_init": 1, "window_min": 1, "window_max": 1, "idle_admit": False,
-                      "kv_enter": 0.8, "kv_leave": 0.7},
+        "admission": {"window_init": 1, "window_min": 1, "window_max": 1,
+                      "tuning": {"idle_admit": False, "kv_enter": 0.8, "kv_leave": 0.7}},
     })
     proxy = await start(cfg)
     url = f"http://127.0.0.1:{proxy.port}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.core.events import Rejected, SessionAdmitted, SessionEnd, SessionQueued
 from marsproxy.core.lifecycle import EndReason, SessionState
 
@@ -23,7 +23,7 @@ def core(workers: tuple[str, ...] = ("w0",), **cfg: Any) -> AdmissionCore:
     base: dict[str, Any] = dict(window_init=4, window_min=2)
     base.update(cfg)
     base.setdefault("window_max", base["window_init"])
-    c = AdmissionCore(AdmissionConfig(**base), workers)
+    c = AdmissionCore(_config(base), workers)
     c.tick(0.0, {w: sig() for w in workers})
     return c
 
@@ -229,3 +229,10 @@ def test_relocate_moves_an_unserved_session_to_a_worker_where_it_fits() -> None:
     assert c.budget(first) == (before or 0) + 100  # the KV promise moved with it
     c.on_response_end(3.0, "s")  # served on its new worker: from now on it stays there
     assert c.relocate(4.0, "s", [first]) is None
+
+
+def _config(flat: dict[str, Any]) -> AdmissionConfig:
+    """``flat`` keys of both levels: the tuning ones go under ``tuning``."""
+    tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}
+    rest = {k: v for k, v in flat.items() if k not in tuned}
+    return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))

@@ -6,11 +6,11 @@ from collections.abc import Iterable
 
 import pytest
 
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 
 CFG = AdmissionConfig()
-DT = CFG.control_interval_s
+DT = CFG.tuning.control_interval_s
 
 
 def healthy(admitted: int = 30, **kw: object) -> ControlSignals:
@@ -52,21 +52,6 @@ def test_window_change_events_carry_reason_and_values() -> None:
 
 @pytest.mark.parametrize(
     "signals",
-    [
-        healthy(backlog_ratio=2.0),  # exactly the enter mark
-        healthy(tool_wait_ema_s=5.0),
-        healthy(backlog_ratio=3.0, tool_wait_ema_s=9.0),
-    ],
-)
-def test_collapse_under_cpu_overload_as_designed(signals: ControlSignals) -> None:
-    c = AimdController(AdmissionConfig(cpu_overload_shrinks=True))
-    assert run(c, [signals] * 6) == [21, 14, 9, 6, 4, 4]
-    assert c.cpu_overloaded and not c.kv_overloaded
-    assert c.tick(99.0, signals)[0:1] == []  # at min already
-
-
-@pytest.mark.parametrize(
-    "signals",
     [healthy(backlog_ratio=2.0, tool_cpus=2.0), healthy(tool_wait_ema_s=5.0, tool_cpus=2.0)],
 )
 def test_cpu_overload_holds_the_window_and_the_cap_binds(signals: ControlSignals) -> None:
@@ -100,9 +85,9 @@ def test_psi_only_when_enabled() -> None:
     off = AimdController(CFG)
     off.tick(0.0, s)
     assert not off.cpu_overloaded and off.window == 31  # grew: nothing overloaded
-    on = AimdController(AdmissionConfig(use_psi=True, cpu_overload_shrinks=True))
-    (ev,) = on.tick(0.0, s)
-    assert on.cpu_overloaded and ev.reason == "cpu_overload"
+    on = AimdController(AdmissionConfig(tuning=AdmissionTuning(use_psi=True)))
+    assert on.tick(0.0, s) == []  # CPU overload holds the window
+    assert on.cpu_overloaded and on.window == 30
     # PSI 40 % is inside its band: still overloaded; 30 % leaves.
     on.tick(0.2, healthy(psi_some_avg10=40.0))
     assert on.cpu_overloaded
@@ -195,11 +180,11 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
     ],
 )
 def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
-    c = AimdController(AdmissionConfig(cpu_cap_always=True, cpu_cap_backlog=per_cpu,
-                                       window_max=30))
-    c.tick(0.0, healthy(tool_cpus=tool_cpus))
+    c = AimdController(AdmissionConfig(window_max=30,
+                                       tuning=AdmissionTuning(cpu_cap_backlog=per_cpu)))
+    c.tick(0.0, healthy(tool_cpus=tool_cpus, backlog_ratio=2.0))  # CPU overloaded
     assert c.cpu_cap == cap
-    assert c.effective_limit == cap  # not overloaded: the window does not bind
+    assert c.effective_limit == cap  # the window (30, held) does not bind
 
 
 @pytest.mark.parametrize(
@@ -214,26 +199,26 @@ def test_kv_cap_is_the_floor_from_the_high_mark(usage: float, cap: int) -> None:
     assert c.kv_cap == cap
 
 
-def test_cpu_cap_binds_only_while_cpu_is_overloaded_by_default() -> None:
-    # As DESIGN has it: 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window
-    # (20) rules.
-    c = AimdController(AdmissionConfig(window_init=20, window_max=30, cpu_cap_backlog=1.5,
-                                       cpu_overload_shrinks=True))
+def test_cpu_cap_binds_only_while_cpu_is_overloaded() -> None:
+    # 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window (20) rules.
+    c = AimdController(AdmissionConfig(window_init=20, window_max=30,
+                                       tuning=AdmissionTuning(cpu_cap_backlog=1.5)))
     c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
     assert (c.cpu_cap, c.effective_limit) == (30, 30)
-    # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the shrunk window (14).
+    # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the held window (20).
     c.tick(0.2, healthy(tool_cpus=8.0, backlog_ratio=2.5, admitted=20))
-    assert c.cpu_overloaded and (c.window, c.cpu_cap, c.effective_limit) == (14, 12, 12)
+    assert c.cpu_overloaded and (c.window, c.cpu_cap, c.effective_limit) == (20, 12, 12)
     # Overload left (ratio ≤ 1.0): the cap lifts; the window grows back on its own.
     c.tick(0.4, healthy(tool_cpus=8.0, backlog_ratio=0.5))
     assert not c.cpu_overloaded and c.cpu_cap == 30 and c.effective_limit == 30
-    assert c.window == 15
+    assert c.window == 21
 
 
 def test_effective_limit_is_min_of_window_and_caps() -> None:
-    c = AimdController(AdmissionConfig(window_init=20, window_max=30, cpu_cap_always=True,
-                                       cpu_cap_backlog=1.5))
-    c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, admitted=0))
+    c = AimdController(AdmissionConfig(window_init=20, window_max=30,
+                                       tuning=AdmissionTuning(cpu_cap_backlog=1.5)))
+    # KV and CPU inside their bands: the window holds, the CPU cap binds (CPUs pressed).
+    c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, backlog_ratio=1.5, admitted=0))
     assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 30, 12, 12)
     c.tick(0.2, healthy(kv_usage=0.95, tool_cpus=100.0, admitted=20))
     assert (c.window, c.effective_limit) == (14, 4)  # the KV cap: the floor at the mark

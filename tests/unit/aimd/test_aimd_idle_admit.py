@@ -1,12 +1,13 @@
 """Idle admission: a worker whose admitted sessions all sit in tool phases, with nothing running
-and sessions waiting, takes one more past the forecast-peak fit (``admission.idle_admit``)."""
+and sessions waiting, takes one more past the forecast-peak fit
+(``admission.tuning.idle_admit``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 
 # Forecasts of 450 blocks each (150-block first prompts, growth 3): two fill the 900 usable.
 FIRST = 150 * 16
@@ -24,7 +25,7 @@ def core(**cfg: Any) -> AdmissionCore:
                                 peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0,
                                 idle_admit_after_s=0.5)
     base.update(cfg)
-    c = AdmissionCore(AdmissionConfig(**base), ["w0"])
+    c = AdmissionCore(_config(base), ["w0"])
     c.tick(0.0, {"w0": sig()})
     return c
 
@@ -157,3 +158,10 @@ def test_a_request_admitted_by_the_idle_rule_says_so() -> None:
     c.tick(1.7, {"w0": sig(kv_usage=0.3, free_blocks=700)})
     d = c.on_request(1.7, "x", "t", FIRST)
     assert (d.kind, d.worker, d.idle) == (DecisionKind.ADMITTED, "w0", True)
+
+
+def _config(flat: dict[str, Any]) -> AdmissionConfig:
+    """``flat`` keys of both levels: the tuning ones go under ``tuning``."""
+    tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}
+    rest = {k: v for k, v in flat.items() if k not in tuned}
+    return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))

@@ -1,5 +1,5 @@
 """The measured overlap of forecast peaks, and the overcommit of the fit it allows
-(``admission.peak_overcommit_max``, ``aimd/overlap.py``)."""
+(``admission.tuning.peak_overcommit_max``, ``aimd/overlap.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.overlap import OverlapTracker
 
 
@@ -17,7 +17,7 @@ def tracker(**cfg: Any) -> OverlapTracker:
                                 peak_overlap_target=0.8, peak_overlap_min_sessions=4,
                                 peak_overlap_min_fill=0.5, peak_history=4)
     base.update(cfg)
-    return OverlapTracker(AdmissionConfig(**base), ["w0"])
+    return OverlapTracker(_config(base), ["w0"])
 
 
 def read(t: OverlapTracker, now: float, used: int, *, committed: int = 800, usable: int = 900,
@@ -124,7 +124,7 @@ def core(**cfg: Any) -> AdmissionCore:
                                 peak_growth_prior=2.0, peak_min_samples=100,
                                 peak_free_sessions=0, idle_admit=False, peak_history=8)
     base.update(cfg)
-    c = AdmissionCore(AdmissionConfig(**base), ["w0"])
+    c = AdmissionCore(_config(base), ["w0"])
     c.tick(0.0, {"w0": sig()})
     return c
 
@@ -182,3 +182,10 @@ def test_a_worker_that_reports_no_preemption_counter_keeps_the_strict_fit() -> N
     for k in range(1, 40):
         c.tick(2.0 + 0.2 * k, {"w0": sig(kv_usage=0.2, free_blocks=800, preemptions_total=None)})
     assert c.overlaps.overlap("w0") == 1.0 and c.overlaps.factor("w0") == 1.0
+
+
+def _config(flat: dict[str, Any]) -> AdmissionConfig:
+    """``flat`` keys of both levels: the tuning ones go under ``tuning``."""
+    tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}
+    rest = {k: v for k, v in flat.items() if k not in tuned}
+    return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))

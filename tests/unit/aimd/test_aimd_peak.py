@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.core.lifecycle import EndReason
 
@@ -83,7 +83,7 @@ def core(**cfg: Any) -> AdmissionCore:
                                 peak_growth_prior=3.0, peak_min_samples=1, peak_free_sessions=0,
                                 idle_admit=False)
     base.update(cfg)
-    c = AdmissionCore(AdmissionConfig(**base), ["w0"])
+    c = AdmissionCore(_config(base), ["w0"])
     c.tick(0.0, {"w0": sig()})
     return c
 
@@ -235,8 +235,9 @@ def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
     from marsproxy.aimd.config import AdmissionConfig
 
-    cfg = AdmissionConfig(kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0,
-                          idle_admit=False)
+    cfg = AdmissionConfig(
+        tuning=AdmissionTuning(
+            kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
     core = AdmissionCore(cfg, ["w0"])
     sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16)
     core.tick(0.0, {"w0": sig})
@@ -262,3 +263,10 @@ def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:
     assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
     assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
     assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0
+
+
+def _config(flat: dict[str, Any]) -> AdmissionConfig:
+    """``flat`` keys of both levels: the tuning ones go under ``tuning``."""
+    tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}
+    rest = {k: v for k, v in flat.items() if k not in tuned}
+    return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 from marsproxy.aimd.order_index import OrderIndex
 from marsproxy.aimd.queue import AdmissionQueue, WorkerView
@@ -39,8 +39,10 @@ def window_cfg(draw: st.DrawFn) -> AdmissionConfig:
     return AdmissionConfig(
         window_min=lo, window_max=draw(st.one_of(st.none(), st.just(hi))),
         window_init=draw(st.integers(lo, hi)),
-        increase=draw(st.integers(1, 5)), decrease=draw(st.floats(0.05, 0.95)),
-        use_psi=draw(st.booleans()),
+        tuning=AdmissionTuning(
+            increase=draw(st.integers(1, 5)), decrease=draw(st.floats(0.05, 0.95)),
+            use_psi=draw(st.booleans()),
+        ),
     )
 
 
@@ -75,8 +77,9 @@ def test_window_always_within_bounds(
 WORKERS = ("w0", "w1")
 CORE_CFG = AdmissionConfig(
     window_init=3, window_min=1, window_max=5, queue_max=6, queue_deadline_s=20.0,
-    aging_margin_s=5.0, idle_timeout_min_s=5.0, idle_timeout_max_s=30.0,
-    long_prompt_tokens=1500, max_long_in_flight=1, rate_halflife_s=5.0,
+    idle_timeout_min_s=5.0, idle_timeout_max_s=30.0,
+    tuning=AdmissionTuning(aging_margin_s=5.0, long_prompt_tokens=1500, max_long_in_flight=1,
+                           rate_halflife_s=5.0),
 )
 
 worker_sig_st = st.builds(
@@ -219,7 +222,7 @@ qop_st = st.one_of(
 @given(st.lists(st.tuples(st.floats(0.0, 30.0), qop_st), max_size=80))
 def test_queue_never_loses_a_session(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
     q = AdmissionQueue(AdmissionConfig(queue_max=8, queue_deadline_s=60.0,
-                                       long_prompt_tokens=2000, max_bypass=4))
+        tuning=AdmissionTuning(long_prompt_tokens=2000, max_bypass=4)))
     t = 0.0
     pushed: dict[str, int] = {}
     left: dict[str, int] = {}
@@ -309,8 +312,8 @@ def _simulate(cfg: AdmissionConfig, window: int, hold: float, backlog: int,
 def test_reordering_never_misses_a_deadline(
     window: int, hold: float, backlog: int, bigs: list[tuple[float, int]], smalls: list[int]
 ) -> None:
-    cfg = AdmissionConfig(queue_deadline_s=20.0, aging_margin_s=5.0, max_bypass=10_000,
-                          long_prompt_tokens=100_000)
+    cfg = AdmissionConfig(queue_deadline_s=20.0,
+        tuning=AdmissionTuning(aging_margin_s=5.0, max_bypass=10_000, long_prompt_tokens=100_000))
     fate = _simulate(cfg, window, hold, backlog, bigs, smalls)
     expired = [s for s, f in fate.items() if f == "expired"]
     assert expired == []
@@ -321,8 +324,8 @@ def test_reordering_never_misses_a_deadline(
 def test_without_aging_shortest_first_starves_the_big_one(monkeypatch: Any) -> None:
     # The same workload with no urgent entries at all: the property above would fail.
     monkeypatch.setattr(OrderIndex, "urgent", lambda self, *a, **k: iter(()))
-    cfg = AdmissionConfig(queue_deadline_s=20.0, aging_margin_s=5.0, max_bypass=10_000,
-                          long_prompt_tokens=100_000)
+    cfg = AdmissionConfig(queue_deadline_s=20.0,
+        tuning=AdmissionTuning(aging_margin_s=5.0, max_bypass=10_000, long_prompt_tokens=100_000))
     fate = _simulate(cfg, 1, 1.0, 2, [(0.0, 5000)], [10, 20])
     assert fate["big0.0"] == "expired"
 
@@ -330,7 +333,7 @@ def test_without_aging_shortest_first_starves_the_big_one(monkeypatch: Any) -> N
 def test_reordering_regression_three_sessions_urgent_at_once() -> None:
     # Found by hypothesis: three sessions reached a fixed 5 s margin together with one slot
     # every 2 s; the critical prefix (slack vs. rank / admission rate) starts them earlier.
-    cfg = AdmissionConfig(queue_deadline_s=20.0, aging_margin_s=5.0, max_bypass=10_000,
-                          long_prompt_tokens=100_000)
+    cfg = AdmissionConfig(queue_deadline_s=20.0,
+        tuning=AdmissionTuning(aging_margin_s=5.0, max_bypass=10_000, long_prompt_tokens=100_000))
     fate = _simulate(cfg, 1, 2.0, 3, [(0.0, 5000)], [2, 1, 1, 1])
     assert "expired" not in fate.values()

@@ -6,14 +6,12 @@ from typing import Any
 
 import pytest
 
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.queue import AdmissionQueue, OrderMode, QueueEntry, WorkerView
 from marsproxy.aimd.rate import AdmissionRate, retry_after_s
 
 # Long = more than 1000 tokens; 16-token blocks.
-CFG = AdmissionConfig(long_prompt_tokens=1000)
-# DESIGN §5.2's order under CPU overload (the default is arrival order).
-LONGEST = AdmissionConfig(long_prompt_tokens=1000, cpu_overload_order="longest_first")
+CFG = AdmissionConfig(tuning=AdmissionTuning(long_prompt_tokens=1000))
 
 
 def worker(name: str = "w0", **kw: Any) -> WorkerView:
@@ -72,16 +70,13 @@ def test_cpu_overload_is_arrival_order_by_default() -> None:
     assert [s for s, _ in q.positions(10.0)] == ["s2", "s3"]
 
 
-def test_cpu_overload_is_longest_first_as_designed() -> None:
-    q = AdmissionQueue(LONGEST)
+def test_cpu_overload_keeps_arrival_order() -> None:
+    q = AdmissionQueue(CFG)
     fill(q, [100, 800, 500, 800])
     w = worker(limit=2, cpu_overloaded=True)
-    assert q.choose_mode([w]) is OrderMode.LONGEST_FIRST
-    assert picked(q, 10.0, [w]) == ["s1", "s3"]  # ties by arrival
-    assert q.mode is OrderMode.LONGEST_FIRST
-    assert [s for s, _ in q.positions(10.0)] == ["s2", "s0"]
-    # without CPU overload the option changes nothing
-    assert q.choose_mode([worker(limit=2)]) is OrderMode.ARRIVAL
+    assert q.choose_mode([w]) is OrderMode.ARRIVAL
+    assert picked(q, 10.0, [w]) == ["s0", "s1"]
+    assert [s for s, _ in q.positions(10.0)] == ["s2", "s3"]
 
 
 def test_unplaceable_workers_do_not_count() -> None:
@@ -172,7 +167,8 @@ def test_push_full_and_duplicate() -> None:
 
 
 def test_expire_and_remove() -> None:
-    q = AdmissionQueue(AdmissionConfig(queue_deadline_s=10.0, aging_margin_s=2.0))
+    q = AdmissionQueue(AdmissionConfig(queue_deadline_s=10.0,
+        tuning=AdmissionTuning(aging_margin_s=2.0)))
     fill(q, [1, 1, 1])  # arrivals 0, 1, 2 → deadlines 10, 11, 12
     assert q.expire(9.99) == []
     assert [e.session for e in q.expire(11.0)] == ["s0", "s1"]
@@ -181,7 +177,8 @@ def test_expire_and_remove() -> None:
 
 
 def test_urgent_session_goes_first() -> None:
-    cfg = AdmissionConfig(long_prompt_tokens=1000, queue_deadline_s=100.0, aging_margin_s=10.0)
+    cfg = AdmissionConfig(queue_deadline_s=100.0,
+        tuning=AdmissionTuning(long_prompt_tokens=1000, aging_margin_s=10.0))
     q = AdmissionQueue(cfg)
     fill(q, [900, 100, 200])  # s0 arrives at 0: deadline 100
     w = worker(limit=1, cpu_overloaded=False, kv_overloaded=True)  # shortest first
@@ -190,7 +187,8 @@ def test_urgent_session_goes_first() -> None:
 
 
 def test_urgent_session_that_does_not_fit_holds_the_pass() -> None:
-    cfg = AdmissionConfig(long_prompt_tokens=10_000, queue_deadline_s=100.0, aging_margin_s=10.0)
+    cfg = AdmissionConfig(queue_deadline_s=100.0,
+        tuning=AdmissionTuning(long_prompt_tokens=10_000, aging_margin_s=10.0))
     q = AdmissionQueue(cfg)
     q.push(q.entry("big", "t", 0.0, 900))  # 57 blocks, deadline 100
     q.push(q.entry("small1", "t", 1.0, 100))  # 7 blocks
@@ -203,7 +201,7 @@ def test_urgent_session_that_does_not_fit_holds_the_pass() -> None:
 
 
 def test_bypass_bound_promotes_a_session() -> None:
-    cfg = AdmissionConfig(long_prompt_tokens=10_000, max_bypass=3)
+    cfg = AdmissionConfig(tuning=AdmissionTuning(long_prompt_tokens=10_000, max_bypass=3))
     q = AdmissionQueue(cfg)
     assert q.push(q.entry("big", "t", 0.0, 900))
     w = worker(limit=1, kv_overloaded=True)
@@ -223,7 +221,7 @@ def test_entries_are_marked_long_by_the_queue() -> None:
 
 
 def test_rate_and_retry_after() -> None:
-    cfg = AdmissionConfig(rate_halflife_s=30.0)
+    cfg = AdmissionConfig(tuning=AdmissionTuning(rate_halflife_s=30.0))
     q = AdmissionQueue(cfg)
     assert q.retry_after(0.0) == 60  # nothing observed: the cap
     w = worker(limit=10_000, budget_blocks=None)
@@ -266,11 +264,11 @@ def test_retry_after_s(ahead: int, rate: float | None, expected: int) -> None:
     assert retry_after_s(ahead, rate, 1, 60) == expected
 
 
-def test_longest_first_skips_capped_long_sessions() -> None:
-    q = AdmissionQueue(LONGEST)
+def test_cpu_overload_skips_capped_long_sessions() -> None:
+    q = AdmissionQueue(CFG)
     fill(q, [3000, 100, 2500, 600])
     w = worker(cpu_overloaded=True, admitted=2, long_admitted=2)
-    assert picked(q, 10.0, [w]) == ["s3", "s1"]  # shorts, longest first; longs at their cap
+    assert picked(q, 10.0, [w]) == ["s1", "s3"]  # shorts in arrival order; longs at their cap
     assert len(q) == 2
 
 
@@ -289,22 +287,23 @@ def test_misfits_are_skipped_outside_shortest_first() -> None:
     ws = [worker("a", budget_blocks=60), worker("b", budget_blocks=60)]
     assert q.choose_mode(ws) is OrderMode.ARRIVAL
     assert picked(q, 10.0, ws) == ["s0", "s1", "s3"]  # s2 no longer fits anywhere
-    # Longest first, only long ones: the larger misses the pack room, the smaller fits it.
-    q = AdmissionQueue(LONGEST)
+    # Only long ones wait: the larger misses the pack room, the smaller fits it.
+    q = AdmissionQueue(CFG)
     fill(q, [2000, 1600])  # 125 and 100 blocks; pack room ⌊0.9 · 120⌋ = 108
     w = worker(budget_blocks=200, free_blocks=120, cpu_overloaded=True)
     assert picked(q, 10.0, [w]) == ["s1"]
 
 
-def test_longest_first_takes_long_sessions_under_the_cap() -> None:
-    q = AdmissionQueue(LONGEST)
-    fill(q, [100, 2000, 3000])
+def test_cpu_overload_takes_long_sessions_under_the_cap() -> None:
+    q = AdmissionQueue(CFG)
+    fill(q, [2000, 100, 3000])
     w = worker(limit=2, cpu_overloaded=True, long_admitted=1, admitted=0)
-    assert picked(q, 10.0, [w]) == ["s2", "s0"]  # one long fits under the cap of 2
+    assert picked(q, 10.0, [w]) == ["s0", "s1"]  # one long fits under the cap of 2
 
 
 def test_urgent_long_session_at_its_cap_does_not_block_short_ones() -> None:
-    cfg = AdmissionConfig(long_prompt_tokens=1000, queue_deadline_s=100.0, aging_margin_s=10.0)
+    cfg = AdmissionConfig(queue_deadline_s=100.0,
+        tuning=AdmissionTuning(long_prompt_tokens=1000, aging_margin_s=10.0))
     q = AdmissionQueue(cfg)
     q.push(q.entry("long", "t", 0.0, 2000))
     q.push(q.entry("short", "t", 50.0, 100))
@@ -325,7 +324,8 @@ def test_stalled_queue_goes_by_deadline_but_backfills(monkeypatch: pytest.Monkey
 
 
 def test_critical_prefix_follows_the_admission_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = AdmissionConfig(long_prompt_tokens=10_000, queue_deadline_s=100.0, aging_margin_s=10.0)
+    cfg = AdmissionConfig(queue_deadline_s=100.0,
+        tuning=AdmissionTuning(long_prompt_tokens=10_000, aging_margin_s=10.0))
     q = AdmissionQueue(cfg)
     fill(q, [900, 100, 200])  # deadlines 100, 101, 102
     q.push(q.entry("s3", "t", 40.0, 50))  # deadline 140

@@ -1,4 +1,4 @@
-"""The KV overload signal counts the ledger's retained blocks (``admission.kv_count_retained``).
+"""The KV overload signal counts the ledger's retained blocks as used.
 
 A scripted trace of one worker: sessions run (vLLM's usage gauge high), then go into tool
 phases (the gauge drops: their cached blocks count as free to vLLM) while the scheduler's
@@ -7,8 +7,6 @@ with the ledger the worker stays overloaded until the retained prefixes are real
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig
@@ -30,14 +28,14 @@ TRACE = [(t / 5, 0.95, 0) for t in range(0, 10)] + \
         [(22 + t / 5, 0.30, 0) for t in range(0, 100)]
 
 
-def run(**cfg: Any) -> tuple[AdmissionCore, list[tuple[float, int, bool]]]:
-    c = AdmissionCore(AdmissionConfig(window_init=30, window_min=4, window_max=30, **cfg),
-                      ["w0"])
+def run(trace: list[tuple[float, float, int]] = TRACE
+        ) -> tuple[AdmissionCore, list[tuple[float, int, bool]]]:
+    c = AdmissionCore(AdmissionConfig(window_init=30, window_min=4, window_max=30), ["w0"])
     for i in range(30):  # the window is used (the app-limited guard lets it grow)
         c.on_request(0.0, f"s{i}", "t", 16)
     c.tick(0.0, {"w0": sig(0.95, 0)})
     windows = []
-    for t, usage, retained in TRACE:
+    for t, usage, retained in trace:
         c.tick(t, {"w0": sig(usage, retained)})
         ctl = c.controllers["w0"]
         windows.append((t, ctl.window, ctl.kv_overloaded))
@@ -59,8 +57,9 @@ def test_dormant_retained_sessions_keep_the_worker_overloaded() -> None:
     assert window_at(windows, 30.0) == 30
 
 
-def test_the_gauge_alone_grows_the_window_back_during_tool_phases() -> None:
-    _, windows = run(kv_count_retained=False)
+def test_without_retained_prefixes_the_window_grows_back_during_tool_phases() -> None:
+    # The same trace with nothing retained: the gauge alone rules, and it reads 0.30.
+    _, windows = run([(t, usage, 0) for t, usage, _ in TRACE])
     assert window_at(windows, 1.8) == 4
     assert window_at(windows, 8.0) == 30  # 26 ticks of additive increase: back to the top
     assert not any(over for t, _, over in windows if 2 <= t < 22)

@@ -34,9 +34,9 @@ def test_direct_is_always_first_and_all_adds_ablations() -> None:
 def test_overrides_nest_parse_yaml_and_win_over_bench_defaults() -> None:
     sets = options.parse_sets(["admission.window_max=8", "admission.window_init=8",
                                "admission.queue_deadline_s=100",
-                               "scheduler.level_thresholds=[1, 2, 3]"])
+                               "scheduler.tuning.level_thresholds=[1, 2, 3]"])
     assert sets["admission"] == {"queue_deadline_s": 100, "window_max": 8, "window_init": 8}
-    assert sets["scheduler"]["level_thresholds"] == [1, 2, 3]
+    assert sets["scheduler"]["tuning"]["level_thresholds"] == [1, 2, 3]
     cfg = options.proxy_config("continuum", sets, ["http://w0"])
     assert cfg.admission.window_max == 8 and cfg.scheduler.priority_policy == "session_fcfs"
     assert options.parse_sets([])["admission"]["queue_deadline_s"] == 86_400
@@ -53,10 +53,10 @@ def test_queue_deadline_reaches_every_proxied_policy_and_the_meta() -> None:
     assert options.deadline_meta(sets, 1e7, "the horizon") == (
         "1e+07 s (the horizon: every session may wait until it is admitted)")
     # --queue-deadline for one run, over the default; other overrides still apply.
-    args = _args(queue_deadline=45.0, sets=["admission.max_bypass=8"])
+    args = _args(queue_deadline=45.0, sets=["admission.tuning.max_bypass=8"])
     sets = options.parse_sets(args.sets, options.queue_deadline(args, 1e7))
     cfg = options.proxy_config("mars", sets, ["http://w0"])
-    assert (cfg.admission.queue_deadline_s, cfg.admission.max_bypass) == (45.0, 8)
+    assert (cfg.admission.queue_deadline_s, cfg.admission.tuning.max_bypass) == (45.0, 8)
     assert options.deadline_meta(sets, 1e7, "the horizon") == "45 s (set for this run)"
     # --set alone still sets it; both at once is an error, not a silent pick.
     sets = options.parse_sets(["admission.queue_deadline_s=100"], 1e7)
@@ -70,7 +70,7 @@ def test_queue_deadline_reaches_every_proxied_policy_and_the_meta() -> None:
     with pytest.raises(ValueError, match="aging_margin_s < queue_deadline_s"):
         options.check_policies(["direct", "mars"], options.parse_sets([], 10.0))
     options.check_policies(["direct", "mars"], options.parse_sets(
-        ["admission.aging_margin_s=1"], 10.0))
+        ["admission.tuning.aging_margin_s=1"], 10.0))
 
 
 def test_cases_nest_regimes_over_rates_and_cap_the_context() -> None:
@@ -109,7 +109,7 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
     (["sim", "--queue-deadline", "-5"], "marsproxy sim: --queue-deadline must be > 0, got -5.0"),
     (["bench", "live", "--queue-deadline", "5", "--set", "admission.queue_deadline_s=9"],
      "marsproxy bench live: give the queue deadline once"),
-    (["sim", "--queue-deadline", "20"], "need aging_margin_s < queue_deadline_s"),
+    (["sim", "--queue-deadline", "20"], "need tuning.aging_margin_s < queue_deadline_s"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from marsproxy.gateway.bodies import SCHEDULED_ROUTES
 from marsproxy.gateway.routes import INFERENCE_ROUTES, OPERATOR_ROUTES, classify
-from marsproxy.gateway.security_config import AuthConfig
+from marsproxy.security_config import AuthConfig
 
 
 @pytest.mark.parametrize("path", sorted(INFERENCE_ROUTES))

@@ -5,7 +5,7 @@ here, it has tests of its own)."""
 from __future__ import annotations
 
 from marsproxy.aimd.admission import AdmissionCore
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.gateway.admission_signals import all_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
@@ -17,7 +17,7 @@ TOOLS = ToolCpuSignals()  # no tool phases
 def test_retained_blocks_come_off_the_admission_budget() -> None:
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
+    core = AdmissionCore(AdmissionConfig(tuning=AdmissionTuning(kv_fit_peak=False)), ["w0"])
     core.tick(0.0, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     free = core.budget("w0")
     core.tick(0.2, all_signals(pressures, {"w0": True}, TOOLS, 4.0,
@@ -29,7 +29,7 @@ def test_a_ledger_change_counts_before_the_next_tick() -> None:
     # 1000 blocks of 16 tokens, 10 % reserve: 900 usable. A retained prefix takes 600.
     m = WorkerMetrics(sampled_at=0.0, kv_usage=0.0, block_size=16, num_gpu_blocks=1000)
     pressures = {"w0": WorkerPressure("w0", m, WorkerRates(), False, None, 0, None)}
-    core = AdmissionCore(AdmissionConfig(kv_fit_peak=False), ["w0"])
+    core = AdmissionCore(AdmissionConfig(tuning=AdmissionTuning(kv_fit_peak=False)), ["w0"])
     core.tick(0.0, all_signals(pressures, {"w0": True}, TOOLS, 4.0))
     free = core.budget("w0")
     core.set_retained("w0", 600)

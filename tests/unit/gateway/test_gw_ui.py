@@ -12,8 +12,8 @@ from yarl import URL
 from marsproxy.config import load_config
 from marsproxy.gateway.app import create_app
 from marsproxy.gateway.auth import AdminAuth
-from marsproxy.gateway.security_config import AuthConfig
 from marsproxy.gateway.ui import SECURITY_HEADERS, asset_name, content_type, load_assets
+from marsproxy.security_config import AuthConfig
 
 
 @pytest.mark.parametrize(("path", "name"), [

@@ -7,12 +7,17 @@ from typing import Any
 
 import pytest
 
-from marsproxy.sched.config import SchedulerConfig
+from marsproxy.sched.config import SchedulerConfig, SchedulerTuning
 from marsproxy.sched.core import SchedulerCore, WorkerFacts
 
 
-def make(workers: tuple[str, ...] = ("w",), **kw: Any) -> SchedulerCore:
-    return SchedulerCore(SchedulerConfig(**kw), list(workers))
+def make(workers: tuple[str, ...] = ("w",), kv_reserve_frac: float = 0.10,
+         **kw: Any) -> SchedulerCore:
+    """A core with ``kw`` set at either level (the tuning keys go under ``tuning``)."""
+    tuned = {k: v for k, v in kw.items() if k in SchedulerTuning.model_fields}
+    rest = {k: v for k, v in kw.items() if k not in tuned}
+    cfg = SchedulerConfig(**rest, tuning=SchedulerTuning(**tuned))
+    return SchedulerCore(cfg, list(workers), kv_reserve_frac)
 
 
 def end_ok(core: SchedulerCore, now: float, call: int, prompt: int, completion: int = 10,

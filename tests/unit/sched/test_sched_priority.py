@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marsproxy.sched.config import SchedulerConfig
+from marsproxy.sched.config import SchedulerConfig, SchedulerTuning
 from marsproxy.sched.priority import (
     SessionService,
     level,
@@ -66,8 +66,8 @@ def test_aging_applies_after_the_cap() -> None:
 
 def test_custom_thresholds_and_period() -> None:
     cfg = SchedulerConfig(
-        level_thresholds=(10, 20, 30), service_thresholds=(1.0, 2.0, 3.0), aging_period_s=5.0
-    )
+        tuning=SchedulerTuning(
+            level_thresholds=(10, 20, 30), service_thresholds=(1.0, 2.0, 3.0), aging_period_s=5.0))
     assert level(15, 0.0, 0.0, cfg) == 1
     assert level(15, 1.5, 0.0, cfg) == 2
     assert level(15, 1.5, 5.0, cfg) == 1
@@ -75,7 +75,9 @@ def test_custom_thresholds_and_period() -> None:
 
 def test_service_measure() -> None:
     assert service_of(CFG, 1000, 200, 3.5) == 1200.0
-    secs = SchedulerConfig(service_measure="engine_seconds", service_thresholds=(1.0, 5.0, 20.0))
+    secs = SchedulerConfig(
+        tuning=SchedulerTuning(
+            service_measure="engine_seconds", service_thresholds=(1.0, 5.0, 20.0)))
     assert service_of(secs, 1000, 200, 3.5) == 3.5
     assert level(100, service_of(secs, 1000, 200, 3.5), 0.0, secs) == 1
 

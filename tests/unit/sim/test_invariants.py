@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from marsproxy.aimd.admission import AdmissionCore, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.core import SchedulerCore
@@ -58,7 +58,7 @@ def test_a_lets_a_session_wait_where_admitting_it_would_overload() -> None:
 
 
 def test_b_flags_a_session_bypassed_past_the_bound() -> None:
-    core = _waiting_core(AdmissionConfig(max_bypass=1))
+    core = _waiting_core(AdmissionConfig(tuning=AdmissionTuning(max_bypass=1)))
     later = [core.queue.entry(f"s{i}", "t", 1.0, 10) for i in (2, 3)]
     for e in later:
         assert core.queue.push(e)
@@ -123,7 +123,7 @@ def test_d_flags_a_leaked_promise_and_queue_entry() -> None:
 
 
 def test_d_flags_scheduler_reservations_and_run_leftovers() -> None:
-    sched = SchedulerCore(SchedulerConfig(), ["w0"])
+    sched = SchedulerCore(SchedulerConfig(), ["w0"], 0.10)
     sched.ledger.reserve("s1", "w0", 12, 0.0, 60.0, 0)
     found = check_drained(None, sched, {"held_agents": 1, "gated_calls": 0})
     assert sorted(v.what for v in found) == ["held agents: 1 left at the end",

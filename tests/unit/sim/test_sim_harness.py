@@ -59,8 +59,8 @@ def test_forecast_peak_fit_keeps_the_cache_from_overflowing(fit: str, preempted:
     # contexts outgrow the cache: preemptions, and the window moves. (Idle admission, the fit's
     # one exception, is off: this is about the fit.)
     cfg = options.proxy_config("mars", options.parse_sets(
-        [f"admission.kv_fit_peak={fit}", "admission.peak_free_sessions=0",
-         "admission.idle_admit=false"]), ["http://w0"])
+        [f"admission.tuning.kv_fit_peak={fit}", "admission.tuning.peak_free_sessions=0",
+         "admission.tuning.idle_admit=false"]), ["http://w0"])
     res = Simulation(_workload(), "mars", SETUP, cfg).run()
     assert (res.extra["stats"]["preemptions"] > 0) is preempted
     assert bool(res.timeline["window"]) is preempted
@@ -186,12 +186,12 @@ def test_a_tight_queue_deadline_refuses_sessions_and_the_figures_count_them() ->
     # refused, each counted from its arrival to its refusal (at the first control tick past
     # the deadline). Lifted, the same workload finishes every session.
     tight = options.proxy_config("mars", options.parse_sets(
-        ["admission.aging_margin_s=0.05"], queue_deadline_s=0.3), ["http://w0"])
+        ["admission.tuning.aging_margin_s=0.05"], queue_deadline_s=0.3), ["http://w0"])
     assert tight.admission.queue_deadline_s == 0.3
     res = Simulation(_workload(), "mars", SETUP, tight).run()
     refused = [o for o in res.outcomes if o.status == "refused"]
     assert 0 < len(refused) < 12
-    tick = tight.admission.control_interval_s
+    tick = tight.admission.tuning.control_interval_s
     for o in refused:
         assert o.turns[-1].status == 503 and o.error == "queue_deadline"
         assert o.stopped_s is not None and o.end_s is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.telemetry.admission_state import binding_cap, core_state, queue_why
 from marsproxy.telemetry.state import AdmissionWorkerState
 
@@ -14,7 +14,7 @@ def test_core_state_shows_who_is_admitted_who_waits_and_why() -> None:
     # Window 2 on one worker: the third session waits, and the forecast-peak fit has room for
     # one more first prompt (1000 blocks, 10 % reserve, two forecasts of 100 × 2 blocks).
     cfg = AdmissionConfig(window_init=2, window_min=2, window_max=2, kv_reserve_frac=0.1,
-                          peak_growth_prior=2.0, peak_free_sessions=0)
+        tuning=AdmissionTuning(peak_growth_prior=2.0, peak_free_sessions=0))
     core = AdmissionCore(cfg, ["w0"])
     core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=1000, total_blocks=1000,
                                         block_size=16, running=0)})
