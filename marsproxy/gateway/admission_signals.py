@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from marsproxy.aimd.admission import WorkerSignals
-from marsproxy.aimd.kvfit import free_blocks_from_usage
+from marsproxy.core.kv import free_blocks_from_usage
 from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_scraper import WorkerPressure
 

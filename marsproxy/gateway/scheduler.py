@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from marsproxy.aimd.kvfit import PromptEstimator
 from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.core.kv import PromptEstimator
 from marsproxy.gateway.bodies import splice_new_key
 from marsproxy.gateway.metrics import GatewayMetrics
 from marsproxy.gateway.priority_probe import probe_priority

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from marsproxy.aimd.kvfit import blocks_for_tokens
+from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.ledger import KvLedger, Reservation
 from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, promotion, service_of

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.kvfit import free_blocks_from_usage
 from marsproxy.bench.ideal import ideal_seconds
 from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.bench.timeline import timeline
 from marsproxy.bench.workload import PlannedSession, Workload
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, PressureSample, event_to_dict
+from marsproxy.core.kv import free_blocks_from_usage
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.emulator.profiles import EngineProfile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marsproxy.aimd.kvfit import (
+from marsproxy.core.kv import (
     PromptEstimator,
     blocks_for_tokens,
     fits,
