@@ -41,7 +41,6 @@ from marsproxy.bench.agent import (
 )
 from marsproxy.bench.local import LocalServer, start_local
 from marsproxy.bench.procs import RedisServer
-from marsproxy.bench.trace import SessionTrace, load_trace, sample_sessions
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.core.events import Event, SessionAdmitted, SessionQueued, WindowChange
 from marsproxy.emulator.server import EmulatorOptions
@@ -50,6 +49,7 @@ from marsproxy.gateway.app import GATEWAY_KEY
 from marsproxy.gateway.app import create_app as create_gateway_app
 from marsproxy.gateway.service import Gateway
 from marsproxy.policies import policy_preset
+from marsproxy.runs.trace import SessionTrace, load_trace, sample_sessions
 from marsproxy.telemetry.bus import Subscription
 
 

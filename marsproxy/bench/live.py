@@ -28,19 +28,19 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from marsproxy.bench import options, report
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_plan
 from marsproxy.bench.cpuwork import tool_runner
-from marsproxy.bench.ideal import ideal_seconds
 from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
 from marsproxy.bench.procs import CLI, free_port, wait_up
-from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, write_log
-from marsproxy.bench.timeline import timeline
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import PlannedSession, Workload, build_workload
 from marsproxy.emulator.profiles import EngineProfile, get_profile, profile_names
+from marsproxy.runs import options, report
+from marsproxy.runs.ideal import ideal_seconds
+from marsproxy.runs.progress import Progress
+from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome, write_log
+from marsproxy.runs.timeline import timeline
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import PlannedSession, Workload, build_workload
 
 CALL_TIMEOUT_S = 900.0
 """What an agent allows one call once admitted, on top of the queue deadline."""

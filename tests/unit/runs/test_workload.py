@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from marsproxy.bench.arrivals import ArrivalSpec, arrival_times
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import REGIMES, WorkloadSpec, build_workload
+from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import REGIMES, WorkloadSpec, build_workload
 
 SHARED_TRACE = Path("/work/shared/traces/agentcgroup-glm-local.jsonl")
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.results import load_label
-from marsproxy.bench.workload import REGIMES, WorkloadSpec
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.policies import policy_names
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.results import load_label
+from marsproxy.runs.workload import REGIMES, WorkloadSpec
 
 DIRECT = "direct"
 DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from marsproxy.bench import report
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, percentile, summarize
+from marsproxy.runs import report
+from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome, percentile, summarize
 
 
 def _session(sid: str, arrival: float, ideal: float, end: float | None, ttfts: list[float],

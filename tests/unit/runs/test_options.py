@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from marsproxy.bench import options
+from marsproxy.runs import options
 
 
 def _args(**over: object) -> argparse.Namespace:

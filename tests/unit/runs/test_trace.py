@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from marsproxy.bench.agent import filler
-from marsproxy.bench.trace import TraceError, load_trace, sample_sessions
+from marsproxy.runs.trace import TraceError, load_trace, sample_sessions
 
 
 def test_packaged_sample_loads() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from marsproxy.bench.ideal import ideal_seconds, llm_call_seconds
-from marsproxy.bench.workload import PlannedSession, PlannedTurn
 from marsproxy.emulator.engine import Engine
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.emulator.tokenizer import filler_token_id
+from marsproxy.runs.ideal import ideal_seconds, llm_call_seconds
+from marsproxy.runs.workload import PlannedSession, PlannedTurn
 
 
 def _engine_alone(profile_name: str, session: PlannedSession) -> float:

@@ -11,7 +11,7 @@ With several seeds (``--seeds``) each seed is its own workload, and a last secti
 over them per regime and load: the mean of each figure, and the mean of the per-seed ratios
 (each ratio still compares runs of one workload).
 
-Every latency counts every session (:mod:`marsproxy.bench.results`): one that was refused or
+Every latency counts every session (:mod:`marsproxy.runs.results`): one that was refused or
 failed counts at the time it stopped, a lower bound, so a run's latencies are marked ``≥`` when
 its completion (finished / sessions) is below 100 %. The completion stands next to the ratios,
 and a ratio that compares a run with an incomplete one says so in its cell: ``2.50 (75 % vs
@@ -28,11 +28,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from marsproxy.bench.results import RunResult, Summary
+from marsproxy.runs.results import RunResult, Summary
 
 DIRECT = "direct"
 
-log = logging.getLogger("marsproxy.bench.report")
+log = logging.getLogger("marsproxy.runs.report")
 
 
 def is_baseline(policy: str) -> bool:
@@ -313,7 +313,7 @@ def write(out_dir: Path, runs: Sequence[RunResult], title: str, meta: dict[str, 
     plots: dict[tuple[str, str], list[str]] = {}
     if make_plots:
         try:
-            from marsproxy.bench.plots import plot_all
+            from marsproxy.runs.plots import plot_all
         except ImportError:  # the bench extra is not installed: numbers without pictures
             log.warning("no plots: matplotlib is missing (pip install 'marsproxy[bench]')")
         else:

@@ -9,7 +9,7 @@ A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benc
   many tokens; a session whose peak would pass ``max_context_tokens`` is scaled less;
 - ``token_scale`` multiplies every token count afterwards (inputs and outputs), ``tool_time_scale``
   every tool time; ``max_turns`` caps the LLM calls per session;
-- arrivals (:mod:`marsproxy.bench.arrivals`): Poisson, fixed rate or bursts.
+- arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts.
 
 The same spec and trace give the same workload, bit for bit (tested).
 """
@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from marsproxy.bench.arrivals import ArrivalSpec, arrival_times
-from marsproxy.bench.trace import SessionTrace
+from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
+from marsproxy.runs.trace import SessionTrace
 
 # Regimes named as in the docs: median peak context of the workload, in tokens.
 REGIMES: dict[str, int] = {"8k": 8_192, "32k": 32_768, "64k": 65_536, "128k": 131_072}

@@ -12,8 +12,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
 
-from marsproxy.bench.report import groups
-from marsproxy.bench.results import RunResult, slug
+from marsproxy.runs.report import groups
+from marsproxy.runs.results import RunResult, slug
 
 _DPI = 80
 

@@ -10,9 +10,9 @@ proxy overheads are not included. For a real vLLM the profile is only an approxi
 
 from __future__ import annotations
 
-from marsproxy.bench.workload import PlannedSession
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.step_time import StepBatch, step_duration
+from marsproxy.runs.workload import PlannedSession
 
 
 def llm_call_seconds(

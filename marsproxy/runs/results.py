@@ -17,7 +17,7 @@ sessions. Definitions (docs/benchmarks.md repeats them):
   so with a completion below 100 % they are lower bounds too (the report marks them ``≥``);
   ``mean_finished_s`` is the mean over finished sessions alone, for reference;
 - goodput: sessions per second that finished within ``goodput_factor`` (3) × their ideal time
-  (:mod:`marsproxy.bench.ideal`), over the makespan (first arrival to the last session's end
+  (:mod:`marsproxy.runs.ideal`), over the makespan (first arrival to the last session's end
   or stop); a session that did not finish never counts;
 - throughput: finished sessions per second over the same makespan;
 - warm resume: a continuation (turn ≥ 2) whose cached prefix covers at least 90 % of the
