@@ -16,7 +16,7 @@ import pytest
 
 from marsproxy import status
 from marsproxy.cli import main
-from marsproxy.status import (
+from marsproxy.cli.status import (
     CLEAR,
     StatusError,
     bar,
@@ -360,7 +360,7 @@ def test_interval_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_status_shows_the_scheduler() -> None:
-    from marsproxy.status import render_state
+    from marsproxy.cli.status import render_state
 
     doc = {
         "workers": [{"name": "w0", "scheduler": {

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from marsproxy.cli.status import configure_parser as _configure_status
 from marsproxy.config import ConfigError, MarsConfig, dump_config, load_config
 from marsproxy.emulator.profiles import profile_names
 from marsproxy.policies import policy_names
-from marsproxy.status import configure_parser as _configure_status
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
@@ -79,7 +79,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from marsproxy.demo import DemoOptions, run_demo
+    from marsproxy.cli.demo import DemoOptions, run_demo
 
     _setup_logging(args.log_level)
     opts = DemoOptions(
@@ -275,6 +275,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return rc
 
-
-if __name__ == "__main__":
-    sys.exit(main())
