@@ -44,8 +44,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides=_serve_overrides(args))
     if not cfg.workers:
         raise ConfigError("no workers configured: give --worker URL or a `workers:` list")
-    from marsproxy.gateway.app import serve
-    from marsproxy.gateway.loop import run
+    from marsproxy.gateway.http.app import serve
+    from marsproxy.gateway.http.loop import run
 
     _setup_logging(cfg.server.log_level, [cfg.auth.admin_token.get_secret_value()])
     run(lambda: serve(cfg), cfg.server.event_loop)

@@ -45,9 +45,9 @@ from marsproxy.config import MarsConfig, load_config
 from marsproxy.core.events import Event, SessionAdmitted, SessionQueued, WindowChange
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_worker_app
-from marsproxy.gateway.app import GATEWAY_KEY
-from marsproxy.gateway.app import create_app as create_gateway_app
-from marsproxy.gateway.service import Gateway
+from marsproxy.gateway.http.app import GATEWAY_KEY
+from marsproxy.gateway.http.app import create_app as create_gateway_app
+from marsproxy.gateway.shells.service import Gateway
 from marsproxy.policies import policy_preset
 from marsproxy.runs.trace import SessionTrace, load_trace, sample_sessions
 from marsproxy.telemetry.bus import Subscription

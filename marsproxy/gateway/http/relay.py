@@ -20,24 +20,24 @@ from multidict import CIMultiDict
 from marsproxy.config import WorkerConfig
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
-from marsproxy.gateway.admission_types import Refused
-from marsproxy.gateway.bodies import BodyError, parse_body, read_limited
-from marsproxy.gateway.errors import sse_error_event
-from marsproxy.gateway.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
-from marsproxy.gateway.outcome import Clock, Outcome, RequestEvents, error
-from marsproxy.gateway.scheduler import Prepared
-from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.sessions import SessionRefused
-from marsproxy.gateway.sse import SSEFilter, StreamTap, body_usage_and_reply
-from marsproxy.gateway.upstream import (
+from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited
+from marsproxy.gateway.http.errors import sse_error_event
+from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
     UpstreamFailure,
     request_headers,
     response_headers,
 )
+from marsproxy.gateway.shells.admission_types import Refused
+from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
+from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
+from marsproxy.gateway.shells.scheduler import Prepared
+from marsproxy.gateway.shells.service import Gateway
+from marsproxy.gateway.shells.sessions import SessionRefused
 
-log = logging.getLogger("marsproxy.gateway.relay")
+log = logging.getLogger("marsproxy.gateway.http.relay")
 
 CLIENT_GONE = 499  # nginx's code for "client closed request"; only ever a metrics label
 

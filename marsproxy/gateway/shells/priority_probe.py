@@ -20,7 +20,7 @@ from marsproxy.probes.vllm_metrics import MetricsParseError, parse_vllm_metrics
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.probe import ProbeReading, plan, read
 
-log = logging.getLogger("marsproxy.gateway.priority_probe")
+log = logging.getLogger("marsproxy.gateway.shells.priority_probe")
 
 _SEND_GAP_S = 0.002  # keeps the arrival order A, B, C at the worker (C must arrive during A)
 

@@ -14,9 +14,9 @@ from importlib import resources
 
 from aiohttp import web
 
-from marsproxy.gateway.auth import UI_PATH
-from marsproxy.gateway.errors import error_response
-from marsproxy.gateway.limits import ROUTE_ARGS
+from marsproxy.gateway.http.auth import UI_PATH
+from marsproxy.gateway.http.errors import error_response
+from marsproxy.gateway.http.limits import ROUTE_ARGS
 
 ASSET_PACKAGE = "marsproxy.gateway"
 ASSET_DIR = "ui_static"

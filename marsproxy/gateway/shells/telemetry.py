@@ -16,7 +16,7 @@ import aiohttp
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, PressureSample, ToolEnd
-from marsproxy.gateway.metrics import GatewayMetrics
+from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe
 from marsproxy.probes.poller import Poller

@@ -11,9 +11,9 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from marsproxy.config import UpstreamConfig, WorkerConfig
-from marsproxy.gateway.deadlines import Deadlines
+from marsproxy.gateway.shells.deadlines import Deadlines
 
-log = logging.getLogger("marsproxy.gateway.upstream")
+log = logging.getLogger("marsproxy.gateway.http.upstream")
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus those the HTTP libraries recompute.
 HOP_BY_HOP = frozenset(

@@ -25,11 +25,13 @@ from aiohttp.abc import AbstractAccessLogger
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.identity import Route
-from marsproxy.gateway.admin import Admin
-from marsproxy.gateway.auth import AdminAuth
-from marsproxy.gateway.bodies import SCHEDULED_ROUTES, BodyError
-from marsproxy.gateway.errors import error_response
-from marsproxy.gateway.limits import (
+from marsproxy.gateway.admin.admin import Admin
+from marsproxy.gateway.admin.state import build_state
+from marsproxy.gateway.admin.ui import UiRoutes
+from marsproxy.gateway.http.auth import AdminAuth
+from marsproxy.gateway.http.bodies import SCHEDULED_ROUTES, BodyError
+from marsproxy.gateway.http.errors import error_response
+from marsproxy.gateway.http.limits import (
     ROUTE_ARGS,
     BodyDeadline,
     GuardedSite,
@@ -37,11 +39,9 @@ from marsproxy.gateway.limits import (
     head_too_large,
     parser_args,
 )
-from marsproxy.gateway.relay import OVERHEAD_HEADER, Relay
-from marsproxy.gateway.routes import PassthroughGate
-from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.state import build_state
-from marsproxy.gateway.ui import UiRoutes
+from marsproxy.gateway.http.relay import OVERHEAD_HEADER, Relay
+from marsproxy.gateway.http.routes import PassthroughGate
+from marsproxy.gateway.shells.service import Gateway
 from marsproxy.telemetry.prometheus import StateCollector
 
 log = logging.getLogger("marsproxy.gateway")

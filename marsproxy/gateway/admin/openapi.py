@@ -12,7 +12,7 @@ from typing import Any
 
 import marsproxy
 from marsproxy.core.events import EVENT_TYPES
-from marsproxy.gateway.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 

@@ -16,7 +16,7 @@ import aiohttp
 
 from marsproxy.config import HealthConfig, WorkerConfig
 
-log = logging.getLogger("marsproxy.gateway.health")
+log = logging.getLogger("marsproxy.gateway.http.health")
 
 
 @dataclass

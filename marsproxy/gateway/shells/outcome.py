@@ -17,10 +17,10 @@ from marsproxy.config import WorkerConfig
 from marsproxy.core.canon import Reply
 from marsproxy.core.events import Dispatch, FirstToken, LlmEnd, Rejected
 from marsproxy.core.sessions import Turn
-from marsproxy.gateway.errors import error_response
-from marsproxy.gateway.scheduler import Prepared
-from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.sse import Usage
+from marsproxy.gateway.http.errors import error_response
+from marsproxy.gateway.http.sse import Usage
+from marsproxy.gateway.shells.scheduler import Prepared
+from marsproxy.gateway.shells.service import Gateway
 
 OVERHEAD_HEADER = "x-marsproxy-overhead-ms"
 

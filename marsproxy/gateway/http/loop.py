@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 
 from marsproxy.config import ConfigError
 
-log = logging.getLogger("marsproxy.gateway.loop")
+log = logging.getLogger("marsproxy.gateway.http.loop")
 
 T = TypeVar("T")
 LoopChoice = Literal["auto", "uvloop", "asyncio"]

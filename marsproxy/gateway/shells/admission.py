@@ -42,14 +42,14 @@ from marsproxy.aimd.stores import WindowRecord, WindowStore, make_store, wall_cl
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, Rejected, SessionAdmitted, SessionEnd
 from marsproxy.core.lifecycle import EndReason, SessionState
-from marsproxy.gateway.admission_signals import all_signals
-from marsproxy.gateway.admission_tokens import count_tokens
-from marsproxy.gateway.admission_types import END_REASONS, Granted, Pending, Refused, Verdict
-from marsproxy.gateway.health import WorkerHealth
-from marsproxy.gateway.metrics import GatewayMetrics
-from marsproxy.gateway.telemetry import Telemetry
+from marsproxy.gateway.http.health import WorkerHealth
+from marsproxy.gateway.shells.admission_signals import all_signals
+from marsproxy.gateway.shells.admission_tokens import count_tokens
+from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Pending, Refused, Verdict
+from marsproxy.gateway.shells.metrics import GatewayMetrics
+from marsproxy.gateway.shells.telemetry import Telemetry
 
-log = logging.getLogger("marsproxy.gateway.admission")
+log = logging.getLogger("marsproxy.gateway.shells.admission")
 
 class AdmissionShell:
     def __init__(

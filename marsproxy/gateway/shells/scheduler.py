@@ -22,16 +22,16 @@ import aiohttp
 
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.kv import PromptEstimator
-from marsproxy.gateway.bodies import splice_new_key
-from marsproxy.gateway.metrics import GatewayMetrics
-from marsproxy.gateway.priority_probe import probe_priority
-from marsproxy.gateway.sse import Usage
-from marsproxy.gateway.telemetry import Telemetry
+from marsproxy.gateway.http.bodies import splice_new_key
+from marsproxy.gateway.http.sse import Usage
+from marsproxy.gateway.shells.metrics import GatewayMetrics
+from marsproxy.gateway.shells.priority_probe import probe_priority
+from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.sched.core import EndResult, SchedulerCore, Ticket, WorkerFacts
 from marsproxy.sched.hints import apply_vllm_priority, encode
 from marsproxy.sched.ledger import Reservation
 
-log = logging.getLogger("marsproxy.gateway.scheduler")
+log = logging.getLogger("marsproxy.gateway.shells.scheduler")
 
 _PROBE_ATTEMPTS = 3  # a probe that could not talk to the worker is tried again ...
 _PROBE_RETRY_S = 2.0  # ... this much later

@@ -24,12 +24,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from marsproxy.gateway.bodies import BodyError
-from marsproxy.gateway.errors import error_body, error_response
+from marsproxy.gateway.http.bodies import BodyError
+from marsproxy.gateway.http.errors import error_body, error_response
 from marsproxy.gateway.security_config import LimitsConfig
 from marsproxy.redact import redact
 
-log = logging.getLogger("marsproxy.gateway.limits")
+log = logging.getLogger("marsproxy.gateway.http.limits")
 
 
 def parser_args(limits: LimitsConfig) -> dict[str, Any]:

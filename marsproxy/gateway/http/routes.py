@@ -16,9 +16,9 @@ from typing import Literal
 
 from aiohttp import web
 
-from marsproxy.gateway.auth import AdminAuth
-from marsproxy.gateway.bodies import SCHEDULED_ROUTES
-from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.http.auth import AdminAuth
+from marsproxy.gateway.http.bodies import SCHEDULED_ROUTES
+from marsproxy.gateway.http.errors import error_response
 from marsproxy.telemetry.tallies import Tally
 
 # vLLM 0.32's client-facing routes beyond the scheduled ones (docs "Online Serving": OpenAI,

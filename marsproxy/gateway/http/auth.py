@@ -16,7 +16,7 @@ import hmac
 
 from aiohttp import web
 
-from marsproxy.gateway.errors import error_response
+from marsproxy.gateway.http.errors import error_response
 from marsproxy.gateway.security_config import AuthConfig
 
 SESSION_PREFIX = "/mars/v1/sessions/"

@@ -11,9 +11,9 @@ import time
 
 import marsproxy
 from marsproxy.config import WorkerConfig
-from marsproxy.gateway.admission import AdmissionShell
-from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.service import Gateway
+from marsproxy.gateway.shells.sessions import unscoped_id
 from marsproxy.probes.nvml import GpuPressure
 from marsproxy.telemetry.admission_state import SHOWN_IDS, binding_cap, core_state, queue_why
 from marsproxy.telemetry.state import (

@@ -18,16 +18,16 @@ from pydantic import ValidationError
 
 from marsproxy.core.events import Event
 from marsproxy.core.identity import tenant_of
-from marsproxy.gateway.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
-from marsproxy.gateway.bodies import BodyError, read_limited
-from marsproxy.gateway.errors import error_response
-from marsproxy.gateway.event_rate import EventRate
-from marsproxy.gateway.limits import ROUTE_ARGS
-from marsproxy.gateway.openapi import build_openapi
-from marsproxy.gateway.routes import allowed_methods, method_not_allowed
-from marsproxy.gateway.service import Gateway
-from marsproxy.gateway.sessions import keys_for, unscoped_id
-from marsproxy.gateway.state import build_state
+from marsproxy.gateway.admin.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin.openapi import build_openapi
+from marsproxy.gateway.admin.state import build_state
+from marsproxy.gateway.http.bodies import BodyError, read_limited
+from marsproxy.gateway.http.errors import error_response
+from marsproxy.gateway.http.limits import ROUTE_ARGS
+from marsproxy.gateway.http.routes import allowed_methods, method_not_allowed
+from marsproxy.gateway.shells.event_rate import EventRate
+from marsproxy.gateway.shells.service import Gateway
+from marsproxy.gateway.shells.sessions import keys_for, unscoped_id
 from marsproxy.telemetry.bus import Subscription
 from marsproxy.telemetry.sse import (
     CONTENT_TYPE,

@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from marsproxy.gateway.sessions import END_REASONS
+from marsproxy.gateway.shells.sessions import END_REASONS
 from marsproxy.telemetry.tallies import Distribution, Level, Tally, TallyCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

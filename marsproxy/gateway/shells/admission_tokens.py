@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger("marsproxy.gateway.admission")
+log = logging.getLogger("marsproxy.gateway.shells.admission")
 
 
 def tokenize_payload(body: bytes) -> dict[str, Any] | None:

@@ -17,13 +17,13 @@ from typing import Any
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import SessionEnd
 from marsproxy.core.sessions import Session, Turn
-from marsproxy.gateway.admission import AdmissionShell
-from marsproxy.gateway.health import HealthChecker, WorkerHealth
-from marsproxy.gateway.metrics import GatewayMetrics
-from marsproxy.gateway.scheduler import SchedulerShell
-from marsproxy.gateway.sessions import EndReason, ObservedSessions
-from marsproxy.gateway.telemetry import Telemetry
-from marsproxy.gateway.upstream import Upstream
+from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
+from marsproxy.gateway.http.upstream import Upstream
+from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.metrics import GatewayMetrics
+from marsproxy.gateway.shells.scheduler import SchedulerShell
+from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
+from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.sched.placement import Placement
 
 
