@@ -7,7 +7,6 @@ spent in the proxy: everything up to sending the response headers, minus waiting
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -21,8 +20,7 @@ from marsproxy.config import WorkerConfig
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited
-from marsproxy.gateway.http.errors import sse_error_event
-from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
 from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
@@ -38,9 +36,6 @@ from marsproxy.gateway.shells.service import Gateway
 from marsproxy.gateway.shells.sessions import SessionRefused
 
 log = logging.getLogger("marsproxy.gateway.http.relay")
-
-CLIENT_GONE = 499  # nginx's code for "client closed request"; only ever a metrics label
-
 
 class Relay:
     def __init__(self, gw: Gateway) -> None:
@@ -193,13 +188,15 @@ class Relay:
         try:
             is_sse = upstream.content_type == "text/event-stream"
             if upstream.status < 400 and is_sse:
-                resp = await self._stream(request, route, opened, strip, turn, clock, out)
+                resp = await stream(
+                    gw, self.events, request, route, opened, strip, turn, clock, out
+                )
             else:
-                resp = await self._buffered(route, opened, turn, clock, out)
+                resp = await buffered(gw, self.events, route, opened, turn, clock, out)
             completed = True
             return resp
         finally:
-            _done(opened, completed)
+            done(opened, completed)
 
     async def _open(
         self,
@@ -221,131 +218,6 @@ class Relay:
             return error(clock, out, exc.status, exc.code, exc.message, retry)
         clock.upstream_s += opened.upstream_s
         return opened
-
-    async def _buffered(
-        self, route: Route, opened: Opened, turn: Turn, clock: Clock, out: Outcome
-    ) -> web.StreamResponse:
-        upstream, gw = opened.response, self.gw
-        chunks: list[bytes] = []
-        t = time.perf_counter()
-        try:
-            while chunk := await opened.body.read():
-                chunks.append(chunk)
-            clock.upstream_s += time.perf_counter() - t
-        except TimeoutError:
-            clock.upstream_s += time.perf_counter() - t
-            gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
-            return error(
-                clock,
-                out,
-                504,
-                "upstream_timeout",
-                f"worker {opened.worker.label} went silent mid-response for "
-                f"{gw.cfg.upstream.idle_timeout_s} s",
-            )
-        except aiohttp.ClientError as exc:
-            clock.upstream_s += time.perf_counter() - t
-            gw.metrics.upstream_errors.labels(opened.worker.label, "protocol").inc()
-            return error(
-                clock,
-                out,
-                502,
-                "upstream_error",
-                f"worker {opened.worker.label} failed mid-response: {exc!r}",
-            )
-        body = b"".join(chunks)
-        out.status = upstream.status
-        if upstream.status < 400:
-            out.usage, out.reply = body_usage_and_reply(route, body, capture=turn.capture_reply)
-            out.ok = True
-            self.events.first_token(out, clock)
-        else:
-            log.info("worker %s answered %d on %s", opened.worker.label, upstream.status, route)
-            if upstream.status >= 500:  # e.g. vLLM's 503 "engine busy": overload, worth a graph
-                gw.metrics.upstream_errors.labels(opened.worker.label, "http_5xx").inc()
-        headers = response_headers(upstream.headers)
-        headers.update(clock.header())
-        return web.Response(status=upstream.status, body=body, headers=headers)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        route: Route,
-        opened: Opened,
-        strip: bool,
-        turn: Turn,
-        clock: Clock,
-        out: Outcome,
-    ) -> web.StreamResponse:
-        upstream, gw = opened.response, self.gw
-        tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply)
-        sse = SSEFilter(tap)
-        headers = response_headers(upstream.headers)
-        headers.update(clock.header())
-        resp = web.StreamResponse(status=upstream.status, headers=headers)
-        out.status = upstream.status
-        await resp.prepare(request)
-        while True:
-            try:
-                chunk = await opened.body.read()
-            except TimeoutError:
-                gw.metrics.upstream_errors.labels(opened.worker.label, "idle_timeout").inc()
-                await self._cut(
-                    resp,
-                    sse_error_event(
-                        f"worker {opened.worker.label} went silent for "
-                        f"{gw.cfg.upstream.idle_timeout_s} s",
-                        code="upstream_timeout",
-                    ),
-                )
-                return resp
-            except aiohttp.ClientError as exc:
-                gw.metrics.upstream_errors.labels(opened.worker.label, "protocol").inc()
-                await self._cut(
-                    resp,
-                    sse_error_event(
-                        f"worker {opened.worker.label} failed mid-stream: {exc!r}",
-                        code="upstream_error",
-                        status=502,
-                    ),
-                )
-                return resp
-            if not chunk:
-                break
-            data = sse.feed(chunk)
-            if data:
-                self.events.first_token(out, clock)
-                if not await self._write(resp, data, upstream, out):
-                    return resp
-        rest = sse.flush()
-        if rest and not await self._write(resp, rest, upstream, out):
-            return resp
-        await resp.write_eof()
-        out.usage = tap.usage
-        out.ok = not tap.saw_error
-        out.reply = tap.reply() if out.ok else None
-        return resp
-
-    @staticmethod
-    async def _write(
-        resp: web.StreamResponse, data: bytes, upstream: aiohttp.ClientResponse, out: Outcome
-    ) -> bool:
-        """Write to the client; if it is gone, abort the worker's request at once."""
-        try:
-            await resp.write(data)
-        except ConnectionError:
-            log.info("client went away mid-stream; aborting the upstream request")
-            upstream.close()
-            out.status = CLIENT_GONE
-            return False
-        return True
-
-    @staticmethod
-    async def _cut(resp: web.StreamResponse, event: bytes) -> None:
-        with contextlib.suppress(ConnectionError):
-            await resp.write(event)
-            await resp.write_eof()
-
     # -- everything else --------------------------------------------------------------------------
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
@@ -395,7 +267,7 @@ class Relay:
             completed = True
             return resp
         finally:
-            _done(opened, completed)
+            done(opened, completed)
 
     def _account(self, out: Outcome, clock: Clock) -> None:
         m = self.gw.metrics
@@ -403,14 +275,3 @@ class Relay:
         m.requests.labels(out.route, str(out.status)).inc()
         m.latency.labels(out.route).observe(time.perf_counter() - clock.t0)
         m.overhead.labels(out.route).observe(clock.overhead_s())
-
-
-def _done(opened: Opened, completed: bool) -> None:
-    """Back to the pool when read to the end; otherwise (client gone, stream cut) close the
-    connection, which aborts the worker's request."""
-    opened.body.close()
-    upstream = opened.response
-    if completed:
-        upstream.release()
-    else:
-        upstream.close()
