@@ -8,7 +8,8 @@ from marsproxy.aimd.admission import AdmissionCore
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.gateway.shells.admission_signals import all_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
-from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
 
 TOOLS = ToolCpuSignals()  # no tool phases
