@@ -48,7 +48,8 @@ from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.runs.timeline import timeline
 from marsproxy.runs.workload import PlannedSession, Workload
-from marsproxy.sched.core import Mode, SchedulerCore, WorkerFacts
+from marsproxy.sched.core import SchedulerCore
+from marsproxy.sched.tickets import Mode, WorkerFacts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.prefill import PrefillRate
 from marsproxy.telemetry.admission_state import core_state

@@ -27,9 +27,10 @@ from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.priority_probe import probe_priority
 from marsproxy.gateway.shells.telemetry import Telemetry
-from marsproxy.sched.core import EndResult, SchedulerCore, Ticket, WorkerFacts
+from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.hints import apply_vllm_priority, encode
 from marsproxy.sched.ledger import Reservation
+from marsproxy.sched.tickets import EndResult, Ticket, WorkerFacts
 
 log = logging.getLogger("marsproxy.gateway.shells.scheduler")
 
