@@ -16,18 +16,8 @@ import pytest
 
 from marsproxy import status
 from marsproxy.cli import main
-from marsproxy.cli.status import (
-    CLEAR,
-    StatusError,
-    bar,
-    fetch_state,
-    fmt_float,
-    fmt_frac_pct,
-    fmt_int,
-    fmt_pct,
-    render_state,
-    run_status,
-)
+from marsproxy.cli.status import CLEAR, StatusError, fetch_state, run_status
+from marsproxy.cli.status_render import bar, fmt_float, fmt_frac_pct, fmt_int, fmt_pct, render_state
 
 
 def _worker(name: str, **over: Any) -> dict[str, Any]:
@@ -360,7 +350,7 @@ def test_interval_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_status_shows_the_scheduler() -> None:
-    from marsproxy.cli.status import render_state
+    from marsproxy.cli.status_render import render_state
 
     doc = {
         "workers": [{"name": "w0", "scheduler": {

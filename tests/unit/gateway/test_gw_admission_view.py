@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from marsproxy.cli.status import render_state
+from marsproxy.cli.status_render import render_state
 from marsproxy.gateway.shells.admission_signals import worker_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics
