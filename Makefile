@@ -23,9 +23,11 @@ demo: $(DEMO_VENV)/.installed
 test: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/pytest -q
 
+# lint-imports: the layers of docs/architecture.md ([tool.importlinter] in pyproject.toml).
 lint: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/ruff check marsproxy tests
 	$(TEST_VENV)/bin/mypy
+	$(TEST_VENV)/bin/lint-imports
 
 config-docs: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/python scripts/config_docs.py docs/configuration.md configs/marsproxy.yaml

@@ -42,7 +42,7 @@ import yaml
 
 from marsproxy.bench.agent import ReplayOptions, SessionResult, replay_session
 from marsproxy.bench.procs import RedisServer, Service
-from marsproxy.bench.trace import SessionTrace, load_trace
+from marsproxy.runs.trace import SessionTrace, load_trace
 
 MiB = 1 << 20
 DOCUMENTED_REFUSALS = {"queue_full", "queue_deadline", "no_healthy_worker", "store_unavailable"}

@@ -15,7 +15,7 @@ WORK=benchmarks/overhead/.work/callgrind; mkdir -p "$WORK"
 PY=.venv/bin/python
 port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 UP=$(port); PX=$(port)
-$PY -c "from marsproxy.bench.overhead import request_body, Point
+$PY -c "from marsproxy.bench.overhead_load import request_body; from marsproxy.bench.overhead_setup import Point
 open('$WORK/body.json', 'wb').write(request_body(Point('x', False, 1, 1)))"
 taskset -c 1 $PY -m marsproxy.bench.overhead_upstream --port "$UP" > "$WORK/upstream.log" 2>&1 &
 UPID=$!

@@ -1,4 +1,4 @@
--- wrk script of the overhead benchmark (marsproxy/bench/overhead.py runs it).
+-- wrk script of the overhead benchmark (marsproxy/bench/overhead_load.py runs it).
 -- Arguments after "--": <body file> <delay ms between a connection's requests> <sessions>.
 -- Requests rotate over <sessions> x-session-id values (0: no session header); all request
 -- strings are built once in init, so request() costs a table lookup.

@@ -21,7 +21,6 @@ from enum import StrEnum
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
-from marsproxy.aimd.kvfit import PromptEstimator, blocks_for_tokens, fits, kv_budget
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
@@ -33,6 +32,7 @@ from marsproxy.core.events import (
     SessionQueued,
     WindowChange,
 )
+from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits, kv_budget
 from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
 
 _DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for workers that do not report cache_config_info

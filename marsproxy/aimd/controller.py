@@ -47,7 +47,7 @@ class ControlSignals:
     """No fresh sample: treated as full KV (fail closed)."""
     free_blocks: int | None = None
     budget_blocks: int | None = None
-    """Blocks a new session may use (kvfit.kv_budget); ``None``: the worker reports no blocks."""
+    """Blocks a new session may use (core.kv.kv_budget); ``None``: the worker reports no blocks."""
     tools_in_flight: int = 0
     backlog_ratio: float = 0.0
     tool_wait_ema_s: float = 0.0

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.kvfit import blocks_for_tokens, fits
 from marsproxy.aimd.order_index import OrderIndex, OrderMode, QueueEntry
 from marsproxy.aimd.rate import AdmissionRate, retry_after_s
+from marsproxy.core.kv import blocks_for_tokens, fits
 
 __all__ = ["Admission", "AdmissionQueue", "OrderMode", "QueueEntry", "WorkerView"]
 
@@ -42,7 +42,7 @@ class WorkerView:
     healthy: bool = True
     stale: bool = False
     budget_blocks: int | None = None
-    """kvfit.kv_budget; ``None``: the worker reports no block counts."""
+    """core.kv.kv_budget; ``None``: the worker reports no block counts."""
     free_blocks: int | None = None
     retained_blocks: int = 0
     peak_room_blocks: int | None = None

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from marsproxy.bench.trace import SessionTrace
-from marsproxy.bench.workload import PlannedSession, WorkloadSpec, build_workload
+from marsproxy.runs.trace import SessionTrace
+from marsproxy.runs.workload import PlannedSession, WorkloadSpec, build_workload
 
 BYTES_PER_TOKEN = 4
 _WORDS = (

@@ -13,202 +13,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from marsproxy.bench import options, report
 from marsproxy.bench.agent import ReplayOptions, SessionResult, filler, replay_plan
 from marsproxy.bench.cpuwork import tool_runner
-from marsproxy.bench.ideal import ideal_seconds
+from marsproxy.bench.live_record import (
+    WORKER_COUNTERS,
+    record_events,
+    record_state,
+    worker_counters,
+)
+from marsproxy.bench.live_setup import CALL_TIMEOUT_S, LiveSetup, start_proxy, start_workers
 from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
-from marsproxy.bench.procs import CLI, free_port, wait_up
-from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome, write_log
-from marsproxy.bench.timeline import timeline
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import PlannedSession, Workload, build_workload
-from marsproxy.emulator.profiles import EngineProfile, get_profile, profile_names
-
-CALL_TIMEOUT_S = 900.0
-"""What an agent allows one call once admitted, on top of the queue deadline."""
-
-
-@dataclass(frozen=True, slots=True)
-class LiveSetup:
-    profile: str = "tiny"
-    time_scale: float = 1.0
-    workers: int = 1
-    num_blocks: int | None = None
-    vllm_urls: tuple[str, ...] = ()
-    vllm_priority: bool | str = "auto"
-    """The real workers' ``workers[].priority`` in the proxy config (true: they run
-    ``--scheduling-policy priority``)."""
-    vllm: VllmFacts | None = None
-    """Calibrated facts of the first real worker (all are assumed alike)."""
-    tool_cpus: float = 0.0
-    """CPUs the proxy assumes for tools (probes.cpu.tool_cpus); 0: this host's."""
-    report_tools: bool = True
-    min_tool_cpu_s: float = 0.05
-    system_prompt_tokens: int = 60
-    request_timeout_s: float = 900.0
-    """The agents' limit on one call, admission wait included (``bench live``: the queue
-    deadline plus ``CALL_TIMEOUT_S``)."""
-    start_timeout_s: float = 60.0
-    state_every_s: float = 1.0
-    """Read the proxy's ``GET /mars/v1/state`` this often during a run (0: never)."""
-    sets: dict[str, Any] = field(default_factory=dict)
-
-    def engine_profile(self) -> EngineProfile:
-        return get_profile(self.profile, num_blocks=self.num_blocks)
-
-
-@contextlib.contextmanager
-def _process(args: list[str], log: Path, url: str, timeout_s: float) -> Iterator[str]:
-    """Run ``args`` until the block ends; yields ``url`` once ``url``/health-ish answers 200.
-
-    The child gets no ``MARSPROXY_*`` variables: its whole config is the file the benchmark
-    wrote (as :func:`options.proxy_config` reads it), not what the caller's shell holds."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSPROXY_")}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            wait_up(url, proc, timeout_s)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextlib.contextmanager
-def _workers(setup: LiveSetup, priority: bool, logs: Path) -> Iterator[list[str]]:
-    if setup.vllm_urls:
-        yield list(setup.vllm_urls)
-        return
-    with contextlib.ExitStack() as stack:
-        urls = []
-        for i in range(setup.workers):
-            port = free_port()
-            args = [*CLI, "emulate", "--profile", setup.profile, "--port", str(port),
-                    "--time-scale", str(setup.time_scale),
-                    "--scheduling-policy", "priority" if priority else "fcfs"]
-            if setup.num_blocks is not None:
-                args += ["--num-blocks", str(setup.num_blocks)]
-            url = f"http://127.0.0.1:{port}"
-            stack.enter_context(_process(args, logs / f"worker{i}.log", f"{url}/health",
-                                         setup.start_timeout_s))
-            urls.append(url)
-        yield urls
-
-
-def _worker_entries(workers: list[str], setup: LiveSetup, priority: bool) -> list[Any]:
-    if setup.vllm_urls:
-        return [{"url": u, "name": f"vllm{i}", "priority": setup.vllm_priority}
-                for i, u in enumerate(workers)]
-    if priority:
-        # Emulated workers started with --scheduling-policy priority are declared so: the proxy
-        # then sends levels in the body, as the simulator's default worker mode, instead of
-        # holding continuations in its gated dispatch queue.
-        return [{"url": u, "priority": True} for u in workers]
-    return list(workers)
-
-
-@contextlib.contextmanager
-def _proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
-           priority: bool = False) -> Iterator[str]:
-    port = free_port()
-    tree: dict[str, Any] = {**setup.sets, "workers": _worker_entries(workers, setup, priority)}
-    if setup.vllm is not None:
-        # The proxy estimates a new session's first prompt from its characters.
-        tree.setdefault("admission", {}).setdefault("tuning", {}).setdefault(
-            "chars_per_token", setup.vllm.chars_per_token)
-    tree.setdefault("health", {})["interval_s"] = 0.5
-    tree.setdefault("server", {})["log_level"] = "warning"
-    if setup.tool_cpus > 0:
-        tree.setdefault("probes", {}).setdefault("cpu", {})["tool_cpus"] = setup.tool_cpus
-    cfg = out / f"proxy-{policy}.yaml"
-    cfg.write_text(yaml.safe_dump(tree, sort_keys=False))
-    args = [*CLI, "serve", "--config", str(cfg), "--policy", policy, "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with _process(args, out / f"proxy-{policy}.log", f"{url}/readyz", setup.start_timeout_s):
-        yield url
-
-
-async def _record_events(http: aiohttp.ClientSession, url: str, sink: list[dict[str, Any]],
-                         ready: asyncio.Event) -> None:
-    """Reads ``GET /mars/v1/events`` (NDJSON) into ``sink`` until cancelled.
-
-    Each event is stamped with its arrival here (``recv_ts``, epoch seconds): the stream is
-    live, so that is within milliseconds of its publication, and one clock for all events
-    (the gateway stamps admission events with its monotonic clock, others with wall time)."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with http.get(f"{url}/mars/v1/events", params={"format": "ndjson"},
-                        timeout=timeout) as resp:
-        resp.raise_for_status()
-        ready.set()
-        async for line in resp.content:
-            if line.strip():
-                ev = json.loads(line)
-                ev["recv_ts"] = time.time()
-                sink.append(ev)
-
-
-async def _record_state(http: aiohttp.ClientSession, url: str, sink: list[dict[str, Any]],
-                        every_s: float) -> None:
-    """Reads ``GET /mars/v1/state`` into ``sink`` every ``every_s`` until cancelled: the
-    window, caps, the fit's factor and the queue, which the event stream does not carry.
-    Each snapshot gets ``recv_ts`` (epoch seconds); a failed read leaves a row with ``error``
-    instead (the run goes on: the state is for reading afterwards, not for the replay)."""
-    while True:
-        row: dict[str, Any] = {"recv_ts": time.time()}
-        try:
-            async with http.get(f"{url}/mars/v1/state") as r:
-                r.raise_for_status()
-                row.update(await r.json())
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            row["error"] = repr(exc)
-        sink.append(row)
-        await asyncio.sleep(every_s)
-
-
-_WORKER_COUNTERS = {
-    "vllm:num_preemptions_total": "preemptions",
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-}
-
-
-async def _worker_counters(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
-    """Preemptions and prefix-cache counters summed over the workers (their /metrics); read
-    before and after a policy's run on real workers, which outlive it."""
-    out = dict.fromkeys(_WORKER_COUNTERS.values(), 0.0)
-    for url in urls:
-        try:
-            async with http.get(f"{url}/metrics") as r:
-                text = await r.text()
-        except aiohttp.ClientError:
-            continue  # a worker without metrics adds nothing
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name in _WORKER_COUNTERS:
-                    out[_WORKER_COUNTERS[s.name]] += s.value
-    return out
+from marsproxy.emulator.profiles import get_profile, profile_names
+from marsproxy.runs import options, report
+from marsproxy.runs.ideal import ideal_seconds
+from marsproxy.runs.progress import Progress
+from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome, write_log
+from marsproxy.runs.timeline import timeline
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import PlannedSession, Workload, build_workload
 
 
 def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float) -> SessionOutcome:
@@ -237,16 +69,16 @@ async def _replay_all(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         async with http.get(f"{targets[0]}/v1/models") as r:
             model = (await r.json())["data"][0]["id"]
-        before = (await _worker_counters(http, workers) if setup.vllm_urls
-                  else dict.fromkeys(_WORKER_COUNTERS.values(), 0.0))
+        before = (await worker_counters(http, workers) if setup.vllm_urls
+                  else dict.fromkeys(WORKER_COUNTERS.values(), 0.0))
         recorder = None
         if proxy is not None:
             ready = asyncio.Event()
-            recorder = asyncio.create_task(_record_events(http, proxy, events, ready))
+            recorder = asyncio.create_task(record_events(http, proxy, events, ready))
             await asyncio.wait_for(ready.wait(), 10)
         poller = None
         if proxy is not None and setup.state_every_s > 0:
-            poller = asyncio.create_task(_record_state(http, proxy, states, setup.state_every_s))
+            poller = asyncio.create_task(record_state(http, proxy, states, setup.state_every_s))
         cpt = setup.vllm.chars_per_token if setup.vllm else 4.0
         opts = [ReplayOptions(base_url=url, model=model,
                               system_prompt_tokens=setup.system_prompt_tokens,
@@ -272,7 +104,7 @@ async def _replay_all(
             return res
 
         results = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(wl.sessions))))
-        after = await _worker_counters(http, workers)
+        after = await worker_counters(http, workers)
         counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
         if recorder is not None:
             await asyncio.sleep(0.5)  # the last session_end events
@@ -304,9 +136,9 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
     if setup.vllm_urls:
         # Real workers outlive the policies: start each one from an empty prefix cache.
         extra["prefix_cache_reset"] = asyncio.run(_reset_workers(list(setup.vllm_urls)))
-    with _workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
+    with start_workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
         proxy = None if cfg is None else stack.enter_context(
-            _proxy(policy, workers, setup, out, priority=priority and not setup.vllm_urls))
+            start_proxy(policy, workers, setup, out, priority=priority and not setup.vllm_urls))
         # direct: each agent is configured with one worker URL, round robin (as the sim does).
         targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)

@@ -32,8 +32,8 @@ from typing import Any
 import aiohttp
 
 from marsproxy.bench.agent import filler
-from marsproxy.bench.workload import PlannedSession
 from marsproxy.probes.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from marsproxy.runs.workload import PlannedSession
 
 # Token ids from here on are ordinary BPE merges in a small vocab, not special tokens.
 _FIRST_ID = 100

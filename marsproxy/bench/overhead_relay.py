@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from aiohttp import web
 
-from marsproxy.gateway.loop import run
-from marsproxy.gateway.upstream import request_headers, response_headers
+from marsproxy.gateway.http.loop import run
+from marsproxy.gateway.http.upstream import request_headers, response_headers
 
 SESSION_KEY = web.AppKey("relay_session", aiohttp.ClientSession)
 

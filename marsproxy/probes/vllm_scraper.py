@@ -18,13 +18,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from marsproxy.probes.config import VllmProbeConfig
-from marsproxy.probes.vllm_metrics import (
-    MetricsParseError,
-    MetricsTracker,
-    WorkerMetrics,
-    WorkerRates,
-    parse_vllm_metrics,
-)
+from marsproxy.probes.vllm_metrics import MetricsParseError, WorkerMetrics, parse_vllm_metrics
+from marsproxy.probes.vllm_rates import MetricsTracker, WorkerRates
 
 log = logging.getLogger(__name__)
 

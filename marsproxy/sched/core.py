@@ -25,71 +25,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from marsproxy.aimd.kvfit import blocks_for_tokens
+from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.ledger import KvLedger, Reservation
 from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, promotion, service_of
-from marsproxy.sched.retention import RetentionOutcome, decide
-
-Mode = Literal["priority", "gated"]
-"""How a worker orders continuations: the engine by the body's ``priority``, or the proxy."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerFacts:
-    """What the shell knows about a worker now (from config and the latest scrape)."""
-
-    max_num_seqs: int | None = None
-    total_blocks: int | None = None
-    block_size: int | None = None
-    prefill_tokens_per_s: float | None = None
-    kv_usage: float | None = None
-
-
-@dataclass(slots=True)
-class Ticket:
-    """One continuation on its way to (or at) a worker."""
-
-    call: int
-    session: str
-    worker: str
-    level: int | None  # MLFQ level at arrival (None: no priority policy)
-    priority: int | None  # order key; the vLLM body value in priority mode (lower first)
-    retain_s: float | None  # the retention hint sent upstream (provisional, at dispatch)
-    warm: bool  # its prefix was retained when it arrived
-    prompt_tokens: int
-    uncached_tokens: int
-    blocks: int  # KV blocks it is expected to hold while running
-    arrived: float
-    gated: bool  # it waits in (or went through) the proxy's dispatch queue
-    released_at: float | None = None
-    bypassed: int = 0  # how often smaller ones passed it (backfill)
-
-    @property
-    def dispatched(self) -> bool:
-        return self.released_at is not None
-
-    def waited_s(self) -> float:
-        return 0.0 if self.released_at is None else max(0.0, self.released_at - self.arrived)
-
-
-@dataclass(frozen=True, slots=True)
-class EndResult:
-    ticket: Ticket | None  # None: the call was unknown (already ended)
-    attained: float
-    retention: RetentionOutcome | None  # None: no decision (failed, final, or not retainable)
-    context_tokens: int
-    prefill_tokens_per_s: float | None
-    resume: Literal["warm", "cold"] | None  # None: not a resume (first call of the session)
-
-
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    expired: list[Reservation]
-    dropped: list[Reservation]
+from marsproxy.sched.retention import decide
+from marsproxy.sched.tickets import EndResult, Mode, ResumeStats, Ticket, TickResult, WorkerFacts
 
 
 @dataclass(slots=True)
@@ -98,26 +42,6 @@ class _Session:
     context_tokens: int = 0  # prompt + completion of its last call
     calls: int = 0
     level: int | None = None  # of its latest call (shown in the state document)
-
-
-@dataclass(slots=True)
-class ResumeStats:
-    """Warm-resume accounting: continuations that came back after a tool phase."""
-
-    warm: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
-    cold: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
-    cached_tokens: int = 0
-    context_tokens: int = 0
-
-    @property
-    def resumes(self) -> int:
-        return sum(self.warm.values()) + sum(self.cold.values())
-
-    @property
-    def hit_rate(self) -> float | None:
-        """Warm resumes / resumes; None before the first resume."""
-        n = self.resumes
-        return None if n == 0 else sum(self.warm.values()) / n
 
 
 class SchedulerCore:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marsproxy.aimd.kvfit import blocks_for_tokens
 from marsproxy.core.events import RetentionDecision
+from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
 
 

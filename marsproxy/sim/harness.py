@@ -34,13 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.aimd.kvfit import free_blocks_from_usage
-from marsproxy.bench.ideal import ideal_seconds
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
-from marsproxy.bench.timeline import timeline
-from marsproxy.bench.workload import PlannedSession, Workload
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, PressureSample, event_to_dict
+from marsproxy.core.kv import free_blocks_from_usage
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.emulator.profiles import EngineProfile
@@ -48,7 +44,12 @@ from marsproxy.emulator.tokenizer import filler_token_id
 from marsproxy.probes.cpu import CpuPressure
 from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
 from marsproxy.probes.tool_signal import ToolCpuSignal, ToolCpuSignals
-from marsproxy.sched.core import Mode, SchedulerCore, WorkerFacts
+from marsproxy.runs.ideal import ideal_seconds
+from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
+from marsproxy.runs.timeline import timeline
+from marsproxy.runs.workload import PlannedSession, Workload
+from marsproxy.sched.core import SchedulerCore
+from marsproxy.sched.tickets import Mode, WorkerFacts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.prefill import PrefillRate
 from marsproxy.telemetry.admission_state import core_state

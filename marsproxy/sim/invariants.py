@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marsproxy.aimd.admission import AdmissionCore
-from marsproxy.aimd.kvfit import blocks_for_tokens, fits
 from marsproxy.aimd.queue import WorkerView
-from marsproxy.bench.results import RunResult, percentile
+from marsproxy.core.kv import blocks_for_tokens, fits
+from marsproxy.runs.results import RunResult, percentile
 from marsproxy.sched.core import SchedulerCore
 
 # The reasons docs/admission.md lists for a session the proxy refuses, with their statuses.

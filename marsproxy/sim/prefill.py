@@ -1,6 +1,6 @@
 """The prefill speed a worker's metrics scraper would report, from the calls that finished.
 
-As ``marsproxy.probes.vllm_metrics.MetricsTracker`` (its best source): the prefill-computed
+As ``marsproxy.probes.vllm_rates.MetricsTracker`` (its best source): the prefill-computed
 tokens of the requests that finished since the last sample over their prefill time; an interval
 in which nothing finished keeps the previous value. Pure code; the simulator samples it on each
 scheduler tick, as the gateway reads the scraper.

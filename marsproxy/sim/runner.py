@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from marsproxy.bench import options, report
-from marsproxy.bench.progress import Progress
-from marsproxy.bench.results import RunResult, write_log
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import build_workload
 from marsproxy.emulator.profiles import get_profile, profile_names
+from marsproxy.runs import options, report
+from marsproxy.runs.progress import Progress
+from marsproxy.runs.results import RunResult, write_log
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.sweep import sweep
 

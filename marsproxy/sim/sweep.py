@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from marsproxy.aimd.admission import AdmissionCore
-from marsproxy.bench import options
-from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.ideal import ideal_seconds
-from marsproxy.bench.trace import SessionTrace, Turn, load_trace
-from marsproxy.bench.workload import PlannedSession, Workload, WorkloadSpec, build_workload
 from marsproxy.emulator.profiles import EngineProfile, get_profile
+from marsproxy.runs import options
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.ideal import ideal_seconds
+from marsproxy.runs.trace import SessionTrace, Turn, load_trace
+from marsproxy.runs.workload import PlannedSession, Workload, WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.invariants import (
     LightLoad,

@@ -21,7 +21,7 @@ from marsproxy.bench.local import LocalServer, start_local
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_emulator
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "coder"

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from marsproxy.bench.local import start_local
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import start
+from marsproxy.gateway.http.app import start
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy/grafana/marsproxy.json"

@@ -13,14 +13,14 @@ import pytest
 
 from marsproxy.bench.agent import ReplayOptions, filler, replay_session
 from marsproxy.bench.local import start_local
-from marsproxy.bench.trace import load_trace, sample_sessions
 from marsproxy.config import load_config
 from marsproxy.core.events import Dispatch, Event, RetentionDecision
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_worker_app
-from marsproxy.gateway.app import GATEWAY_KEY
-from marsproxy.gateway.app import create_app as create_gateway_app
+from marsproxy.gateway.http.app import GATEWAY_KEY
+from marsproxy.gateway.http.app import create_app as create_gateway_app
 from marsproxy.policies import policy_names
+from marsproxy.runs.trace import load_trace, sample_sessions
 
 PRESETS = policy_names()
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from marsproxy.bench.procs import RedisServer
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.sessions import unscoped_id
 from tests.faults.conftest import Lab, Proxy, bounded, call, redis_leases, until
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,7 +25,7 @@ import redis
 
 from marsproxy.aimd.stores import RedisStore, StoreConfig
 from marsproxy.config import ConfigError
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.sessions import unscoped_id
 from tests.faults.conftest import Lab, Proxy, bounded, call, redis_leases, until
 from tests.faults.redis_topology import SentinelSet
 

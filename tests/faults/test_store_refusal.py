@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from marsproxy.bench.procs import free_port
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.sessions import unscoped_id
 from tests.faults.conftest import Lab, Proxy, call, redis_leases, until
 
 pytestmark = pytest.mark.timeout(60)

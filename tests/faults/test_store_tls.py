@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from marsproxy.bench.procs import CLI, free_port
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.sessions import unscoped_id
 from tests.faults.conftest import Lab, call, until
 from tests.faults.redis_topology import Certs, Node, make_certs, tls_server
 

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 TOKEN = "adm-Tok3n-for-tests"
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from marsproxy.config import load_config
-from marsproxy.gateway.app import create_app
-from marsproxy.gateway.openapi import build_openapi
+from marsproxy.gateway.admin.openapi import build_openapi
+from marsproxy.gateway.http.app import create_app
 
 Live = Any  # conftest.py's live stack
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from marsproxy.aimd.config import AdmissionTuning
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 
 async def _run(app: web.Application) -> tuple[web.AppRunner, str]:

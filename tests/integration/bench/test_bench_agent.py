@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from marsproxy.bench.agent import ReplayOptions, filler, replay_plan
-from marsproxy.bench.workload import PlannedSession, PlannedTurn
 from marsproxy.emulator.server import EmulatorOptions, create_app
+from marsproxy.runs.workload import PlannedSession, PlannedTurn
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from marsproxy.gateway.upstream import BodyReader
+from marsproxy.gateway.http.upstream import BodyReader
 
 
 async def _trickle(request: web.Request) -> web.StreamResponse:

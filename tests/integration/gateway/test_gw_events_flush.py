@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from marsproxy.config import load_config
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 
 @pytest.fixture

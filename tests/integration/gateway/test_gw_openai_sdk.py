@@ -13,7 +13,7 @@ from aiohttp import web
 
 from marsproxy.config import load_config
 from marsproxy.emulator.server import RUNNER_KEY, EmulatorOptions, create_app
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 MODEL = "tiny-emulated"
 MSGS: list[Any] = [

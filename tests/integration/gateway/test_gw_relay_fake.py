@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import MarsConfig, load_config
-from marsproxy.gateway.app import Running, start
-from marsproxy.gateway.relay import OVERHEAD_HEADER
+from marsproxy.gateway.http.app import Running, start
+from marsproxy.gateway.http.relay import OVERHEAD_HEADER
 
 
 def config(workers: list[str], **sections: Any) -> MarsConfig:

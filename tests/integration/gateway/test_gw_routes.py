@@ -14,7 +14,7 @@ import pytest
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as emulator_app
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 TOKEN = "adm-routes-token"
 

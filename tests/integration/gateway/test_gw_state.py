@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import GATEWAY_KEY, Running, start
-from marsproxy.gateway.app import create_app as create_gateway_app
+from marsproxy.gateway.http.app import GATEWAY_KEY, Running, start
+from marsproxy.gateway.http.app import create_app as create_gateway_app
 from marsproxy.probes.nvml import NvmlProbe
 from marsproxy.probes.poller import Poller
 

@@ -11,7 +11,7 @@ import aiohttp
 
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import start
+from marsproxy.gateway.http.app import start
 
 
 async def test_state_shows_who_waits_why_and_each_sessions_kv(run_app: Any) -> None:

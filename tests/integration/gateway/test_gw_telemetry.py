@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import MarsConfig, load_config
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
 AUTH = {"Authorization": "Bearer sk-tenant-a"}

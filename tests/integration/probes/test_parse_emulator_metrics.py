@@ -6,7 +6,8 @@ import aiohttp
 
 from marsproxy.bench.local import start_local
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.probes.vllm_metrics import MetricsTracker, parse_vllm_metrics
+from marsproxy.probes.vllm_metrics import parse_vllm_metrics
+from marsproxy.probes.vllm_rates import MetricsTracker
 
 
 async def test_emulator_metrics_parse_and_move() -> None:

@@ -19,7 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from marsproxy.probes.config import VllmProbeConfig
-from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import VllmScraper
 
 PAGE = Path(__file__).parents[2] / "unit" / "probes" / "fixtures" / "vllm-like-single.txt"

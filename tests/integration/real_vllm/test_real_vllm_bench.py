@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import REGIMES, WorkloadSpec, build_workload
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import REGIMES, WorkloadSpec, build_workload
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from marsproxy.config import load_config
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 
 @pytest.fixture(scope="module")

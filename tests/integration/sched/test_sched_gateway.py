@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import load_config
 from marsproxy.emulator.server import EmulatorOptions, create_app
-from marsproxy.gateway.app import Running, start
+from marsproxy.gateway.http.app import Running, start
 
 MODEL = "tiny-emulated"
 

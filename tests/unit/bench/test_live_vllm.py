@@ -22,7 +22,7 @@ from marsproxy.bench.live_vllm import (
     reset_prefix_cache,
 )
 from marsproxy.bench.local import start_local
-from marsproxy.bench.workload import PlannedSession, PlannedTurn
+from marsproxy.runs.workload import PlannedSession, PlannedTurn
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from marsproxy.bench.overhead import Point, tree_cpu_s
+from marsproxy.bench.overhead_load import tree_cpu_s
 from marsproxy.bench.overhead_report import Measurement, goals, summarize
+from marsproxy.bench.overhead_setup import Point
 
 
 def _m(rnd: int, target: str, point: str, p50: float, p99: float, *, stream: bool = False,

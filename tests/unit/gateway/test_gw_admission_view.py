@@ -8,11 +8,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from marsproxy.gateway.admission_signals import worker_signals
+from marsproxy.cli.status_render import render_state
+from marsproxy.gateway.shells.admission_signals import worker_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
-from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
-from marsproxy.status import render_state
 from marsproxy.telemetry.prometheus import StateCollector
 from marsproxy.telemetry.state import AdmissionState, StateDoc
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from marsproxy.gateway.deadlines import Deadlines
+from marsproxy.gateway.shells.deadlines import Deadlines
 
 
 async def _wait_for(d: Deadlines, seconds: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marsproxy.gateway.event_rate import EventRate
+from marsproxy.gateway.shells.event_rate import EventRate
 
 
 def test_burst_then_rate() -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from marsproxy.config import ConfigError
-from marsproxy.gateway.loop import loop_factory, run
+from marsproxy.gateway.http.loop import loop_factory, run
 
 uvloop = pytest.importorskip("uvloop")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from marsproxy.core.sessions import Session, Turn
-from marsproxy.gateway.sessions import ObservedSessions, keys_for, unscoped_id
+from marsproxy.gateway.shells.sessions import ObservedSessions, keys_for, unscoped_id
 
 
 def _table(ended: list[tuple[str, str, int, float]], served: list[float | None] | None = None,

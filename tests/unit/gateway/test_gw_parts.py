@@ -5,10 +5,10 @@ import json
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from marsproxy.gateway.bodies import BodyError, parse_body, splice_new_key
-from marsproxy.gateway.errors import error_response, sse_error_event
-from marsproxy.gateway.health import WorkerHealth
-from marsproxy.gateway.upstream import request_headers, response_headers
+from marsproxy.gateway.http.bodies import BodyError, parse_body, splice_new_key
+from marsproxy.gateway.http.errors import error_response, sse_error_event
+from marsproxy.gateway.http.health import WorkerHealth
+from marsproxy.gateway.http.upstream import request_headers, response_headers
 
 
 def test_error_shape() -> None:

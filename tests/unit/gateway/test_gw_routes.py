@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from marsproxy.gateway.bodies import SCHEDULED_ROUTES
-from marsproxy.gateway.routes import INFERENCE_ROUTES, OPERATOR_ROUTES, classify
+from marsproxy.gateway.http.bodies import SCHEDULED_ROUTES
+from marsproxy.gateway.http.routes import INFERENCE_ROUTES, OPERATOR_ROUTES, classify
 from marsproxy.security_config import AuthConfig
 
 

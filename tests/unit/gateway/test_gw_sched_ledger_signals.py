@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from marsproxy.aimd.admission import AdmissionCore
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
-from marsproxy.gateway.admission_signals import all_signals
+from marsproxy.gateway.shells.admission_signals import all_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
-from marsproxy.probes.vllm_metrics import WorkerMetrics, WorkerRates
+from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
 
 TOOLS = ToolCpuSignals()  # no tool phases

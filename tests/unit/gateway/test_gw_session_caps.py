@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marsproxy.core.canon import History, Reply
-from marsproxy.gateway.sessions import ObservedSessions, SessionRefused
+from marsproxy.gateway.shells.sessions import ObservedSessions, SessionRefused
 
 
 def _table(cap: int = 2, max_sessions: int = 100) -> ObservedSessions:
@@ -61,7 +61,7 @@ def test_a_chain_continuation_at_the_cap_is_not_a_new_session() -> None:
 
 
 def test_control_characters_are_those_of_c0_c1_and_del() -> None:
-    from marsproxy.gateway.sessions import session_id_problem
+    from marsproxy.gateway.shells.sessions import session_id_problem
 
     for cp in range(0x300):
         control = cp < 0x20 or 0x7F <= cp < 0xA0

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from marsproxy.core.canon import chat_reply_unit
 from marsproxy.core.identity import Route
-from marsproxy.gateway.sse import (
+from marsproxy.gateway.http.sse import (
     SSEFilter,
     SSESplitter,
     StreamTap,

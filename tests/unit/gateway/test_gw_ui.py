@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from marsproxy.config import load_config
-from marsproxy.gateway.app import create_app
-from marsproxy.gateway.auth import AdminAuth
-from marsproxy.gateway.ui import SECURITY_HEADERS, asset_name, content_type, load_assets
+from marsproxy.gateway.admin.ui import SECURITY_HEADERS, asset_name, content_type, load_assets
+from marsproxy.gateway.http.app import create_app
+from marsproxy.gateway.http.auth import AdminAuth
 from marsproxy.security_config import AuthConfig
 
 

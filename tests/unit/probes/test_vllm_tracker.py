@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from marsproxy.probes.vllm_metrics import (
+from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_rates import (
     PREFILL_FROM_COMPUTED,
     PREFILL_FROM_PREFILL_TIME,
     PREFILL_FROM_TTFT,
     MetricsTracker,
-    WorkerMetrics,
     WorkerRates,
 )
 

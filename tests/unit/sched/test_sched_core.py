@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from marsproxy.sched.config import SchedulerConfig, SchedulerTuning
-from marsproxy.sched.core import SchedulerCore, WorkerFacts
+from marsproxy.sched.core import SchedulerCore
+from marsproxy.sched.tickets import WorkerFacts
 
 
 def make(workers: tuple[str, ...] = ("w",), kv_reserve_frac: float = 0.10,

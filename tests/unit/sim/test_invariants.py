@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marsproxy.aimd.admission import AdmissionCore, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
-from marsproxy.bench.results import RunResult, SessionOutcome, TurnOutcome
+from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.core import SchedulerCore
 from marsproxy.sim.invariants import (

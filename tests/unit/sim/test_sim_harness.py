@@ -7,14 +7,14 @@ import itertools
 
 import pytest
 
-from marsproxy.bench import options
-from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.results import percentile
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import Workload, WorkloadSpec, build_workload
 from marsproxy.config import MarsConfig
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.probes.tool_signal import ToolCpuSignals
+from marsproxy.runs import options
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.results import percentile
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import Workload, WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 
 SETUP = SimSetup(profile=get_profile("tiny", num_blocks=384), tool_cpus=2, system_prompt_tokens=60)

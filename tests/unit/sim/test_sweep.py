@@ -8,12 +8,12 @@ import io
 import pytest
 
 from marsproxy.aimd.admission import AdmissionCore
-from marsproxy.bench import options
-from marsproxy.bench.arrivals import ArrivalSpec
-from marsproxy.bench.trace import load_trace
-from marsproxy.bench.workload import WorkloadSpec, build_workload
 from marsproxy.cli import main as cli_main
 from marsproxy.emulator.profiles import get_profile
+from marsproxy.runs import options
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.trace import load_trace
+from marsproxy.runs.workload import WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.invariants import check_drained
 from marsproxy.sim.sweep import _longest_call, make_case, sweep

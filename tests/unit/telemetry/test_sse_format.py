@@ -7,7 +7,7 @@ import json
 import pytest
 
 from marsproxy.core.events import LlmEnd, SessionEnd, ToolStart
-from marsproxy.gateway.sessions import unscoped_id
+from marsproxy.gateway.shells.sessions import unscoped_id
 from marsproxy.telemetry.sse import FilterError, encode, event_filter, parse_types
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from marsproxy.gateway.metrics import GatewayMetrics
+from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.telemetry.tallies import Distribution, Tally, TallyCollector
 
 

@@ -1,0 +1,277 @@
+"""The request handlers: scheduled routes (session → worker, usage, SSE relay) and pass-through.
+
+Each handler keeps a ``Clock`` so the ``x-marsproxy-overhead-ms`` header reports only the time
+spent in the proxy: everything up to sending the response headers, minus waiting for the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from marsproxy.config import WorkerConfig
+from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
+from marsproxy.core.sessions import Turn
+from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited
+from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
+from marsproxy.gateway.http.upstream import (
+    Opened,
+    Picker,
+    UpstreamFailure,
+    request_headers,
+    response_headers,
+)
+from marsproxy.gateway.shells.admission_types import Refused
+from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
+from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
+from marsproxy.gateway.shells.scheduler import Prepared
+from marsproxy.gateway.shells.service import Gateway
+from marsproxy.gateway.shells.sessions import SessionRefused
+
+log = logging.getLogger("marsproxy.gateway.http.relay")
+
+class Relay:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._retry_after = max(1, round(gw.cfg.health.interval_s))
+        self.events = RequestEvents(gw)
+
+    async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
+        gw, clock, out = self.gw, Clock(), Outcome(route, scheduled=True)
+        gw.metrics.in_flight.inc()
+        try:
+            return await self._scheduled(request, route, clock, out)
+        except asyncio.CancelledError:
+            out.status = CLIENT_GONE
+            raise
+        finally:
+            self._account(out, clock)
+            self.events.ended(out, clock)
+            self._close_turn(out, clock)
+
+    async def _scheduled(
+        self, request: web.Request, route: Route, clock: Clock, out: Outcome
+    ) -> web.StreamResponse:
+        gw, cfg = self.gw, self.gw.cfg
+        try:
+            raw = await read_limited(request, cfg.server.max_body_bytes)
+            body = parse_body(route, raw)
+        except BodyError as exc:
+            return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+        # Anthropic-style clients send their key as x-api-key instead of Authorization.
+        tenant = tenant_of(request.headers.get("Authorization") or request.headers.get("x-api-key"))
+        explicit = explicit_session_id(
+            request.headers,
+            body.obj,
+            header_names=cfg.sessions.headers,
+            body_fields=cfg.sessions.body_fields,
+        )
+        final = is_final(request.headers, cfg.sessions.final_headers)
+        history = None
+        if explicit is None and cfg.sessions.chain_matching:
+            history = history_of(route, body.obj)
+        try:
+            turn = gw.sessions.start(
+                tenant=tenant,
+                explicit_id=explicit.value if explicit else None,
+                explicit_source=explicit.source if explicit else "header",
+                history=history,
+                final=final,
+                now=gw.now(),
+            )
+        except SessionRefused as exc:  # bad session id, or the tenant's session cap
+            return error(clock, out, exc.status, exc.code, exc.message)
+        out.session, out.turn_ref = turn.session, turn
+        out.turn = gw.request_arrived(turn)
+        # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
+        if gw.admission is not None and gw.healthy():
+            refused = await self._admit(turn, tenant, raw, final, clock, out)
+            if refused is not None:
+                return refused
+        strip = body.stream and body.strip_usage_chunk
+        prepared = await self._schedule(turn, body.obj, body.raw, clock, out)
+        return await self._relay(request, route, prepared, strip, turn, clock, out)
+
+    async def _schedule(
+        self, turn: Turn, obj: dict[str, Any], raw: bytes, clock: Clock, out: Outcome
+    ) -> Prepared:
+        """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
+        then the body and hint headers that go upstream."""
+        gw = self.gw
+        url = gw.placement.assign(turn.session, gw.healthy())
+        if url is None:  # no healthy worker: the upstream step answers 503 at once
+            return Prepared(None, raw, {}, "none")
+        t = time.perf_counter()
+        try:
+            out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw)
+        finally:
+            clock.held_s += time.perf_counter() - t
+        return out.prepared
+
+    async def _admit(
+        self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome
+    ) -> web.Response | None:
+        """Admission: go on (None), after waiting if the window is full, or the refusal."""
+        gw = self.gw
+        assert gw.admission is not None
+        t, chars = time.perf_counter(), len(raw)
+        try:
+            verdict = await gw.admission.admit(turn.session, tenant, chars, final, raw)
+        finally:
+            clock.held_s += time.perf_counter() - t
+        if isinstance(verdict, Refused):
+            return error(clock, out, verdict.status, verdict.code, verdict.message,
+                         verdict.retry_after_s)
+        out.admitted, out.prompt_chars = True, chars
+        gw.admitted_to(turn.session, verdict.worker)
+        return None
+
+    def _close_turn(self, out: Outcome, clock: Clock) -> None:
+        """After llm_end: the session table learns the outcome (which may end the session,
+        publishing session_end), and a session that goes on enters its tool phase."""
+        gw, turn = self.gw, out.turn_ref
+        if out.usage is not None:
+            gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
+            gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
+        if turn is None:
+            return
+        if out.prepared is not None:
+            # A one-shot request (no session to come back) gets no retention decision.
+            sess = gw.sessions.get(turn.session)
+            goes_on = not turn.final and sess is not None and not sess.ephemeral
+            engine_s = time.perf_counter() - clock.t0 - clock.held_s
+            gw.scheduler.ended(out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
+                               session_continues=goes_on)
+        if out.admitted and gw.admission is not None:
+            # Before the table may forget the session: the core hears the end of the request
+            # first, then (on a final turn) the end of the session.
+            prompt = None if out.usage is None else out.usage.prompt_tokens
+            done = 0 if out.usage is None else out.usage.completion_tokens
+            gw.admission.response_ended(turn.session, out.prompt_chars, prompt, done)
+        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+        if out.ok:
+            gw.response_ended(turn)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        route: Route,
+        prepared: Prepared,
+        strip: bool,
+        turn: Turn,
+        clock: Clock,
+        out: Outcome,
+    ) -> web.StreamResponse:
+        gw = self.gw
+        headers = request_headers(request.headers, identity=True)
+        for k, v in prepared.headers.items():  # scheduler hints replace any client value
+            headers[k] = v
+
+        def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+            worker = gw.pick_for_session(turn.session, tried)
+            if worker is not None:
+                gw.scheduler.moved(prepared, worker.url)
+            return worker
+
+        opened = await self._open(request, headers, prepared.raw, pick, clock, out)
+        if not isinstance(opened, Opened):
+            return opened
+        upstream = opened.response
+        completed = False
+        try:
+            is_sse = upstream.content_type == "text/event-stream"
+            if upstream.status < 400 and is_sse:
+                resp = await stream(
+                    gw, self.events, request, route, opened, strip, turn, clock, out
+                )
+            else:
+                resp = await buffered(gw, self.events, route, opened, turn, clock, out)
+            completed = True
+            return resp
+        finally:
+            done(opened, completed)
+
+    async def _open(
+        self,
+        request: web.Request,
+        headers: CIMultiDict[str],
+        raw: bytes,
+        pick: Picker,
+        clock: Clock,
+        out: Outcome,
+    ) -> Opened | web.Response:
+        """The worker's response headers, or the error response the client gets instead."""
+        try:
+            opened = await self.gw.upstream.open(
+                request.method, request.path_qs, headers, raw, self.events.picker(out, pick)
+            )
+        except UpstreamFailure as exc:
+            clock.upstream_s += exc.upstream_s
+            retry = self._retry_after if exc.status == 503 else None
+            return error(clock, out, exc.status, exc.code, exc.message, retry)
+        clock.upstream_s += opened.upstream_s
+        return opened
+    # -- everything else --------------------------------------------------------------------------
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        gw, clock, out = self.gw, Clock(), Outcome("passthrough", scheduled=False)
+        gw.metrics.in_flight.inc()
+        try:
+            return await self._passthrough(request, clock, out)
+        except asyncio.CancelledError:
+            out.status = CLIENT_GONE
+            raise
+        finally:
+            self._account(out, clock)
+            self.events.ended(out, clock)
+
+    async def _passthrough(
+        self, request: web.Request, clock: Clock, out: Outcome
+    ) -> web.StreamResponse:
+        gw = self.gw
+        try:
+            raw = await read_limited(request, gw.cfg.server.max_body_bytes)
+        except BodyError as exc:
+            return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+        opened = await self._open(
+            request, request_headers(request.headers, identity=False), raw, gw.pick_any,
+            clock, out,
+        )
+        if not isinstance(opened, Opened):
+            return opened
+        upstream = opened.response
+        completed = False
+        try:
+            headers = response_headers(upstream.headers)
+            headers.update(clock.header())
+            resp = web.StreamResponse(status=upstream.status, headers=headers)
+            out.status = upstream.status
+            await resp.prepare(request)
+            try:
+                while chunk := await opened.body.read():
+                    await resp.write(chunk)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                gw.metrics.upstream_errors.labels(opened.worker.label, "passthrough").inc()
+                log.warning(
+                    "pass-through %s from %s cut: %r", request.path, opened.worker.label, exc
+                )
+                return resp  # the body is short; the client sees the connection end
+            await resp.write_eof()
+            completed = True
+            return resp
+        finally:
+            done(opened, completed)
+
+    def _account(self, out: Outcome, clock: Clock) -> None:
+        m = self.gw.metrics
+        m.in_flight.dec()
+        m.requests.labels(out.route, str(out.status)).inc()
+        m.latency.labels(out.route).observe(time.perf_counter() - clock.t0)
+        m.overhead.labels(out.route).observe(clock.overhead_s())

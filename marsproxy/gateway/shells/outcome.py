@@ -1,0 +1,173 @@
+"""Per-request bookkeeping of the relay: the overhead clock, the outcome, and the request's
+events on the bus (dispatch, first_token, llm_end or rejected).
+
+Publishing here is a dataclass construction and a ring append per event; nothing is done per
+subscriber on the request path. With no subscriber at all (no sink, no ``/mars/v1/events``
+stream), an event could never be read, so it is only counted, not built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from aiohttp import web
+
+from marsproxy.config import WorkerConfig
+from marsproxy.core.canon import Reply
+from marsproxy.core.events import Dispatch, FirstToken, LlmEnd, Rejected
+from marsproxy.core.sessions import Turn
+from marsproxy.gateway.http.errors import error_response
+from marsproxy.gateway.http.sse import Usage
+from marsproxy.gateway.shells.scheduler import Prepared
+from marsproxy.gateway.shells.service import Gateway
+
+OVERHEAD_HEADER = "x-marsproxy-overhead-ms"
+
+Pick = Callable[[Iterable[WorkerConfig]], WorkerConfig | None]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.upstream_s = 0.0
+        self.held_s = 0.0  # waiting for admission: not the proxy's own cost either
+        self.frozen_s: float | None = None  # overhead as sent in the header
+
+    def overhead_s(self) -> float:
+        if self.frozen_s is not None:
+            return self.frozen_s
+        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s - self.held_s)
+
+    def header(self) -> dict[str, str]:
+        """The overhead header; what it says is final (streams: time to the headers)."""
+        self.frozen_s = self.overhead_s()
+        return {OVERHEAD_HEADER: f"{self.frozen_s * 1000:.3f}"}
+
+
+class Outcome:
+    """What happened to one request, for metrics, the session table and the event stream."""
+
+    def __init__(self, route_label: str, *, scheduled: bool) -> None:
+        self.route = route_label
+        self.scheduled = scheduled
+        self.status = 500
+        self.ok = False
+        self.usage: Usage | None = None
+        self.reply: Reply | None = None
+        self.session: str | None = None
+        self.turn = 0
+        self.turn_ref: Turn | None = None  # scheduled requests, once their session is known
+        self.worker: WorkerConfig | None = None  # the worker it was last sent to
+        self.code: str | None = None  # error code when the proxy answered itself
+        self.ttft_s: float | None = None
+        self.admitted = False  # admission let it through (its end is reported to the core)
+        self.prompt_chars = 0
+        self.prepared: Prepared | None = None  # how the scheduler sent it (level, hint)
+
+
+def error(
+    clock: Clock,
+    out: Outcome,
+    status: int,
+    code: str,
+    message: str,
+    retry_after: int | None = None,
+) -> web.Response:
+    headers = clock.header()
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    out.status, out.code = status, code
+    return error_response(status, message, code=code, headers=headers)
+
+
+class RequestEvents:
+    """The request path's hooks into the gateway's counters and the event bus."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def picker(self, out: Outcome, pick: Pick) -> Pick:
+        """``pick``, also counting the request on its worker and publishing ``dispatch``."""
+        gw = self.gw
+
+        def choose(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+            worker = pick(tried)
+            if worker is None:
+                return None
+            if out.worker is not None:  # a retry after a failed connect: moved elsewhere
+                gw.in_flight_by_worker[out.worker.url] -= 1
+            out.worker = worker
+            gw.in_flight_by_worker[worker.url] += 1
+            if out.scheduled and not gw.telemetry.bus.subscribers:
+                gw.telemetry.bus.skip()  # nobody to read it: not built
+            elif out.scheduled:
+                p = out.prepared
+                t = None if p is None else p.ticket
+                gw.telemetry.publish(
+                    Dispatch(
+                        ts=gw.telemetry.wall(),
+                        session=out.session,
+                        worker=worker.label,
+                        route=out.route,
+                        turn=out.turn,
+                        level=None if t is None else t.level,
+                        hint="none" if p is None else p.hint,
+                        priority=None if t is None else t.priority,
+                        mode="" if t is None else gw.scheduler.core.modes[worker.label],
+                        uncached_tokens=None if t is None else t.uncached_tokens,
+                        queued_s=0.0 if t is None else t.waited_s(),
+                    )
+                )
+            return worker
+
+        return choose
+
+    def first_token(self, out: Outcome, clock: Clock) -> None:
+        if out.ttft_s is not None:
+            return
+        out.ttft_s = ttft = time.perf_counter() - clock.t0
+        self.gw.metrics.ttft.labels(out.route).observe(ttft)
+        bus = self.gw.telemetry.bus
+        if not bus.subscribers:
+            bus.skip()  # nobody to read it: not built
+            return
+        bus.publish(
+            FirstToken(
+                ts=self.gw.telemetry.wall(),
+                session=out.session,
+                worker=None if out.worker is None else out.worker.label,
+                ttft_s=ttft,
+            )
+        )
+
+    def ended(self, out: Outcome, clock: Clock) -> None:
+        """After the response: ``llm_end`` if a worker got it, else ``rejected`` if refused."""
+        gw = self.gw
+        if out.worker is not None:
+            gw.in_flight_by_worker[out.worker.url] -= 1
+            if out.scheduled and not gw.telemetry.bus.subscribers:
+                gw.telemetry.bus.skip()  # nobody to read it: not built
+            elif out.scheduled:
+                u = out.usage or Usage()
+                gw.telemetry.publish(
+                    LlmEnd(
+                        ts=gw.telemetry.wall(),
+                        session=out.session,
+                        worker=out.worker.label,
+                        status=out.status,
+                        latency_s=time.perf_counter() - clock.t0,
+                        prompt_tokens=u.prompt_tokens,
+                        cached_tokens=u.cached_tokens,
+                        completion_tokens=u.completion_tokens,
+                    )
+                )
+        elif out.code is not None:
+            gw.telemetry.publish(
+                Rejected(
+                    ts=gw.telemetry.wall(),
+                    session=out.session,
+                    reason=out.code,
+                    status=out.status,
+                )
+            )

@@ -1,0 +1,168 @@
+"""The gateway's information stream: one event bus, the probes that feed it, and its sinks.
+
+Built from config by the gateway and started/stopped with the app. Probes never raise into the
+request path: a worker whose ``/metrics`` fails turns stale (saturated), NVML off or missing is
+one log line, and a failing sink drops events. Event timestamps are wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+import aiohttp
+
+from marsproxy.config import MarsConfig
+from marsproxy.core.events import Event, PressureSample, ToolEnd
+from marsproxy.gateway.shells.metrics import GatewayMetrics
+from marsproxy.probes.cpu import CpuPressure, CpuProbe
+from marsproxy.probes.nvml import GpuPressure, NvmlProbe
+from marsproxy.probes.poller import Poller
+from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
+from marsproxy.probes.tool_signal import ToolCpuSignal
+from marsproxy.probes.vllm_scraper import VllmScraper, WorkerPressure
+from marsproxy.telemetry.bus import EventBus
+from marsproxy.telemetry.sinks import JsonlSink, RedisStreamSink
+
+log = logging.getLogger("marsproxy.telemetry")
+
+
+class _Sink(Protocol):
+    def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class Telemetry:
+    def __init__(self, cfg: MarsConfig, metrics: GatewayMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.bus = EventBus(cfg.telemetry.bus_capacity)
+        self.worker_names = [w.label for w in cfg.workers]
+        self.cpu_probe = CpuProbe.from_config(cfg.probes.cpu)
+        self.cpu: Poller[CpuPressure] = Poller(
+            "cpu", self.cpu_probe.read, cfg.probes.cpu.period_s
+        )
+        self.nvml = NvmlProbe.from_config(cfg.probes.nvml)
+        # NVML calls can block on a wedged driver: read them off the event loop.
+        self.gpu: Poller[dict[str, GpuPressure]] = Poller(
+            "nvml", self.nvml.read_all, cfg.probes.nvml.period_s, in_thread=True
+        )
+        t = cfg.tools
+        self.tracker = ToolPhaseTracker(
+            ToolTrackerSettings(
+                ema_alpha=t.tuning.ema_alpha,
+                quantile=t.tuning.quantile,
+                history=t.tuning.history,
+                tool_cpus=self.cpu_probe.tool_cpus,
+                inferred_min_s=t.tuning.inferred_min_s,
+            )
+        )
+        self.tool_signal = ToolCpuSignal(
+            t.location, t.tuning.confirm_psi, t.tuning.confirm_cpu_percent
+        )
+        self.scraper: VllmScraper | None = None  # needs a client session: built in start()
+        self._http: aiohttp.ClientSession | None = None
+        self._redis: Any = None
+        self._sinks: list[_Sink] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @staticmethod
+    def wall() -> float:
+        """Event timestamps and the tool tracker's clock (explicit events carry epoch seconds)."""
+        return time.time()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        tcfg = self.cfg.telemetry
+        if tcfg.jsonl_path:
+            self._sinks.append(JsonlSink(self.bus, tcfg.jsonl_path))
+        if tcfg.redis_stream.url:
+            import redis.asyncio as aioredis  # only when configured
+
+            self._redis = aioredis.Redis.from_url(tcfg.redis_stream.url)
+            rs = tcfg.redis_stream
+            self._sinks.append(RedisStreamSink(self.bus, self._redis, rs.key, rs.maxlen))
+        for sink in self._sinks:
+            sink.start()
+        vcfg = self.cfg.probes.vllm
+        # Its own small session: the relay's pool does not decompress, /metrics may be gzip.
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=vcfg.timeout_s),
+            connector=aiohttp.TCPConnector(limit=max(4, 2 * len(self.worker_names))),
+        )
+        self.scraper = VllmScraper.from_config(
+            vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http
+        )
+        self._tasks = [
+            asyncio.create_task(self._scrape_loop(name), name=f"vllm-scrape-{name}")
+            for name in self.worker_names
+        ]
+        await self.cpu.start()
+        if await asyncio.to_thread(self.nvml.start):
+            await self.gpu.start()
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.cpu.stop()
+        await self.gpu.stop()
+        self.nvml.stop()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        for sink in self._sinks:
+            await sink.stop()  # the JSONL sink writes what is still queued
+        self._sinks = []
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def _scrape_loop(self, name: str) -> None:
+        # The scraper's own loop, plus a pressure_sample every Nth attempt (stale ones too,
+        # so a worker that stops answering shows up in the stream as stale).
+        assert self.scraper is not None
+        loop = asyncio.get_running_loop()
+        every, period = self.cfg.telemetry.pressure_sample_every, self.scraper.period_s
+        n = 0
+        while True:
+            began = loop.time()
+            await self.scraper.scrape_once(name)
+            n += 1
+            if n % every == 0:
+                self.bus.publish(self._pressure_sample(self.scraper.snapshot(name)))
+            await asyncio.sleep(max(0.0, period - (loop.time() - began)))
+
+    def _pressure_sample(self, p: WorkerPressure) -> PressureSample:
+        m = p.metrics
+        cpu = self.cpu.latest
+        return PressureSample(
+            ts=self.wall(),
+            worker=p.worker,
+            kv_usage=None if m is None else m.kv_usage,
+            running=None if m is None or m.running is None else float(m.running),
+            waiting=None if m is None or m.waiting is None else float(m.waiting),
+            stale=p.stale,
+            cpu_some_avg10=None if cpu is None else cpu.psi_some_avg10,
+            tools_in_flight=self.tracker.in_flight,
+            backlog_ratio=self.tracker.backlog_ratio(self.wall()),
+        )
+
+    # -- publishing (request path: a dataclass and an append, nothing per subscriber) -----
+    def publish(self, event: Event) -> None:
+        self.bus.publish(event)
+
+    def publish_tools(self, events: list[Event]) -> None:
+        """Tracker output: tool_start/tool_end, with tool durations into the histogram."""
+        for ev in events:
+            if isinstance(ev, ToolEnd):
+                self.metrics.tool_duration.labels(
+                    "true" if ev.inferred else "false"
+                ).observe(ev.duration_s)
+            self.bus.publish(ev)
+
+    def worker_pressure(self, name: str) -> WorkerPressure | None:
+        return None if self.scraper is None else self.scraper.snapshot(name)

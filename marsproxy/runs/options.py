@@ -1,0 +1,214 @@
+"""Command-line options shared by ``marsproxy bench live`` and ``marsproxy sim``.
+
+Both take the same workload options (so the same flags give the same sessions), the policies to
+compare, ``--set KEY=VALUE`` overrides of the proxy config applied to every proxied policy, and
+``--queue-deadline S``: the admission queue deadline of the run. Headline numbers compare
+policies on the same sessions, so by default the deadline is long enough that every session
+finishes (the simulator's horizon; a day live); a tight one shows what refusals cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marsproxy.config import MarsConfig, load_config
+from marsproxy.policies import policy_names
+from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.results import load_label
+from marsproxy.runs.workload import REGIMES, WorkloadSpec
+
+DIRECT = "direct"
+DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")
+ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention")
+QUEUE_DEADLINE_KEY = "admission.queue_deadline_s"
+# A benchmark measures latency on every session, so a queued session waits rather than being
+# refused after the proxy's 300 s default deadline (an agent would retry after Retry-After).
+DEFAULT_QUEUE_DEADLINE_S = 86_400.0
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
+                      token_scale: float, tool_time_scale: float, max_turns: int | None,
+                      regimes: str, queue_deadline: str = f"{DEFAULT_QUEUE_DEADLINE_S:g} s",
+                      ) -> None:
+    """The shared options; ``queue_deadline`` names the command's default deadline."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", default=None, help="trace file (default: the packaged sample)")
+    g.add_argument("--sessions", type=int, default=sessions, help="sessions per run")
+    g.add_argument("--seed", type=int, default=0, help="seed of sampling and arrivals")
+    g.add_argument(
+        "--seeds", default=None, metavar="LIST",
+        help="comma-separated seeds, replacing --seed: every workload runs once per seed and the"
+        " report adds the mean over them (one seed's ratios can be off by 0.5x)",
+    )
+    g.add_argument(
+        "--regimes", default=regimes,
+        help=f"input-length regimes, comma-separated: {', '.join(REGIMES)}, or 'trace' (as"
+        " recorded)",
+    )
+    g.add_argument("--rates", default=rates,
+                   help="arrival rates (sessions/s; bursts/s for burst), comma-separated: loads")
+    g.add_argument("--arrivals", choices=("poisson", "fixed", "burst"), default="poisson")
+    g.add_argument("--burst-size", type=int, default=8, help="sessions per burst")
+    g.add_argument("--token-scale", type=float, default=token_scale,
+                   help="multiplier on every token count (after the regime)")
+    g.add_argument("--tool-time-scale", type=float, default=tool_time_scale,
+                   help="multiplier on every tool time")
+    g.add_argument("--max-turns", type=int, default=max_turns, help="LLM calls per session at most")
+    g.add_argument("--max-context", type=int, default=None,
+                   help="largest prompt in tokens (default: the engine's context less 1024 for"
+                   " the reply)")
+    q = p.add_argument_group("policies")
+    q.add_argument(
+        "--policies", default=",".join(DEFAULT_POLICIES),
+        help="comma-separated presets to compare ('direct' is always included; 'all' adds the"
+        f" ablations); known: {DIRECT}, {', '.join(policy_names())}",
+    )
+    q.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+        help="proxy config override for every proxied policy, e.g. admission.window_max=16",
+    )
+    q.add_argument(
+        "--queue-deadline", type=float, default=None, metavar="S", dest="queue_deadline",
+        help=f"{QUEUE_DEADLINE_KEY} of every proxied policy: the longest a session waits for"
+        " admission before a 503 (default: long enough that every session finishes, as headline"
+        f" numbers need: {queue_deadline}; the report's meta states the one used)",
+    )
+    p.add_argument("--out", default=None, help="output folder (default: results/<timestamp>)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    regime: str
+    load: str
+    spec: WorkloadSpec
+    seed: int | None = None
+    """Set when the run covers several seeds (``--seeds``); the report then averages them."""
+
+    @property
+    def label(self) -> str:
+        """Regime, load and (with several seeds) seed: names the case in logs and progress."""
+        return f"{self.regime} {load_label(self.load, self.seed)}"
+
+
+def policies(text: str) -> list[str]:
+    names = _csv(text)
+    if "all" in names:
+        names = [n for n in names if n != "all"] + [*DEFAULT_POLICIES, *ABLATIONS]
+    known = {DIRECT, *policy_names()}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown policy {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    out = [DIRECT]
+    out += [n for n in dict.fromkeys(names) if n != DIRECT]
+    return out
+
+
+def seeds(args: argparse.Namespace) -> list[int]:
+    """``--seeds`` as a list, or ``[--seed]``."""
+    if args.seeds is None:
+        return [args.seed]
+    try:
+        out = [int(p) for p in _csv(args.seeds)]
+    except ValueError:
+        raise ValueError(f"--seeds needs comma-separated integers, got {args.seeds!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"--seeds needs distinct integers, got {args.seeds!r}")
+    return out
+
+
+def seeds_text(args: argparse.Namespace) -> str:
+    """The seeds of a run as its report's meta lists them: ``"0"`` or ``"0, 1, 2"``."""
+    return ", ".join(str(x) for x in seeds(args))
+
+
+def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
+    """One workload per (regime, rate, seed), in that nesting order. Prompts stay within
+    ``--max-context``, by default ``engine_context`` less room for the reply."""
+    max_context = args.max_context or max(16, engine_context - 1024)
+    seed_list = seeds(args)
+    out = []
+    for regime in _csv(args.regimes) or ["trace"]:
+        if regime != "trace" and regime not in REGIMES:
+            raise ValueError(f"unknown regime {regime!r}; known: trace, {', '.join(REGIMES)}")
+        for rate_text in _csv(args.rates):
+            rate = float(rate_text)
+            arrivals = ArrivalSpec(args.arrivals, rate, args.burst_size)
+            for seed in seed_list:
+                spec = WorkloadSpec(
+                    sessions=args.sessions, seed=seed,
+                    regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
+                    token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
+                    max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
+                )
+                out.append(Case(regime, arrivals.label(), spec,
+                                seed if len(seed_list) > 1 else None))
+    return out
+
+
+def queue_deadline(args: argparse.Namespace, default: float) -> float:
+    """The run's queue deadline: ``--queue-deadline``, else ``default``; given both ways, an
+    error rather than a silent choice."""
+    if args.queue_deadline is None:
+        return default
+    if any(item.partition("=")[0].strip() == QUEUE_DEADLINE_KEY for item in args.sets):
+        raise ValueError(f"give the queue deadline once: --queue-deadline or --set"
+                         f" {QUEUE_DEADLINE_KEY}=S, not both")
+    if not args.queue_deadline > 0:
+        raise ValueError(f"--queue-deadline must be > 0, got {args.queue_deadline}")
+    return float(args.queue_deadline)
+
+
+def parse_sets(sets: list[str],
+               queue_deadline_s: float = DEFAULT_QUEUE_DEADLINE_S) -> dict[str, Any]:
+    """``a.b=v`` (v as YAML) → nested overrides: the run's queue deadline first, the ``--set``
+    items over it."""
+    tree: dict[str, Any] = {"admission": {"queue_deadline_s": queue_deadline_s}}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set needs KEY=VALUE, got {item!r}")
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return tree
+
+
+def deadline_meta(sets: dict[str, Any], default: float, default_text: str) -> str:
+    """The queue deadline a run used, as its report's meta states it."""
+    used = float(sets["admission"]["queue_deadline_s"])
+    note = (f" ({default_text}: every session may wait until it is admitted)"
+            if used == default else " (set for this run)")
+    return f"{used:g} s{note}"
+
+
+def check_policies(pols: list[str], sets: dict[str, Any]) -> None:
+    """Every proxied policy's config validates with the overrides (a ``ValueError`` naming the
+    keys otherwise, before the run starts)."""
+    for p in pols:
+        if p != DIRECT:
+            proxy_config(p, sets, ["http://check"])
+
+
+def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:
+    """The proxy config of ``policy``: preset < ``--set`` overrides; env is not read."""
+    return load_config(None, environ={}, overrides={**sets, "policy": policy, "workers": workers})
+
+
+def out_dir(arg: str | None, kind: str) -> Path:
+    if arg:
+        return Path(arg)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("results") / f"{stamp}-{kind}"

@@ -1,0 +1,158 @@
+"""Benchmark workloads: sessions from traces, scaled, capped, given arrival times. Deterministic.
+
+A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benchmark run replays:
+
+- ``sessions``: how many; sampled with a seeded RNG (without replacement while the trace has
+  enough, then with replacement; repeats get their own ids);
+- ``regime_peak_tokens``: an input-length regime (the paper's ILR-1..4): every session's prompts
+  are scaled, first prompt and growth alike, so that the workload's *median* peak context is this
+  many tokens; a session whose peak would pass ``max_context_tokens`` is scaled less;
+- ``token_scale`` multiplies every token count afterwards (inputs and outputs), ``tool_time_scale``
+  every tool time; ``max_turns`` caps the LLM calls per session;
+- arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts.
+
+The same spec and trace give the same workload, bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
+from marsproxy.runs.trace import SessionTrace
+
+# Regimes named as in the docs: median peak context of the workload, in tokens.
+REGIMES: dict[str, int] = {"8k": 8_192, "32k": 32_768, "64k": 65_536, "128k": 131_072}
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTurn:
+    """One LLM call and the tool phase after it (``tool_s`` None after the last call)."""
+
+    input_tokens: int
+    output_tokens: int
+    tool_s: float | None
+    tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSession:
+    id: str
+    trace_id: str
+    arrival_s: float
+    turns: tuple[PlannedTurn, ...]
+
+    @property
+    def peak_tokens(self) -> int:
+        return max(t.input_tokens for t in self.turns)
+
+    @property
+    def tool_s_total(self) -> float:
+        return sum(t.tool_s or 0.0 for t in self.turns)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    sessions: int = 16
+    seed: int = 0
+    regime_peak_tokens: int | None = None
+    max_context_tokens: int = 250_000
+    token_scale: float = 1.0
+    tool_time_scale: float = 1.0
+    max_turns: int | None = None
+    min_input_tokens: int = 16
+    arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1:
+            raise ValueError("sessions must be >= 1")
+        if self.token_scale <= 0 or self.tool_time_scale < 0:
+            raise ValueError("token_scale must be > 0 and tool_time_scale >= 0")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        if self.regime_peak_tokens is not None and self.regime_peak_tokens < 1:
+            raise ValueError("regime_peak_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    spec: WorkloadSpec
+    sessions: tuple[PlannedSession, ...]
+
+    def describe(self) -> dict[str, float]:
+        peaks = [s.peak_tokens for s in self.sessions]
+        turns = [len(s.turns) for s in self.sessions]
+        return {
+            "sessions": len(self.sessions),
+            "turns_total": sum(turns),
+            "turns_p50": statistics.median(turns),
+            "first_prompt_p50": statistics.median(s.turns[0].input_tokens for s in self.sessions),
+            "peak_p50": statistics.median(peaks),
+            "peak_max": max(peaks),
+            "tool_s_total": sum(s.tool_s_total for s in self.sessions),
+            "last_arrival_s": max(s.arrival_s for s in self.sessions),
+        }
+
+
+def pick(traces: Sequence[SessionTrace], n: int, rng: random.Random) -> list[SessionTrace]:
+    """``n`` traces: a seeded sample without replacement, then with replacement past the file."""
+    if not traces:
+        raise ValueError("no traces to pick from")
+    k = min(n, len(traces))
+    out = rng.sample(list(traces), k=k)
+    out.extend(rng.choice(traces) for _ in range(n - k))
+    return out
+
+
+def _cap_turns(trace: SessionTrace, max_turns: int | None) -> SessionTrace:
+    if max_turns is None or len(trace.turns) <= max_turns:
+        return trace
+    return SessionTrace(trace.id, trace.turns[:max_turns])
+
+
+def _input_scale(trace: SessionTrace, spec: WorkloadSpec, median_peak: float) -> float:
+    scale = spec.token_scale
+    if spec.regime_peak_tokens is not None:
+        scale *= spec.regime_peak_tokens / median_peak
+    peak = max(t.input_tokens for t in trace.turns)
+    # No prompt may pass the context limit; this session grows less than the others.
+    return min(scale, spec.max_context_tokens / max(1, peak))
+
+
+def _plan(trace: SessionTrace, sid: str, arrival: float, spec: WorkloadSpec,
+          in_scale: float) -> PlannedSession:
+    turns: list[PlannedTurn] = []
+    last = len(trace.turns) - 1
+    prev = 0
+    for i, t in enumerate(trace.turns):
+        # Prompts are append-only: never shorter than the previous one (traces have a few
+        # negative steps where the harness compacted its context).
+        tokens = max(spec.min_input_tokens, round(t.input_tokens * in_scale), prev + 1)
+        prev = tokens
+        tool = None if i == last or t.tool_s is None else t.tool_s * spec.tool_time_scale
+        turns.append(PlannedTurn(
+            input_tokens=tokens,
+            output_tokens=max(1, round(t.output_tokens * spec.token_scale)),
+            tool_s=tool,
+            tool=t.tool,
+        ))
+    return PlannedSession(sid, trace.id, arrival, tuple(turns))
+
+
+def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Workload:
+    """The sessions of one run: same ``traces`` and ``spec`` → the same workload."""
+    rng = random.Random(f"workload:{spec.seed}")
+    chosen = [_cap_turns(t, spec.max_turns) for t in pick(traces, spec.sessions, rng)]
+    median_peak = statistics.median(max(t.input_tokens for t in tr.turns) for tr in chosen)
+    times = arrival_times(spec.arrivals, len(chosen), random.Random(f"arrivals:{spec.seed}"))
+    seen: dict[str, int] = {}
+    sessions = []
+    for tr, at in zip(chosen, times, strict=True):
+        n = seen.get(tr.id, 0)
+        seen[tr.id] = n + 1
+        sid = tr.id if n == 0 else f"{tr.id}~{n}"
+        sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak)))
+    return Workload(spec, tuple(sessions))

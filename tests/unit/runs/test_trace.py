@@ -1,0 +1,42 @@
+"""Trace loading and seeded sampling."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from marsproxy.bench.agent import filler
+from marsproxy.runs.trace import TraceError, load_trace, sample_sessions
+
+
+def test_packaged_sample_loads() -> None:
+    sessions = load_trace()
+    assert len(sessions) == 16
+    for s in sessions:
+        assert s.turns[-1].tool_s is None or s.turns[-1].tool_s >= 0
+        inputs = [t.input_tokens for t in s.turns]
+        assert inputs == sorted(inputs), "agent prompts are append-only"
+
+
+def test_sampling_is_seeded() -> None:
+    sessions = load_trace()
+    a = [s.id for s in sample_sessions(sessions, 5, seed=7)]
+    assert a == [s.id for s in sample_sessions(sessions, 5, seed=7)]
+    assert a != [s.id for s in sample_sessions(sessions, 5, seed=8)]
+    assert len(sample_sessions(sessions, 100, seed=1)) == 16
+
+
+def test_bad_lines_name_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"id": "a", "turns": [{"input_tokens": 5, "output_tokens": 1}]}\n{"id": 3}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2"):
+        load_trace(p)
+    with pytest.raises(TraceError, match="cannot read"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_filler_has_exact_length_and_is_deterministic() -> None:
+    assert len(filler(37, random.Random(1))) == 37 * 4
+    assert filler(10, random.Random(2)) == filler(10, random.Random(2))
