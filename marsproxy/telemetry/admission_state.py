@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.aimd.controller import NO_CEILING
 from marsproxy.telemetry.state import (
     AdmissionCoreQueueState,
     AdmissionCoreState,
@@ -59,12 +60,17 @@ def _worker(
     }
 
 
-def binding_cap(window: int, kv_cap: int, cpu_cap: int) -> str:
-    """Which bound sets the effective limit, min(window, kv_cap, cpu_cap); on a tie the window
-    (the caps only bind once they are below it)."""
-    if window <= min(kv_cap, cpu_cap):
+def binding_cap(window: int, kv_cap: int, cpu_cap: int, effective_limit: int) -> str:
+    """Which bound sets the effective limit: the window (only while the worker is overloaded;
+    on a tie with a cap, the window), the KV cap, the CPU cap, ``window_max``, or ``none`` (no
+    count bound: the KV fit alone decides)."""
+    if effective_limit >= NO_CEILING:
+        return "none"
+    if effective_limit == window and window <= min(kv_cap, cpu_cap):
         return "window"
-    return "kv_cap" if kv_cap <= cpu_cap else "cpu_cap"
+    if effective_limit == min(kv_cap, cpu_cap):
+        return "kv_cap" if kv_cap <= cpu_cap else "cpu_cap"
+    return "window_max"
 
 
 def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int) -> str:
@@ -80,6 +86,8 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int) -> str:
             parts.append(f"{name}: full {held}/{w['limit']} ({w['binds'].replace('_', ' ')})")
         elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
             parts.append(f"{name}: no KV room for another forecast peak")
+        elif w["limit"] >= NO_CEILING:
+            parts.append(f"{name}: room (next pass)")
         else:
             parts.append(f"{name}: room for {w['limit'] - w['admitted_store']} (next pass)")
     return "; ".join(parts)

@@ -64,7 +64,7 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
     base = core_state(adm.core, adm.now(), unscoped_id)
     workers: dict[str, AdmissionWorkerState] = {
         w: {**v, "limit": adm.limit(w), "admitted_store": adm.store_admitted(w),
-            "binds": binding_cap(v["window"], v["kv_cap"], v["cpu_cap"])}
+            "binds": binding_cap(v["window"], v["kv_cap"], v["cpu_cap"], v["effective_limit"])}
         for w, v in base["workers"].items()
     }
     store, a = adm.store, adm.acfg

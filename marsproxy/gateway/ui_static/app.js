@@ -92,7 +92,8 @@ class Page {
       const aw = adm ? adm.workers[w.name] : null;
       this.history.get(w.name).push({
         t, kv: w.kv_usage, running: w.running, waiting: w.waiting,
-        admitted: aw ? aw.admitted_store : null, limit: aw ? aw.limit : null,
+        admitted: aw ? aw.admitted_store : null,
+        limit: aw && aw.limit < 1048576 ? aw.limit : null,  // no count bound: nothing to draw
         window: aw ? aw.window : null,
       });
     }

@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
+from marsproxy.aimd.controller import NO_CEILING
 from marsproxy.telemetry.admission_state import binding_cap, core_state, queue_why
 from marsproxy.telemetry.state import AdmissionWorkerState
 
@@ -32,10 +33,14 @@ def test_core_state_shows_who_is_admitted_who_waits_and_why() -> None:
 
 
 def test_binding_cap_names_the_smallest_bound() -> None:
-    assert binding_cap(8, 30, 30) == "window"
-    assert binding_cap(8, 8, 30) == "window"  # a tie: the caps bind only below the window
-    assert binding_cap(8, 5, 6) == "kv_cap"
-    assert binding_cap(8, 6, 5) == "cpu_cap"
+    assert binding_cap(8, 30, 30, 8) == "window"
+    assert binding_cap(8, 8, 30, 8) == "window"  # a tie: the caps bind only below the window
+    assert binding_cap(8, 5, 6, 5) == "kv_cap"
+    assert binding_cap(8, 6, 5, 5) == "cpu_cap"
+    # Not overloaded: the window does not bind; no count bound at all, or window_max.
+    assert binding_cap(8, NO_CEILING, NO_CEILING, NO_CEILING) == "none"
+    assert binding_cap(40, 30, 30, 30) == "kv_cap"
+    assert binding_cap(8, 12, 16, 10) == "window_max"
 
 
 def _aw(**kw: Any) -> AdmissionWorkerState:
