@@ -1,6 +1,6 @@
 """Engine profiles: KV geometry, scheduler limits and step-time coefficients.
 
-The H200 numbers come from shared/notes/h200-qwen3-coder-profile.md; docs/emulator.md summarizes
+The H200 numbers were measured on an H200 running Qwen3-Coder-30B-A3B; docs/emulator.md gives
 the derivation. Profiles are immutable; :func:`get_profile` applies command-line overrides.
 """
 

@@ -1,4 +1,4 @@
-"""Agent-session traces in the format of ``shared/traces/`` (one JSON session per line).
+"""Agent-session traces: one JSON session per line (the agentcgroup trace format).
 
 Only the fields replay needs are kept. A packaged sample (``marsproxy/data/sample_trace.jsonl``,
 16 sessions of the public agentcgroup traces, sub-agents dropped, at most 40 turns) lets the demo

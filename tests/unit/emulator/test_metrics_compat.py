@@ -15,7 +15,7 @@ FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-metrics.
 # Labels a histogram/summary adds to its samples; not part of the family's label names.
 _SAMPLE_LABELS = {"le", "quantile"}
 
-# From shared/notes/real-vllm-on-cpu.md (parser family names: counters lose "_total").
+# As a real vLLM 0.32 on CPU exports them (parser family names: counters lose "_total").
 NOTE_FAMILIES = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:num_requests_running": "gauge",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
 import statistics
 from pathlib import Path
@@ -14,7 +15,8 @@ from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import REGIMES, WorkloadSpec, build_workload
 
-SHARED_TRACE = Path("/work/shared/traces/agentcgroup-glm-local.jsonl")
+# A full agent trace (e.g. the agentcgroup GLM runs), when the machine has one: MARS_TRACE=FILE.
+SHARED_TRACE = Path(os.environ.get("MARS_TRACE", "/nonexistent"))
 
 
 def test_same_spec_same_workload_bit_for_bit() -> None:
@@ -79,7 +81,7 @@ def test_arrival_processes() -> None:
         ArrivalSpec("uniform", 1.0)  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared traces not on this machine")
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="no full trace (MARS_TRACE) on this machine")
 def test_any_trace_file_and_paper_scale_sampling() -> None:
     wl = build_workload(load_trace(SHARED_TRACE), WorkloadSpec(
         sessions=300, seed=0, regime_peak_tokens=REGIMES["128k"]))
