@@ -74,13 +74,20 @@ class Gateway:
         return time.monotonic()
 
     async def start(self) -> None:
-        await self.upstream.start()
-        assert self.upstream.session is not None
-        self.checker.start(self.upstream.session)
-        await self.telemetry.start()
-        if self.admission is not None:
-            await self.admission.start()
-        await self.scheduler.start()
+        try:
+            await self.upstream.start()
+            assert self.upstream.session is not None
+            self.checker.start(self.upstream.session)
+            await self.telemetry.start()
+            if self.admission is not None:
+                await self.admission.start()
+            await self.scheduler.start()
+        except BaseException:
+            # Refused at start (a store that rejects our credentials): close what did start, so
+            # the refusal is the last word and no client session is left open behind it.
+            with contextlib.suppress(Exception):
+                await self.stop()
+            raise
         self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
 
     async def stop(self) -> None:
