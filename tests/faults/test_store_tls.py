@@ -110,6 +110,7 @@ async def test_wrong_credentials_or_ca_refuse_the_start_with_a_clear_message(
     done = await asyncio.to_thread(_serve, lab, store)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Unclosed" not in done.stderr, done.stderr[-3000:]  # what started is closed
     said = [ln for ln in done.stderr.splitlines() if ln.startswith("marsproxy: store: ")]
     assert len(said) == 1, done.stderr[-3000:]
     for text in expect:
