@@ -37,7 +37,6 @@ from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Worke
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, PressureSample, event_to_dict
 from marsproxy.core.kv import free_blocks_from_usage
-from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
@@ -159,6 +158,7 @@ class Simulation:
         self._gated: dict[int, _Agent] = {}  # call → agent whose call waits in the dispatch gate
         self._cpu_version = 0
         self._unfinished = 0
+        self._untold = 0  # agents gone without telling the proxy (their sessions time out)
         self._ticks = 0
         self.events: list[dict[str, Any]] = []
         self.states: list[dict[str, Any]] = []
@@ -222,9 +222,10 @@ class Simulation:
         )
 
     def _live(self) -> bool:
-        # Sessions without a final flag outlive their agents in the core until idle timeout.
-        # (Only those: with final flags, a session the core still holds then is a leak to see.)
-        return self._unfinished > 0 or (not self.setup.send_final and self.core is not None
+        # Sessions whose agents left without telling the proxy (no final flag, or given up after
+        # an upstream error) outlive them in the core until idle timeout. (Only those: after
+        # final flags, a session the core still holds then is a leak to see.)
+        return self._unfinished > 0 or (self._untold > 0 and self.core is not None
                                         and len(self.core.sessions) > 0)
 
     def leftovers(self) -> dict[str, int]:
@@ -326,9 +327,9 @@ class Simulation:
         agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
         agent.outcome.error = reason
         agent.outcome.stopped_s = now
-        if self.core is not None and status not in (429, 503):
-            self._carry(now, self.core.on_session_end(now, agent.plan.id, EndReason.DELETED))
-        self._finish(agent)
+        # As the gateway: a refusal leaves nothing behind; an upstream error does not end the
+        # session (a client may retry), so the agent that gives up leaves it to its idle timeout.
+        self._finish(agent, told=status in (429, 503) or self.core is None)
 
     def _finish(self, agent: _Agent, *, told: bool = True) -> None:
         """``told``: the proxy learns that the session ended (else its idle timeout ends it)."""
@@ -337,6 +338,8 @@ class Simulation:
         self._unfinished -= 1
         if told:
             self._forget(agent.plan.id)
+        else:
+            self._untold += 1
         if self._progress is not None:
             self._progress(1)
 
@@ -358,14 +361,8 @@ class Simulation:
         agent.context = fin.prompt_tokens + fin.completion_tokens
         last = agent.turn == len(agent.plan.turns) - 1
         final = last and self.setup.send_final
-        if self.core is not None:
-            self._carry(now, self.core.on_response_end(
-                now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
-                usual_tool_s=self.tracker.predicted_duration(sid),
-                completion_tokens=fin.completion_tokens))
-        if agent.worker is not None:
-            self.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
-                                               fin.prefill_time * self.setup.time_scale)
+        # As the gateway: the scheduler hears the end of the call first (its retention
+        # decision), then admission (which may end the session on its final call).
         if self.sched is not None and agent.call is not None:
             res = self.sched.end(
                 now, agent.call, ok=True, prompt_tokens=fin.prompt_tokens,
@@ -378,6 +375,14 @@ class Simulation:
                 self.stats["retained" if res.retention.retain else "not_retained"] += 1
             if res.ticket is not None:
                 self._release(now, [res.ticket.worker])
+        if self.core is not None:
+            self._carry(now, self.core.on_response_end(
+                now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
+                usual_tool_s=self.tracker.predicted_duration(sid),
+                completion_tokens=fin.completion_tokens))
+        if agent.worker is not None:
+            self.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
+                                               fin.prefill_time * self.setup.time_scale)
         if last:
             agent.outcome.end_s = now
             if not final and not self.setup.report_tools:

@@ -6,7 +6,7 @@ on one emulated worker for a few fixed seeds, the proxy's state read every 0.2 s
   sees no placeable worker below its limit, neither KV- nor CPU-overloaded, whose KV budget
   fits its first prompt;
 - (b) every session finishes or is refused with a documented reason, and no waiting session is
-  bypassed more than `admission.max_bypass` times;
+  bypassed more than `admission.tuning.max_bypass` times;
 - (d) at the end nothing is held: no admitted session, queue entry or pending confirmation,
   no KV reservation.
 
@@ -78,7 +78,7 @@ def test_a_nobody_waits_while_a_worker_could_take_it(run: Path) -> None:
     waited = 0
     for rows in _snapshots(run):
         for before, after in itertools.pairwise(rows):
-            if after["time"] - before["time"] <= CFG.control_interval_s:
+            if after["time"] - before["time"] <= CFG.tuning.control_interval_s:
                 continue
             earlier = {s["session"]: s for s in before["admission"]["queue"]["waiting"]}
             for s in after["admission"]["queue"]["waiting"]:
@@ -105,7 +105,7 @@ def test_b_every_session_finishes_or_is_refused_for_a_documented_reason(run: Pat
     for rows in _snapshots(run):
         for doc in rows:
             for s in doc["admission"]["queue"]["waiting"]:
-                assert s["bypasses"] <= CFG.max_bypass, s
+                assert s["bypasses"] <= CFG.tuning.max_bypass, s
 
 
 def test_d_nothing_is_held_at_the_end(run: Path) -> None:

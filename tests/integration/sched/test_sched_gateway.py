@@ -180,7 +180,7 @@ async def test_retention_keeps_a_prefix_warm_across_a_short_tool_phase_only() ->
     emu = EmulatorOptions(num_blocks=256)
     async with stack(
         emu, {}, policy="mars",
-        scheduler={"retention_policy": "fixed", "fixed_retention_s": 3.0},
+        scheduler={"retention_policy": "fixed", "tuning": {"fixed_retention_s": 3.0}},
         admission={"window_init": 8, "window_min": 8, "window_max": 8},
     ) as (proxy, http, base):
         context = "a" * 4 * 2000
