@@ -10,7 +10,9 @@ Targets, each its own process on loopback in front of the same fast upstream
 - ``nginx``: Debian's nginx as a plain reverse proxy (keep-alive upstream, buffering off);
 - ``litellm``: LiteLLM's proxy from its own virtualenv (see ``benchmarks/overhead/``);
 - ``marsproxy-<policy>+pages`` (opt-in): the same proxy with five emulated ``/mars/ui`` pages
-  reading its state and event stream throughout (:mod:`marsproxy.bench.page_readers`).
+  polling its state throughout, as the page does by default
+  (:mod:`marsproxy.bench.page_readers`); ``marsproxy-<policy>+pages-events``: the pages also
+  read the event stream (their "live events" turned on).
 
 The load generator is ``wrk`` (Debian) with ``benchmarks/overhead/wrk.lua``, one thread, in
 its own process. With ``taskset`` and two or more CPUs the proxy under test is pinned to one
@@ -120,9 +122,9 @@ def run(opts: Options) -> dict[str, Any]:
                 t = Target("direct", upstream.url, None)
             elif name == "aiohttp-relay":
                 t = start_relay(opts, upstream.url)
-            elif name.startswith("marsproxy-") and name.endswith("+pages"):
-                t = start_marsproxy(opts, name[len("marsproxy-"):-len("+pages")], upstream.url,
-                                    name)
+            elif name.startswith("marsproxy-") and name.endswith(("+pages", "+pages-events")):
+                t = start_marsproxy(opts, name[len("marsproxy-"):name.index("+pages")],
+                                    upstream.url, name)
             elif name.startswith("marsproxy-"):
                 t = start_marsproxy(opts, name.split("-", 1)[1], upstream.url)
             elif name == "nginx":
@@ -134,8 +136,8 @@ def run(opts: Options) -> dict[str, Any]:
             targets.append(t)
             if t.proc is not None:
                 started.append(t)
-            if name.endswith("+pages"):  # after its proxy: stopped before it
-                started.append(start_pages(opts, t))
+            if name.endswith(("+pages", "+pages-events")):  # after its proxy: stopped first
+                started.append(start_pages(opts, t, events=name.endswith("-events")))
         rows: list[Measurement] = []
         for rnd in range(opts.rounds):
             for point in opts.points:

@@ -81,11 +81,12 @@ def start_marsproxy(opts: Options, policy: str, upstream: str, name: str = "") -
     return Target(name, url, proc)
 
 
-def start_pages(opts: Options, proxy: Target, pages: int = 5) -> Target:
-    """Emulated /mars/ui pages reading ``proxy``, on the load CPUs (they are clients)."""
+def start_pages(opts: Options, proxy: Target, pages: int = 5, events: bool = False) -> Target:
+    """Emulated /mars/ui pages reading ``proxy``, on the load CPUs (they are clients): state
+    polls only, as the page by default, or also the event stream (``events``)."""
     proc = _spawn(
         [*pin(opts.load_cpus), sys.executable, "-m", "marsproxy.bench.page_readers",
-         "--url", proxy.url, "--pages", str(pages)],
+         "--url", proxy.url, "--pages", str(pages), *(["--events"] if events else [])],
         opts.workdir / f"{proxy.name}-pages.log",
     )
     return Target(f"{proxy.name} pages", proxy.url, proc)

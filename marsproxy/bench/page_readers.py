@@ -1,12 +1,13 @@
 """Emulated ``/mars/ui`` pages: what open browser tabs ask of a proxy, without a browser.
 
-Each page does what the page's script does: polls ``/mars/v1/state?sessions=1&limit=50`` about
-once a second and reads ``/mars/v1/events`` as NDJSON (``flush_ms=250``), reconnecting when
-either fails. The
-overhead benchmark runs these beside a proxy under load (target ``marsproxy-<policy>+pages``)
+Each page does what the page's script does by default: polls
+``/mars/v1/state?sessions=1&limit=50`` about once a second, reconnecting when it fails. With
+``--events`` each page also reads ``/mars/v1/events`` as NDJSON (``flush_ms=250``), what the
+page does once its operator turns on "live events". The overhead benchmark runs these beside a
+proxy under load (targets ``marsproxy-<policy>+pages`` and ``marsproxy-<policy>+pages-events``)
 to show what open pages cost the request path.
 
-    python -m marsproxy.bench.page_readers --url http://127.0.0.1:8080 --pages 5
+    python -m marsproxy.bench.page_readers --url http://127.0.0.1:8080 --pages 5 [--events]
 """
 
 from __future__ import annotations
@@ -63,14 +64,16 @@ async def _stream(http: aiohttp.ClientSession, url: str, n: Counts) -> None:
 
 
 async def run_pages(
-    url: str, pages: int, period_s: float, token: str, stop: asyncio.Event
+    url: str, pages: int, period_s: float, token: str, stop: asyncio.Event,
+    events: bool = False,
 ) -> Counts:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     n = Counts()
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
-        tasks = [asyncio.create_task(f) for _ in range(pages)
-                 for f in (_poll(http, url, period_s, n), _stream(http, url, n))]
+        tasks = [asyncio.create_task(_poll(http, url, period_s, n)) for _ in range(pages)]
+        if events:
+            tasks += [asyncio.create_task(_stream(http, url, n)) for _ in range(pages)]
         await stop.wait()
         for t in tasks:
             t.cancel()
@@ -85,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--url", required=True, help="the proxy's base URL")
     p.add_argument("--pages", type=int, default=5)
     p.add_argument("--period", type=float, default=1.0, help="seconds between state polls")
+    p.add_argument("--events", action="store_true",
+                   help="each page also reads the event stream (the page's live events on)")
     args = p.parse_args(argv)
     token = os.environ.get("MARSPROXY_AUTH__ADMIN_TOKEN", "")
 
@@ -93,10 +98,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await run_pages(args.url, args.pages, args.period, token, stop)
+        return await run_pages(args.url, args.pages, args.period, token, stop, args.events)
 
     n = asyncio.run(go())
-    print(f"pages {args.pages}: {n.states} state documents, {n.event_bytes} event bytes,"
+    mode = "state and events" if args.events else "state only"
+    print(f"pages {args.pages} ({mode}): {n.states} state documents, {n.event_bytes} event bytes,"
           f" {n.errors} errors", flush=True)
     for e in n.first_errors:
         print(f"  error: {e}", flush=True)

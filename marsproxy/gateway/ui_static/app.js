@@ -1,4 +1,5 @@
-// The live page: polls /mars/v1/state about once a second, reads /mars/v1/events as a stream,
+// The live page: polls /mars/v1/state about once a second, reads /mars/v1/events as a stream
+// only while the operator turns on "live events" (a reader makes the proxy build every event),
 // keeps a few minutes of history in memory and redraws at most a few times a second.
 
 import { eventLoop, pollLoop, token } from "./api.js";
@@ -11,6 +12,11 @@ const PAGE_SIZE = 50; // sessions rows in the DOM at once
 const EVENTS_KEPT = 2000;
 const EVENTS_SHOWN = 200;
 const EVENTS_REDRAW_MS = 250;
+const LIVE_KEY = "marsproxy.liveEvents"; // sessionStorage: the toggle, per tab
+const NOTE_OFF = "Off: this page reads no event stream. Streaming events makes the proxy "
+  + "build every event for as long as the page reads them.";
+const NOTE_ON = "Streaming: the proxy builds every event while this page reads them "
+  + "(a little CPU per request); turn off when done.";
 
 const $ = (id) => document.getElementById(id);
 
@@ -22,8 +28,10 @@ class Page {
     this.eventTypes = new Set();
     this.page = 0;
     this.controller = null;
+    this.streamController = null;
+    this.liveEvents = sessionStorage.getItem(LIVE_KEY) === "1";
     this.eventsDirty = false;
-    this.streamState = "connecting";
+    this.streamState = "off";
     this.stateOk = false;
   }
 
@@ -43,8 +51,15 @@ class Page {
       },
       onAuth: (msg) => this.askToken(msg),
     });
+    if (this.liveEvents) this.startStream();
+  }
+
+  startStream() {
+    this.stopStream();
+    this.streamController = new AbortController();
+    this.streamState = "connecting";
     eventLoop({
-      signal,
+      signal: this.streamController.signal,
       onEvents: (batch) => this.onEvents(batch),
       onState: (s, wait) => {
         this.streamState = s;
@@ -54,9 +69,26 @@ class Page {
     });
   }
 
+  stopStream() {
+    if (this.streamController) this.streamController.abort();
+    this.streamController = null;
+    this.streamState = "off";
+  }
+
+  /** The "live events" toggle: remembered in this tab; the stream runs only while it is on. */
+  setLiveEvents(on) {
+    this.liveEvents = on;
+    sessionStorage.setItem(LIVE_KEY, on ? "1" : "0");
+    $("events-live").checked = on;
+    $("events-note").textContent = on ? NOTE_ON : NOTE_OFF;
+    if (!on) this.stopStream();
+    else if (this.controller && !this.streamController) this.startStream();
+  }
+
   stop() {
     if (this.controller) this.controller.abort();
     this.controller = null;
+    this.stopStream();
   }
 
   setConn(state, text) {
@@ -82,7 +114,7 @@ class Page {
 
   onState(doc) {
     this.stateOk = true;
-    this.setConn("live", this.streamState === "live" ? "live" : "live (state only)");
+    this.setConn("live", !this.liveEvents || this.streamState === "live" ? "live" : "live (state only)");
     $("forget-token").hidden = !token.get();
     $("version").textContent = `v${doc.version}`;
     const t = doc.time;
@@ -157,6 +189,8 @@ function main() {
   $("filter-session").addEventListener("input", refilter);
   $("filter-type").addEventListener("change", refilter);
   $("events-pause").addEventListener("change", refilter);
+  $("events-live").addEventListener("change", (ev) => page.setLiveEvents(ev.target.checked));
+  page.setLiveEvents(page.liveEvents);
   // Events arrive in bursts under load: redraw the list a few times a second, not per event.
   setInterval(() => page.drawEvents(), EVENTS_REDRAW_MS);
   page.start();
