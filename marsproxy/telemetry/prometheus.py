@@ -142,8 +142,9 @@ _ADMISSION_GAUGES: tuple[tuple[str, str, str], ...] = (
     (
         "marsproxy_admission_limit",
         "limit",
-        "Sessions the worker may hold now: the window bounded by the KV and CPU caps, as the"
-        " store enforces it (the leader's published limit with several replicas).",
+        "Sessions the worker may hold now, as the store enforces it (the leader's published"
+        " limit with several replicas): the caps and window_max, and the window while the worker"
+        " is overloaded; 1048576 (2^20) when nothing bounds the count.",
     ),
     (
         "marsproxy_admission_kv_cap",
