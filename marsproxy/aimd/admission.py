@@ -391,6 +391,11 @@ class AdmissionCore:
             return 0
         return None if s.free_blocks is None else s.free_blocks - self._pending_on[worker]
 
+    def promised(self) -> tuple[int, int]:
+        """(sessions, blocks) promised to admitted sessions whose first prompt the worker has
+        not served yet (all workers)."""
+        return len(self._pending), sum(self._pending_on.values())
+
     def views(self, now: float | None = None) -> list[WorkerView]:
         return self._views(now)
 

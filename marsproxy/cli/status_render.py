@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from marsproxy.aimd.controller import NO_CEILING
-
 DASH = "-"
 
 
@@ -224,8 +222,8 @@ def _admission(doc: Mapping[str, Any]) -> list[str]:
         ovc = row.get("peak_overcommit")
         # The fit's factor only where the measured overlap (or cheap preemption) lifted it.
         fit = f" fit x{ovc:.2f}" if isinstance(ovc, (int, float)) and ovc > 1.0 else ""
-        limit = row.get("limit")
-        shown = "∞" if isinstance(limit, int) and limit >= NO_CEILING else fmt_int(limit)
+        # binds "none": no count bound (not overloaded, no window_max); the KV fit decides.
+        shown = "∞" if row.get("binds") == "none" else fmt_int(row.get("limit"))
         cells.append(
             f"{name} {fmt_int(row.get('admitted'))}/{shown}"
             f" win {fmt_int(row.get('window'))}{fit}{over}"

@@ -1,4 +1,4 @@
-"""Step-time model of one engine iteration (see docs/emulator.md and the H200 profile note §6).
+"""Step-time model of one engine iteration (derivation and fitted coefficients: docs/emulator.md).
 
     t = a + w·(1 − (15/16)^N) + b·P + c·D + d_dec·K_dec + d_pf·A_pf
 

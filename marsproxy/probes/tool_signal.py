@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from marsproxy.config import ToolsConfig
 from marsproxy.probes.cpu import CpuPressure
-from marsproxy.probes.tool_phases import ToolPhaseTracker
+from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
 
 
 class ToolLocation(StrEnum):
@@ -93,3 +94,14 @@ class ToolCpuSignal:
             psi_some_avg10=None if self._last is None else self._last.psi_some_avg10,
             inferred_counted=counted,
         )
+
+
+def tool_plane(cfg: ToolsConfig, tool_cpus: float) -> tuple[ToolPhaseTracker, ToolCpuSignal]:
+    """The tool-phase tracker and the tool-CPU signal as ``tools:`` configures them, for
+    ``tool_cpus`` CPUs: built here once for the gateway and the simulator."""
+    t = cfg.tuning
+    tracker = ToolPhaseTracker(ToolTrackerSettings(
+        ema_alpha=t.ema_alpha, quantile=t.quantile, history=t.history, tool_cpus=tool_cpus,
+        inferred_min_s=t.inferred_min_s,
+    ))
+    return tracker, ToolCpuSignal(cfg.location, t.confirm_psi, t.confirm_cpu_percent)

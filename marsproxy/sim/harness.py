@@ -34,15 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.config import MarsConfig
+from marsproxy.config import MarsConfig, ToolsConfig
 from marsproxy.core.events import Event, PressureSample, event_to_dict
 from marsproxy.core.kv import free_blocks_from_usage
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
 from marsproxy.probes.cpu import CpuPressure
-from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
-from marsproxy.probes.tool_signal import ToolCpuSignal, ToolCpuSignals
+from marsproxy.probes.tool_signal import ToolCpuSignals, tool_plane
 from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.runs.timeline import timeline
@@ -135,18 +134,10 @@ class Simulation:
         self.engines = {w: Engine(setup.profile, engine_policy) for w in self.workers}
         self.prefill = {w: PrefillRate() for w in self.workers}
         self.core = AdmissionCore(cfg.admission, self.workers) if cfg else None
-        self.tracker = ToolPhaseTracker(ToolTrackerSettings(
-            ema_alpha=cfg.tools.tuning.ema_alpha if cfg else 0.2,
-            quantile=cfg.tools.tuning.quantile if cfg else 0.9,
-            history=cfg.tools.tuning.history if cfg else 64,
-            tool_cpus=setup.tool_cpus,
-            inferred_min_s=cfg.tools.tuning.inferred_min_s if cfg else 0.5,
-        ))
+        # Without a proxy (direct) the tracker only times the agents' tools: the defaults.
+        self.tracker, self.tool_signal = tool_plane(cfg.tools if cfg else ToolsConfig(),
+                                                    setup.tool_cpus)
         self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
-        t = cfg.tools if cfg else None
-        self.tool_signal = ToolCpuSignal(t.location if t else "host",
-                                         t.tuning.confirm_psi if t else 50.0,
-                                         t.tuning.confirm_cpu_percent if t else 80.0)
         self._progress = progress
         self._on_tick_hook = on_tick
         self._heap: list[tuple[float, int, str, Any]] = []

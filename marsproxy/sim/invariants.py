@@ -90,12 +90,6 @@ def check_outcomes(result: RunResult) -> list[Violation]:
     return out
 
 
-def pending_promises(core: AdmissionCore) -> tuple[int, int]:
-    """(sessions with a block promise, blocks promised over all workers) in the core: promises
-    settle when the worker has served the session's first prompt, or the session ends."""
-    return len(core._pending), sum(core._pending_on.values())
-
-
 def check_drained(
     core: AdmissionCore | None, sched: SchedulerCore | None, leftovers: dict[str, int],
     end_s: float | None = None,
@@ -112,7 +106,7 @@ def check_drained(
         held("sessions in the admission core", len(core.sessions))
         held("sessions admitted on workers", sum(core.sessions.admitted_on(w)
                                                  for w in core.workers))
-        promised, blocks = pending_promises(core)
+        promised, blocks = core.promised()
         held("pending block promises", promised)
         held("promised blocks", blocks)
     if sched is not None:

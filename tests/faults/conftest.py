@@ -149,6 +149,34 @@ async def call(
         return Reply(r.status, await r.text(), dict(r.headers))
 
 
+@dataclass
+class Load:
+    """Agents that keep starting sessions (``turns`` calls, the last final) until stopped; a
+    session refused at a call is over for its client, which starts a new one (after
+    ``pause_after_refusal_s``). ``outcomes``: (status, error code) per call of each session."""
+
+    turns: int
+    pause_after_refusal_s: float = 0.0
+    outcomes: list[list[tuple[int, str]]] = field(default_factory=list)
+    refused_at: list[float] = field(default_factory=list)  # monotonic
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def agent(self, p: Proxy, name: str) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            session, calls = f"{name}-{n}", []
+            self.outcomes.append(calls)
+            for t in range(self.turns):
+                r = await call(p.http, p.url, session, final=t == self.turns - 1)
+                calls.append((r.status, r.json()["error"]["code"] if r.status != 200 else ""))
+                if r.status != 200:
+                    self.refused_at.append(time.monotonic())
+                    await asyncio.sleep(self.pause_after_refusal_s)
+                    break
+                await asyncio.sleep(0.1)  # its "tool"
+
+
 async def emulator_gauge(http: aiohttp.ClientSession, url: str, name: str) -> float:
     async with http.get(f"{url}/metrics") as r:
         text = await r.text()

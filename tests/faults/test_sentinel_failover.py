@@ -26,7 +26,7 @@ import redis
 from marsproxy.aimd.stores import RedisStore, StoreConfig
 from marsproxy.config import ConfigError
 from marsproxy.gateway.shells.sessions import unscoped_id
-from tests.faults.conftest import Lab, Proxy, bounded, call, redis_leases, until
+from tests.faults.conftest import Lab, Load, Proxy, bounded, call, redis_leases, until
 from tests.faults.redis_topology import SentinelSet
 
 pytestmark = pytest.mark.timeout(150)
@@ -36,31 +36,6 @@ WINDOW = 3
 TURNS = 3
 REFUSALS = {(503, "store_unavailable"), (503, "queue_deadline")}
 POOL = "failover"
-
-
-@dataclass
-class Load:
-    """Agents that keep starting sessions (TURNS calls, the last final); a session refused at
-    its first call is over for its client, which starts a new one shortly after."""
-
-    outcomes: list[list[tuple[int, str]]] = field(default_factory=list)
-    refused_at: list[float] = field(default_factory=list)  # monotonic
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def agent(self, p: Proxy, name: str) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            session, calls = f"{name}-{n}", []
-            self.outcomes.append(calls)
-            for t in range(TURNS):
-                r = await call(p.http, p.url, session, final=t == TURNS - 1)
-                calls.append((r.status, r.json()["error"]["code"] if r.status != 200 else ""))
-                if r.status != 200:
-                    self.refused_at.append(time.monotonic())
-                    await asyncio.sleep(0.2)
-                    break
-                await asyncio.sleep(0.1)  # its "tool"
 
 
 @dataclass
@@ -141,7 +116,7 @@ async def _run(lab: Lab, topo: SentinelSet) -> None:
 
     sampler = Sampler(topo)
     sampling = asyncio.create_task(sampler.run())
-    load = Load()
+    load = Load(TURNS, pause_after_refusal_s=0.2)
     agents = [asyncio.create_task(load.agent(proxies[i % 2], f"agent{i}")) for i in range(8)]
     await asyncio.sleep(1.5)
     old_port, new_port = topo.primary.port, topo.replica.port

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass, field
 
 import pytest
 import redis
 
 from marsproxy.bench.procs import RedisServer
 from marsproxy.gateway.shells.sessions import unscoped_id
-from tests.faults.conftest import Lab, Proxy, bounded, call, redis_leases, until
+from tests.faults.conftest import Lab, Load, Proxy, bounded, call, redis_leases, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,28 +26,6 @@ WORKERS = ["w0", "w1"]
 WINDOW = 3
 LEASE_TTL_S = 2.0
 TURNS = 3
-
-
-@dataclass
-class Load:
-    """Agents that keep starting sessions (TURNS calls each, the last one final) until stopped."""
-
-    outcomes: list[list[tuple[int, str]]] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def agent(self, p: Proxy, name: str) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            session, calls = f"{name}-{n}", []
-            self.outcomes.append(calls)
-            for t in range(TURNS):
-                r = await call(p.http, p.url, session, final=t == TURNS - 1)
-                code = r.json()["error"]["code"] if r.status != 200 else ""
-                calls.append((r.status, code))
-                if r.status != 200:
-                    break  # a refused session is over for its client
-                await asyncio.sleep(0.1)  # its "tool"
 
 
 def _slow(url: str, seconds: float) -> None:
@@ -102,7 +79,7 @@ async def test_redis_killed_restarted_and_slowed_under_load(lab: Lab, mode: str)
     for s, p in holders.items():
         assert (await call(p.http, p.url, s)).status == 200
 
-    load = Load()
+    load = Load(TURNS)
     agents = [asyncio.create_task(load.agent(proxies[i % 2], f"{mode}-agent{i}"))
               for i in range(8)]
     await asyncio.sleep(0.8)

@@ -41,7 +41,7 @@ def test_module_map_walks_nested_packages_and_skips_caches(tmp_path: Path) -> No
     (root / "deep" / "deeper").mkdir(parents=True)
     (root / "__pycache__").mkdir()
     (root / "__init__.py").write_text('"""The package."""\n')
-    (root / "a.py").write_text('"""Holds A (DESIGN §5.2). More text.\n\nDetail."""\n')
+    (root / "a.py").write_text('"""Holds A (spec §5.2). More text.\n\nDetail."""\n')
     (root / "deep" / "__init__.py").write_text("")
     (root / "deep" / "b.py").write_text('"""Holds ``B`` | and :class:`C`\nacross lines."""\n')
     (root / "deep" / "deeper" / "__init__.py").write_text("")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -25,6 +26,8 @@ from marsproxy.gateway.shells.scheduler import SchedulerShell
 from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
 from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.sched.placement import Placement
+
+log = logging.getLogger("marsproxy.gateway.shells.service")
 
 
 class Gateway:
@@ -85,8 +88,10 @@ class Gateway:
         except BaseException:
             # Refused at start (a store that rejects our credentials): close what did start, so
             # the refusal is the last word and no client session is left open behind it.
-            with contextlib.suppress(Exception):
+            try:
                 await self.stop()
+            except Exception:  # the refusal is what the caller reports; this is a footnote
+                log.warning("closing what had started after a failed start failed", exc_info=True)
             raise
         self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
 

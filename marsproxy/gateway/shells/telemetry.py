@@ -20,8 +20,7 @@ from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe
 from marsproxy.probes.poller import Poller
-from marsproxy.probes.tool_phases import ToolPhaseTracker, ToolTrackerSettings
-from marsproxy.probes.tool_signal import ToolCpuSignal
+from marsproxy.probes.tool_signal import tool_plane
 from marsproxy.probes.vllm_scraper import VllmScraper, WorkerPressure
 from marsproxy.telemetry.bus import EventBus
 from marsproxy.telemetry.sinks import JsonlSink, RedisStreamSink
@@ -49,19 +48,7 @@ class Telemetry:
         self.gpu: Poller[dict[str, GpuPressure]] = Poller(
             "nvml", self.nvml.read_all, cfg.probes.nvml.period_s, in_thread=True
         )
-        t = cfg.tools
-        self.tracker = ToolPhaseTracker(
-            ToolTrackerSettings(
-                ema_alpha=t.tuning.ema_alpha,
-                quantile=t.tuning.quantile,
-                history=t.tuning.history,
-                tool_cpus=self.cpu_probe.tool_cpus,
-                inferred_min_s=t.tuning.inferred_min_s,
-            )
-        )
-        self.tool_signal = ToolCpuSignal(
-            t.location, t.tuning.confirm_psi, t.tuning.confirm_cpu_percent
-        )
+        self.tracker, self.tool_signal = tool_plane(cfg.tools, self.cpu_probe.tool_cpus)
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None

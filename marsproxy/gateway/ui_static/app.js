@@ -125,7 +125,7 @@ class Page {
       this.history.get(w.name).push({
         t, kv: w.kv_usage, running: w.running, waiting: w.waiting,
         admitted: aw ? aw.admitted_store : null,
-        limit: aw && aw.limit < 1048576 ? aw.limit : null,  // no count bound: nothing to draw
+        limit: aw && aw.binds !== "none" ? aw.limit : null,  // no count bound: nothing to draw
         window: aw ? aw.window : null,
       });
     }

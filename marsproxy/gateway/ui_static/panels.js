@@ -85,8 +85,8 @@ export function renderWorkers(root, doc, history, spanS) {
       stat("preempt/s", fmt.num(w.preemptions_per_s, 2)),
       stat("prefix hit", fmt.pct(w.prefix_cache_hit_rate)),
       stat("admitted", aw ? `${aw.admitted_store}` : "–", { class: "admitted" }),
-      // 2^20 is the core's "no count bound" (not overloaded, no window_max): the KV fit decides.
-      stat("limit", aw ? `${aw.limit >= 1048576 ? "none" : aw.limit} (window ${aw.window})` : "off",
+      // binds "none": no count bound (not overloaded, no window_max); the KV fit decides.
+      stat("limit", aw ? `${aw.binds === "none" ? "none" : aw.limit} (window ${aw.window})` : "off",
         { class: "limit" }),
       stat("binds", binds ? binds.replace("_", " ") : "–",
         { class: "binds", "data-binds": binds || "" }),

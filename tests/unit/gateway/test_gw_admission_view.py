@@ -122,3 +122,10 @@ def test_status_shows_admission_and_tolerates_its_absence() -> None:
     assert "Admission" not in plain
     broken = render_state({"admission": {"workers": {"w0": None}, "queue": 7}}, 80)
     assert "w0 -/- win -" in broken
+    # No count bound (not overloaded, no window_max): the limit reads as such, not as 2^20.
+    free = _doc(True)
+    free["admission"]["workers"]["w1"] = {  # type: ignore[typeddict-item]
+        **free["admission"]["workers"]["w1"], "limit": 1 << 20, "binds": "none"}
+    line = next(ln for ln in render_state(free, 160).splitlines()  # type: ignore[arg-type]
+                if ln.startswith("Admission"))
+    assert "w1 1/∞ win 8" in line and "w0 5/5" in line

@@ -12,7 +12,6 @@ from marsproxy.sim.invariants import (
     check_light_load,
     check_outcomes,
     check_tick,
-    pending_promises,
 )
 
 ROOMY = WorkerSignals(kv_usage=0.0, free_blocks=1000, total_blocks=1000, block_size=16,
@@ -109,7 +108,7 @@ def test_d_flags_a_leaked_promise_and_queue_entry() -> None:
     core = AdmissionCore(AdmissionConfig(), ["w0"])
     core.tick(0.0, {"w0": ROOMY})
     assert core.on_request(0.0, "s1", "t", 800, final=True).kind == "admitted"
-    assert pending_promises(core) == (1, 50)  # its first prompt is not served yet
+    assert core.promised() == (1, 50)  # its first prompt is not served yet
     core.on_response_end(1.0, "s1", prompt_tokens=800)
     assert check_drained(core, None, NOTHING_LEFT) == []
     # A promise nobody settles (the bug to catch), and a session left in the queue.
