@@ -33,70 +33,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, WorkerSignals
-from marsproxy.config import MarsConfig, ToolsConfig
-from marsproxy.core.events import Event, PressureSample, event_to_dict
-from marsproxy.core.kv import free_blocks_from_usage
+from marsproxy.aimd.admission import AdmissionCore, DecisionKind
+from marsproxy.config import MarsConfig
+from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
-from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
-from marsproxy.probes.cpu import CpuPressure
-from marsproxy.probes.tool_signal import ToolCpuSignals, tool_plane
+from marsproxy.policy.log import DecisionLog
+from marsproxy.policy.plane import Outcome
 from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.runs.timeline import timeline
 from marsproxy.runs.workload import PlannedSession, Workload
 from marsproxy.sched.core import SchedulerCore
-from marsproxy.sched.tickets import Mode, WorkerFacts
+from marsproxy.sched.tickets import Ticket
 from marsproxy.sim.cpu import ProcessorSharing
-from marsproxy.sim.prefill import PrefillRate
-from marsproxy.telemetry.admission_state import core_state
+from marsproxy.sim.proxy import SimProxy
+from marsproxy.sim.setup import SimSetup
 
-_TENANT = "bench"
+__all__ = ["SimSetup", "Simulation"]
+
 _SYSTEM_BASE = 100  # token ids of the shared system prompt start here
 _SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
 _FILL = 7  # the rest of a session's new tokens (the hash chain keeps them apart)
-_TIMELINE_TYPES = frozenset(
-    {"window_change", "pressure_sample", "session_queued", "session_admitted", "rejected",
-     "session_end"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SimSetup:
-    profile: EngineProfile
-    workers: int = 1
-    tool_cpus: float = 16.0
-    busy_cpus: float = 0.0
-    """Of the ``tool_cpus`` cores, those taken by other work on the tools' host (the engine's
-    host process, the proxy, the agents): tools share ``tool_cpus - busy_cpus`` of them while
-    the proxy counts ``tool_cpus``, as on a live host where they all run side by side."""
-    system_prompt_tokens: int = 600
-    worker_mode: Mode = "priority"
-    """How workers order continuations (with a priority policy): ``priority`` — engines
-    schedule by the body's ``priority`` (vLLM ``--scheduling-policy priority``); ``gated`` —
-    FCFS engines, the scheduler core's dispatch gate releases continuations in level order."""
-    report_tools: bool = True
-    """Agents report tool_start/tool_end with the tool kind (else the tracker infers phases)."""
-    send_final: bool = True
-    """Agents flag their last call as final; else (a plain OpenAI client) the proxy holds each
-    session until its idle timeout, and the run goes on until the last one has ended."""
-    pressure_every: int = 5
-    """A pressure_sample event every this many control ticks (the gateway: every 5th scrape)."""
-    time_scale: float = 1.0
-    """Seconds of the run per modelled engine second (as the emulator's --time-scale), so a
-    simulation can mirror a live run on slowed-down emulated workers."""
-    horizon_s: float = 1e7
-    """Give up at this virtual time (a policy that deadlocks must not hang the run)."""
-    call_overhead_s: float = 0.0
-    """Seconds between a tool phase's end and the agent's next call reaching the proxy: what
-    the agent, the HTTP stacks and the proxy spend per call outside the engine and the tools.
-    The session holds its admission slot meanwhile. Zero by default; a live run on a busy
-    2-core host spends some 10–15 ms (docs/benchmarks.md)."""
-    state_every_s: float = 0.0
-    """Keep a state snapshot (the admission core's part of ``/mars/v1/state`` and each
-    engine's counts) at the first control tick this many virtual seconds after the last one,
-    as ``bench live`` polls the proxy's state; 0: none."""
 
 
 @dataclass(slots=True)
@@ -119,25 +77,26 @@ class Simulation:
         self, workload: Workload, policy: str, setup: SimSetup, cfg: MarsConfig | None,
         progress: Callable[[int], None] | None = None,
         on_tick: Callable[[float, AdmissionCore], None] | None = None,
+        log: DecisionLog | None = None, record: bool = False,
     ) -> None:
         """``on_tick``: called after every admission control tick with the core (the sweep's
-        invariant checks read its state there)."""
+        invariant checks read its state there); ``log``, ``record``: the plane's decision
+        log and the recording of its inputs (the parity test)."""
         self.workload = workload
         self.policy = policy
         self.setup = setup
         self.cfg = cfg
         self.workers = [f"w{i}" for i in range(setup.workers)]
-        self.sched = self._scheduler(cfg, setup)
+        self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
+        self.engines: dict[str, Engine] = {}
+        # Without a proxy (direct) each session goes straight to its worker.
+        self.proxy = (None if cfg is None else
+                      SimProxy(cfg, self.workers, setup, self.engines, self.cpu, log=log,
+                               record=record))
         engine_policy: Policy = "fcfs"
         if self.sched is not None and self.sched.enabled and setup.worker_mode == "priority":
             engine_policy = "priority"
-        self.engines = {w: Engine(setup.profile, engine_policy) for w in self.workers}
-        self.prefill = {w: PrefillRate() for w in self.workers}
-        self.core = AdmissionCore(cfg.admission, self.workers) if cfg else None
-        # Without a proxy (direct) the tracker only times the agents' tools: the defaults.
-        self.tracker, self.tool_signal = tool_plane(cfg.tools if cfg else ToolsConfig(),
-                                                    setup.tool_cpus)
-        self.cpu = ProcessorSharing(setup.tool_cpus - setup.busy_cpus)
+        self.engines.update({w: Engine(setup.profile, engine_policy) for w in self.workers})
         self._progress = progress
         self._on_tick_hook = on_tick
         self._heap: list[tuple[float, int, str, Any]] = []
@@ -147,30 +106,34 @@ class Simulation:
         self._by_request: dict[str, _Agent] = {}
         self._held: dict[str, _Agent] = {}
         self._gated: dict[int, _Agent] = {}  # call → agent whose call waits in the dispatch gate
+        self._tickets: dict[int, Ticket] = {}
         self._cpu_version = 0
         self._unfinished = 0
         self._untold = 0  # agents gone without telling the proxy (their sessions time out)
-        self._ticks = 0
-        self.events: list[dict[str, Any]] = []
-        self.states: list[dict[str, Any]] = []
-        self._next_state_s = 0.0
         self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
                                       "gate_waits": 0, "max_tools": 0}
         self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
         self._reply: list[int] = []
 
-    def _scheduler(self, cfg: MarsConfig | None, setup: SimSetup) -> SchedulerCore | None:
-        """The scheduler core, as the gateway's shell builds it; None where the shell is passive
-        (the fcfs preset: a plain session-affine proxy) or there is no proxy."""
-        if cfg is None:
+    @property
+    def core(self) -> AdmissionCore | None:
+        return None if self.proxy is None else self.proxy.plane.admission
+
+    @property
+    def sched(self) -> SchedulerCore | None:
+        """The scheduler core; None where nothing is scheduled (the fcfs preset: a plain
+        session-affine proxy) or there is no proxy."""
+        if self.proxy is None or self.proxy.plane.passive:
             return None
-        s = cfg.scheduler
-        if s.priority_policy == "off" and s.retention_policy == "off" and s.hint_encoder == "none":
-            return None
-        core = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
-        for w in self.workers:
-            core.set_mode(w, setup.worker_mode)
-        return core
+        return self.proxy.plane.scheduler
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [] if self.proxy is None else self.proxy.events
+
+    @property
+    def states(self) -> list[dict[str, Any]]:
+        return [] if self.proxy is None else self.proxy.states
 
     # -- the event loop ----------------------------------------------------------------------
     def _push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -185,12 +148,12 @@ class Simulation:
             self._agents[plan.id] = agent
             self._push(plan.arrival_s, "arrive", agent)
         self._unfinished = len(self._agents)
-        if self.core is not None:
+        if self.proxy is not None:
             self._push(0.0, "tick")
         if self.sched is not None:
             self._push(0.0, "sched_tick")
         handlers: dict[str, Callable[[float, Any], None]] = {
-            "arrive": self._on_arrive, "step": self._on_step_done, "cpu": self._on_cpu,
+            "arrive": self._request, "step": self._on_step_done, "cpu": self._on_cpu,
             "tick": self._on_tick, "sched_tick": self._on_sched_tick, "send": self._request,
         }
         now = 0.0
@@ -228,30 +191,28 @@ class Simulation:
                 "tools_running": self.cpu.running}
 
     # -- agents ------------------------------------------------------------------------------
-    def _on_arrive(self, now: float, agent: _Agent) -> None:
-        self._request(now, agent)
-
     def _request(self, now: float, agent: _Agent) -> None:
         """The agent sends its next call (through the proxy, or straight to a worker)."""
         agent.sent_s = now
         prompt = agent.plan.turns[agent.turn].input_tokens
         final = self.setup.send_final and agent.turn == len(agent.plan.turns) - 1
-        if self.core is None:
+        if self.proxy is None:
             self._dispatch(now, agent, self.workers[agent.seq % len(self.workers)])
             return
-        if self.sched is not None:
-            # As the gateway: the ledger as it is now, not as of the last control tick.
-            for w in self.workers:
-                self.core.set_retained(w, self.sched.retained_blocks(w))
-        d = self.core.on_request(now, agent.plan.id, _TENANT, max(prompt, agent.context + 1),
-                                 final=final)
-        self._carry(now, d.actions)
-        if d.kind is DecisionKind.ADMITTED and d.worker is not None:
-            self._dispatch(now, agent, d.worker)
-        elif d.kind is DecisionKind.WAIT:
-            self._held[agent.plan.id] = agent
-        else:
-            self._fail(now, agent, d.status or 429, d.reason)
+        sid = agent.plan.id
+        if self.proxy.plane.wants_tick(sid):  # as the gateway: the engines are seen at once
+            self._carry(now, self.proxy.tick(now))
+        ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final)
+        if ans.kind is DecisionKind.REJECT:
+            self._carry(now, ans.outcome)
+            self._fail(now, agent, ans.status or 429, ans.reason)
+            return
+        go_now = ans.kind is DecisionKind.ADMITTED and sid not in ans.outcome.proposed
+        if not go_now:
+            self._held[sid] = agent  # waits for admission (or for the store's confirmation)
+        self._carry(now, ans.outcome)
+        if go_now and ans.worker is not None:
+            self._dispatch(now, agent, ans.worker)
 
     def _prompt_tokens(self, agent: _Agent) -> list[int]:
         turn = agent.plan.turns[agent.turn]
@@ -271,16 +232,13 @@ class Simulation:
             agent.context = 0  # moved: its prefix is on the other worker
         agent.worker = worker
         tokens = self._prompt_tokens(agent)
-        if self.sched is None:
+        t = None if self.proxy is None else self.proxy.call_start(
+            now, agent.plan.id, worker, len(tokens), agent.plan.turns[agent.turn].output_tokens)
+        if t is None:
             self._send(now, agent, worker, 0)
             return
-        sid = agent.plan.id
-        t = self.sched.arrive(
-            now, sid, worker, len(tokens),
-            max_new_tokens=agent.plan.turns[agent.turn].output_tokens,
-            predicted_tool_s=self.tracker.predicted_duration(sid),
-        )
         agent.call = t.call
+        self._tickets[t.call] = t
         if not t.gated:
             self._send(now, agent, worker, t.priority or 0)
             return
@@ -291,8 +249,11 @@ class Simulation:
 
     def _release(self, now: float, workers: list[str] | None = None) -> None:
         """Send what the scheduler core's dispatch gate lets go now."""
-        assert self.sched is not None
-        for t in self.sched.release(now, workers):
+        assert self.proxy is not None
+        self._send_released(now, self.proxy.plane.release(now, workers))
+
+    def _send_released(self, now: float, released: list[Ticket]) -> None:
+        for t in released:
             agent = self._gated.pop(t.call, None)
             if agent is not None:
                 self._send(now, agent, t.worker, t.priority or 0)
@@ -305,10 +266,10 @@ class Simulation:
             self.engines[worker].add_request(rid, agent.tokens, turn.output_tokens,
                                              ignore_eos=True, priority=priority, now=now)
         except RequestError as exc:
-            if self.sched is not None and agent.call is not None:
-                self.sched.cancel(agent.call)
+            t = None if agent.call is None else self._tickets.pop(agent.call, None)
+            if self.proxy is not None and t is not None:
                 agent.call = None
-                self._release(now, [worker])
+                self._send_released(now, self.proxy.cancel(now, t))
             self._fail(now, agent, 400, str(exc))
             return
         self._by_request[rid] = agent
@@ -320,24 +281,25 @@ class Simulation:
         agent.outcome.stopped_s = now
         # As the gateway: a refusal leaves nothing behind; an upstream error does not end the
         # session (a client may retry), so the agent that gives up leaves it to its idle timeout.
-        self._finish(agent, told=status in (429, 503) or self.core is None)
+        told = status in (429, 503) or self.proxy is None
+        self._finish(now, agent, told=told, reason=EndReason.ABANDONED)
 
-    def _finish(self, agent: _Agent, *, told: bool = True) -> None:
+    def _finish(self, now: float, agent: _Agent, *, told: bool = True,
+                reason: EndReason = EndReason.FINAL) -> None:
         """``told``: the proxy learns that the session ended (else its idle timeout ends it)."""
         agent.done = True
         agent.tokens = []
         self._unfinished -= 1
         if told:
-            self._forget(agent.plan.id)
+            self._forget(now, agent.plan.id, reason)
         else:
             self._untold += 1
         if self._progress is not None:
             self._progress(1)
 
-    def _forget(self, sid: str) -> None:
-        self.tracker.session_ended(sid)
-        if self.sched is not None:
-            self.sched.session_ended(sid)
+    def _forget(self, now: float, sid: str, reason: EndReason) -> None:
+        if self.proxy is not None:
+            self._carry(now, self.proxy.session_end(now, sid, reason))
 
     def _call_done(self, now: float, fin: FinishedEvent) -> None:
         agent = self._by_request.pop(fin.req_id)
@@ -352,39 +314,34 @@ class Simulation:
         agent.context = fin.prompt_tokens + fin.completion_tokens
         last = agent.turn == len(agent.plan.turns) - 1
         final = last and self.setup.send_final
-        # As the gateway: the scheduler hears the end of the call first (its retention
-        # decision), then admission (which may end the session on its final call).
-        if self.sched is not None and agent.call is not None:
-            res = self.sched.end(
-                now, agent.call, ok=True, prompt_tokens=fin.prompt_tokens,
-                completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
-                engine_s=fin.e2e_latency * self.setup.time_scale,
-                predicted_tool_s=self.tracker.predicted_duration(sid), session_continues=not final,
-            )
+        if self.proxy is not None:
+            t = None if agent.call is None else self._tickets.pop(agent.call, None)
             agent.call = None
-            if res.retention is not None and self.sched.cfg.retention_policy != "off":
+            end = self.proxy.call_end(
+                now, sid, t, prompt_tokens=fin.prompt_tokens,
+                completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
+                engine_s=fin.e2e_latency * self.setup.time_scale, continues=not final)
+            res = end.result
+            if res is not None and res.retention is not None and not self.proxy.plane.passive \
+                    and self.proxy.cfg.scheduler.retention_policy != "off":
                 self.stats["retained" if res.retention.retain else "not_retained"] += 1
-            if res.ticket is not None:
-                self._release(now, [res.ticket.worker])
-        if self.core is not None:
-            self._carry(now, self.core.on_response_end(
-                now, sid, prompt_chars=4 * fin.prompt_tokens, prompt_tokens=fin.prompt_tokens,
-                usual_tool_s=self.tracker.predicted_duration(sid),
-                completion_tokens=fin.completion_tokens))
-        if agent.worker is not None:
-            self.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
-                                               fin.prefill_time * self.setup.time_scale)
+            self._send_released(now, end.released)
+            self._carry(now, end.outcome)
+        if agent.worker is not None and self.proxy is not None:
+            self.proxy.prefill[agent.worker].observe(fin.prompt_tokens - fin.cached_tokens,
+                                                     fin.prefill_time * self.setup.time_scale)
         if last:
             agent.outcome.end_s = now
-            if not final and not self.setup.report_tools:
-                self.tracker.response_ended(sid, now)  # to the proxy, a gap like any other
-            self._finish(agent, told=final or self.core is None)
+            if not final and not self.setup.report_tools and self.proxy is not None:
+                self.proxy.tool(now, sid, "response_ended")  # to the proxy, a gap like any other
+            self._finish(now, agent, told=final or self.proxy is None)
             return
         turn = agent.plan.turns[agent.turn]
-        if self.setup.report_tools:
-            self.tracker.explicit_event(sid, "tool_start", turn.tool, now, None)
-        else:
-            self.tracker.response_ended(sid, now)
+        if self.proxy is not None:
+            if self.setup.report_tools:
+                self.proxy.tool(now, sid, "tool_start", turn.tool)
+            else:
+                self.proxy.tool(now, sid, "response_ended")
         self.cpu.add(now, sid, turn.tool_s or 0.0)
         self.stats["max_tools"] = max(self.stats["max_tools"], self.cpu.running)
         self._schedule_cpu()
@@ -401,11 +358,11 @@ class Simulation:
             return  # superseded by a later start or end
         for sid in self.cpu.pop_done(now):
             agent = self._agents[sid]
-            if self.setup.report_tools:
-                self.tracker.explicit_event(sid, "tool_end", agent.plan.turns[agent.turn].tool,
-                                            now, None)
-            else:
-                self.tracker.request_started(sid, now)
+            if self.proxy is not None:
+                if self.setup.report_tools:
+                    self.proxy.tool(now, sid, "tool_end", agent.plan.turns[agent.turn].tool)
+                else:
+                    self.proxy.tool(now, sid, "request_started")
             agent.turn += 1
             if self.setup.call_overhead_s > 0:
                 self._push(now + self.setup.call_overhead_s, "send", agent)
@@ -435,94 +392,37 @@ class Simulation:
             self._call_done(now, fin)
         self._kick(worker, now)
 
-    # -- the proxy's control loop ------------------------------------------------------------
-    def _signals(self, w: str, tools: ToolCpuSignals, now: float | None = None) -> WorkerSignals:
-        eng = self.engines[w]
-        prof = self.setup.profile
-        usage = eng.kv.usage
-        retained = self.sched.retained_blocks(w) if self.sched else 0
-        return WorkerSignals(
-            running=eng.stats().running, preemptions_total=float(eng.num_preemptions),
-            sampled_at=now,
-            prefill_tokens_per_s=self.prefill[w].sample(),
-            kv_usage=usage, free_blocks=free_blocks_from_usage(usage, prof.num_blocks),
-            total_blocks=prof.num_blocks, block_size=prof.block_size, retained_blocks=retained,
-            tools_in_flight=tools.tools_in_flight, backlog_ratio=tools.backlog_ratio,
-            tool_wait_ema_s=tools.tool_wait_ema_s, psi_some_avg10=tools.psi_some_avg10,
-            tool_cpus=self.setup.tool_cpus,
-        )
-
-    def _cpu_reading(self, now: float) -> CpuPressure:
-        # The tools' host as its PSI would show it: some task waits for a core while more
-        # tools run than there are cores for them.
-        contended = self.cpu.running > self.cpu.cpus
-        return CpuPressure(sampled_at=now, source="sim",
-                           psi_some_avg10=100.0 if contended else 0.0,
-                           tool_cpus=self.setup.tool_cpus)
-
+    # -- the proxy's control loops -------------------------------------------------------------
     def _on_tick(self, now: float, _: Any) -> None:
-        assert self.core is not None and self.cfg is not None
-        self.tool_signal.observe(self._cpu_reading(now))
-        tools = self.tool_signal.signals(self.tracker, now)
-        signals = {w: self._signals(w, tools, now) for w in self.workers}
-        self._carry(now, self.core.tick(now, signals))
+        assert self.proxy is not None and self.cfg is not None
+        self._carry(now, self.proxy.tick(now))
         if self._on_tick_hook is not None:
-            self._on_tick_hook(now, self.core)
-        self._ticks += 1
-        if self.setup.state_every_s > 0 and now >= self._next_state_s:
-            self._snapshot(now)
-        if self._ticks % self.setup.pressure_every == 0:
-            for w, s in signals.items():
-                eng = self.engines[w].stats()
-                self._record(PressureSample(
-                    ts=now, worker=w, kv_usage=s.kv_usage, running=eng.running,
-                    waiting=eng.waiting, tools_in_flight=s.tools_in_flight,
-                    backlog_ratio=s.backlog_ratio))
+            self._on_tick_hook(now, self.proxy.plane.admission)
+        self.proxy.sample(now)
         if self._live():
             self._push(now + self.cfg.admission.tuning.control_interval_s, "tick")
 
-    def _snapshot(self, now: float) -> None:
-        assert self.core is not None
-        engines = {}
-        for w, eng in self.engines.items():
-            st = eng.stats()
-            engines[w] = {"running": st.running, "waiting": st.waiting,
-                          "kv_usage": eng.kv.usage, "preemptions_total": eng.num_preemptions}
-        self.states.append({"time": now, "admission": core_state(self.core, now),
-                            "engines": engines})
-        self._next_state_s = now + self.setup.state_every_s
-
     def _on_sched_tick(self, now: float, _: Any) -> None:
         """The scheduler shell's tick: fresh worker facts, expiries and drops, then releases."""
-        assert self.sched is not None
-        prof = self.setup.profile
-        for w in self.workers:
-            self.sched.set_facts(w, WorkerFacts(
-                max_num_seqs=prof.max_num_seqs, total_blocks=prof.num_blocks,
-                block_size=prof.block_size, prefill_tokens_per_s=self.prefill[w].sample(),
-                kv_usage=self.engines[w].kv.usage,
-            ))
-        self.sched.tick(now)
-        self._release(now)
+        assert self.proxy is not None
+        self._send_released(now, self.proxy.sched_tick(now))
         if self._live():
-            self._push(now + self.sched.cfg.tuning.tick_s, "sched_tick")
+            self._push(now + self.proxy.plane.scheduler.cfg.tuning.tick_s, "sched_tick")
 
-    def _record(self, ev: Event) -> None:
-        if ev.type in _TIMELINE_TYPES:
-            self.events.append(event_to_dict(ev))
-
-    def _carry(self, now: float, actions: Actions) -> None:
-        for ev in actions.events:
-            self._record(ev)
-        for a in actions.admitted:
-            agent = self._held.pop(a.entry.session, None)
-            if agent is not None:
-                self._dispatch(now, agent, a.worker)
-        for exp in actions.expired:
+    def _carry(self, now: float, out: Outcome) -> None:
+        assert self.proxy is not None
+        for ev in out.events:
+            self.proxy.record(ev)
+        for sid in out.proposed:
+            worker = self.proxy.confirm(now, sid)
+            agent = self._held.pop(sid, None)
+            if agent is not None and worker is not None:
+                self._dispatch(now, agent, worker)
+        for exp in out.expired:
             agent = self._held.pop(exp.session, None)
             if agent is not None:
                 self._fail(now, agent, exp.status, exp.reason)
-        for sid, _ in actions.ended:
-            ended = self._agents.get(sid)
+        for end in out.ended:
+            ended = self._agents.get(end.session)
             if ended is not None and ended.done:
-                self._forget(sid)  # a session its agent left without a final flag
+                self._forget(now, end.session, end.reason)  # an agent gone without a final flag

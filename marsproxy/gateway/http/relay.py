@@ -91,7 +91,7 @@ class Relay:
         out.session, out.turn_ref = turn.session, turn
         out.turn = gw.request_arrived(turn)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
-        if gw.admission is not None and gw.healthy():
+        if gw.healthy():
             refused = await self._admit(turn, tenant, raw, final, clock, out)
             if refused is not None:
                 return refused
@@ -120,10 +120,9 @@ class Relay:
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
-        assert gw.admission is not None
         t, chars = time.perf_counter(), len(raw)
         try:
-            verdict = await gw.admission.admit(turn.session, tenant, chars, final, raw)
+            verdict = await gw.admit(turn.session, tenant, chars, final, raw)
         finally:
             clock.held_s += time.perf_counter() - t
         if isinstance(verdict, Refused):
@@ -142,19 +141,16 @@ class Relay:
             gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
         if turn is None:
             return
-        if out.prepared is not None:
+        if out.prepared is not None or out.admitted:
             # A one-shot request (no session to come back) gets no retention decision.
             sess = gw.sessions.get(turn.session)
             goes_on = not turn.final and sess is not None and not sess.ephemeral
             engine_s = time.perf_counter() - clock.t0 - clock.held_s
-            gw.scheduler.ended(out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
-                               session_continues=goes_on)
-        if out.admitted and gw.admission is not None:
-            # Before the table may forget the session: the core hears the end of the request
+            # Before the table may forget the session: the plane hears the end of the call
             # first, then (on a final turn) the end of the session.
-            prompt = None if out.usage is None else out.usage.prompt_tokens
-            done = 0 if out.usage is None else out.usage.completion_tokens
-            gw.admission.response_ended(turn.session, out.prompt_chars, prompt, done)
+            gw.call_ended(turn.session, out.prepared, ok=out.ok, usage=out.usage,
+                          engine_s=engine_s, continues=goes_on, admitted=out.admitted,
+                          chars=out.prompt_chars)
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
         if out.ok:
             gw.response_ended(turn)

@@ -15,22 +15,23 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from marsproxy.config import MarsConfig, WorkerConfig
-from marsproxy.core.kv import PromptEstimator
 from marsproxy.gateway.http.bodies import splice_new_key
 from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.priority_probe import probe_priority
 from marsproxy.gateway.shells.telemetry import Telemetry
-from marsproxy.sched.core import SchedulerCore
+from marsproxy.policy.observe import WorkerObservation
+from marsproxy.policy.plane import CallEnd, ControlPlane
 from marsproxy.sched.hints import apply_vllm_priority, encode
 from marsproxy.sched.ledger import Reservation
-from marsproxy.sched.tickets import EndResult, Ticket, WorkerFacts
+from marsproxy.sched.tickets import EndResult, Ticket
 
 log = logging.getLogger("marsproxy.gateway.shells.scheduler")
 
@@ -53,15 +54,20 @@ class SchedulerShell:
     def __init__(
         self,
         cfg: MarsConfig,
+        plane: ControlPlane,
         telemetry: Telemetry,
         metrics: GatewayMetrics,
+        observe: Callable[[], dict[str, WorkerObservation]],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg, self.scfg = cfg, cfg.scheduler
+        self.plane = plane
         self.telemetry, self.metrics = telemetry, metrics
+        self.observe = observe
+        self.now = clock
         self.workers: dict[str, WorkerConfig] = {w.label: w for w in cfg.workers}
         self.label_of = {w.url: w.label for w in cfg.workers}
-        self.core = SchedulerCore(cfg.scheduler, list(self.workers), cfg.admission.kv_reserve_frac)
-        self.estimator = PromptEstimator(cfg.admission.tuning.chars_per_token)
+        self.core = plane.scheduler
         self.mode_reason: dict[str, str] = {}
         for w in cfg.workers:
             if w.priority is True:
@@ -74,14 +80,9 @@ class SchedulerShell:
             else:
                 self.mode_reason[w.label] = "configured (priority: false)"
         # Nothing to do per request: the fcfs preset is a plain session-affine proxy.
-        self.passive = (not self.core.enabled and self.scfg.retention_policy == "off"
-                        and self.scfg.hint_encoder == "none")
+        self.passive = plane.passive
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-
-    @staticmethod
-    def now() -> float:
-        return time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,43 +121,27 @@ class SchedulerShell:
             await asyncio.sleep(self.scfg.tuning.tick_s)
 
     def tick(self) -> None:
-        for label, w in self.workers.items():
-            self.core.set_facts(label, self._facts(label, w))
-        res = self.core.tick(self.now())
+        res, released = self.plane.sched_tick(self.now(), self.observe())
         self._count_released(res.expired, "expired")
         self._count_released(res.dropped, "pressure")
-        self._wake(self.core.release(self.now()))
-
-    def _facts(self, label: str, w: WorkerConfig) -> WorkerFacts:
-        p = self.telemetry.worker_pressure(label)
-        m = None if p is None else p.metrics
-        prefill = None if p is None else p.rates.prefill_tokens_per_s
-        return WorkerFacts(
-            max_num_seqs=w.max_num_seqs,
-            total_blocks=None if m is None else m.num_gpu_blocks,
-            block_size=None if m is None else m.block_size,
-            prefill_tokens_per_s=prefill,
-            kv_usage=None if m is None or p is None or p.stale else m.kv_usage,
-        )
+        self._wake(released)
 
     # -- the request path -----------------------------------------------------------------
     async def prepare(
-        self, session: str, url: str, body: dict[str, Any], raw: bytes
+        self, session: str, url: str, body: dict[str, Any], raw: bytes,
+        tokens: int | None = None,
     ) -> Prepared:
         """Schedule one continuation for the worker at ``url``: its level, a wait in the gated
-        queue if the worker's gate is closed, then the body and headers that go upstream."""
+        queue if the worker's gate is closed, then the body and headers that go upstream;
+        ``tokens``: the prompt's size when known (else estimated from the body's length)."""
         if self.passive:
             return Prepared(None, raw, {}, "none")
         label = self.label_of[url]
         chars = len(raw)
-        est = self.estimator.estimate(session, chars)
         max_new = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-        tracker = self.telemetry.tracker
-        t = self.core.arrive(
-            self.now(), session, label, est,
-            max_new_tokens=max_new if isinstance(max_new, int) else 0,
-            predicted_tool_s=tracker.predicted_duration(session),
-        )
+        t = self.plane.call_start(self.now(), session, label, chars=chars, tokens=tokens,
+                                  max_new_tokens=max_new if isinstance(max_new, int) else 0)
+        assert t is not None  # not passive
         self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
         if t.gated:
             self._wake(self.core.release(self.now(), [label]))
@@ -173,8 +158,7 @@ class SchedulerShell:
         except asyncio.CancelledError:
             # The client left while held (or just as it was released): free what it holds.
             self._waiters.pop(t.call, None)
-            self.core.cancel(t.call)
-            self._wake(self.core.release(self.now(), [t.worker]))
+            self._wake(self.plane.cancel(self.now(), t))
             raise
 
     def _wake(self, released: list[Ticket]) -> None:
@@ -211,25 +195,14 @@ class SchedulerShell:
         if p.ticket is not None:
             self.core.moved(p.ticket.call, self.label_of[url])
 
-    def ended(
-        self, p: Prepared, *, ok: bool, usage: Usage | None, engine_s: float,
-        session_continues: bool,
-    ) -> EndResult | None:
-        """The call is over (well or not): service, resume accounting, retention decision."""
-        t = p.ticket
-        if t is None:
-            return None
-        u = usage or Usage()
-        if ok and u.prompt_tokens > 0:
-            self.estimator.observe(t.session, p.chars, u.prompt_tokens)
-        tel = self.telemetry
-        res = self.core.end(
-            self.now(), t.call, ok=ok and usage is not None, prompt_tokens=u.prompt_tokens,
-            completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
-            engine_s=engine_s, predicted_tool_s=tel.tracker.predicted_duration(t.session),
-            session_continues=session_continues,
-        )
-        m = self.metrics
+    def finished(self, p: Prepared | None, end: CallEnd, usage: Usage | None) -> None:
+        """The call is over (well or not): metrics, the retention event, and what the freed
+        room lets go."""
+        res: EndResult | None = end.result
+        if p is None or p.ticket is None or res is None:
+            return
+        t, u = p.ticket, usage or Usage()
+        m, tel = self.metrics, self.telemetry
         if res.resume is not None:
             m.resumes.labels(res.resume, "true" if t.warm else "false").inc()
             m.resume_tokens.labels("cached").inc(min(u.cached_tokens, u.prompt_tokens))
@@ -242,14 +215,11 @@ class SchedulerShell:
                 prefill_tokens_per_s=res.prefill_tokens_per_s,
                 policy=self.scfg.retention_policy,
             ))
-        self._wake(self.core.release(self.now(), [t.worker]))
-        return res
+        self._wake(end.released)
 
-    def session_ended(self, session: str) -> None:
-        returned = self.core.session_ended(session)
-        self.estimator.forget(session)
-        if returned is not None:
-            self._count_released([returned], "session_end")
+    def count_returned(self, rs: list[Reservation]) -> None:
+        """Reservations given back because their session ended."""
+        self._count_released(rs, "session_end")
 
     def _count_released(self, rs: list[Reservation], reason: str) -> None:
         for r in rs:

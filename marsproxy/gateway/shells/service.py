@@ -12,30 +12,46 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import SessionEnd
+from marsproxy.core.lifecycle import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
+from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.http.upstream import Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Refused, Verdict
 from marsproxy.gateway.shells.metrics import GatewayMetrics
-from marsproxy.gateway.shells.scheduler import SchedulerShell
+from marsproxy.gateway.shells.observations import observations
+from marsproxy.gateway.shells.scheduler import Prepared, SchedulerShell
 from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
 from marsproxy.gateway.shells.telemetry import Telemetry
+from marsproxy.policy.log import DecisionLog
+from marsproxy.policy.observe import WorkerObservation
+from marsproxy.policy.plane import ControlPlane
 from marsproxy.sched.placement import Placement
 
 log = logging.getLogger("marsproxy.gateway.shells.service")
 
 
 class Gateway:
-    def __init__(self, cfg: MarsConfig) -> None:
+    def __init__(self, cfg: MarsConfig, *, clock: Callable[[], float] = time.monotonic,
+                 log: DecisionLog | None = None) -> None:
+        """``clock``: the control clock fed to the plane; ``log``: record the plane's
+        decisions (the parity test)."""
         self.cfg = cfg
+        self.now = clock
         self.workers: dict[str, WorkerConfig] = {w.url: w for w in cfg.workers}
         self.metrics = GatewayMetrics()
-        self.telemetry = Telemetry(cfg, self.metrics)
+        self.telemetry = tel = Telemetry(cfg, self.metrics)
+        # The one control plane: every decision about a session is its.
+        self.plane = ControlPlane(cfg, [w.label for w in cfg.workers],
+                                  tool_cpus=tel.cpu_probe.tool_cpus,
+                                  tools=(tel.tracker, tel.tool_signal), log=log)
         self.placement = Placement([w.url for w in cfg.workers])
         self.sessions = ObservedSessions(
             idle_ttl_s=cfg.sessions.idle_ttl_s,
@@ -53,28 +69,27 @@ class Gateway:
         )
         self.checker = HealthChecker(cfg.workers, self.health, cfg.health, self._health_changed)
         self.upstream = Upstream(cfg.upstream, on_error=self._upstream_error)
-        # Admission control; None: every session is served at once, as before.
+        self.observe: Callable[[], dict[str, WorkerObservation]] = self._probed
+        """What the plane hears about the workers (the probes; a test may script it)."""
+        # Admission control's I/O (held requests, the window store); None: admission is off,
+        # every session is placed at once by the plane.
         self.admission = (
-            AdmissionShell(cfg, self.telemetry, self.health, self.metrics,
-                           http=lambda: self.upstream.session)
+            AdmissionShell(cfg, self.plane, tel, self.health, self.metrics,
+                           http=lambda: self.upstream.session, clock=clock)
             if cfg.admission.enabled
             else None
         )
-        # The agent-centric scheduler: levels, gated dispatch, retention.
-        self.scheduler = SchedulerShell(cfg, self.telemetry, self.metrics)
         if self.admission is not None:
-            # The KV ledger's reservations come off the admission budget (retention is real).
-            self.admission.retained_blocks = self.scheduler.retained_blocks
+            self.admission.observe = lambda: self.observe()
+        # The agent-centric scheduler: levels, gated dispatch, retention.
+        self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
+                                        observe=lambda: self.observe(), clock=clock)
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
+        self._plane_tick: asyncio.Task[None] | None = None
         for w in cfg.workers:
             self.metrics.worker_healthy.labels(w.label).set(1)
-
-    @staticmethod
-    def now() -> float:
-        """The clock fed to the sans-IO core."""
-        return time.monotonic()
 
     async def start(self) -> None:
         try:
@@ -94,12 +109,15 @@ class Gateway:
                 log.warning("closing what had started after a failed start failed", exc_info=True)
             raise
         self._expiry = asyncio.create_task(self._expire_loop(), name="marsproxy-session-expiry")
+        if self.admission is None:  # else the admission shell's control loop ticks the plane
+            self._plane_tick = asyncio.create_task(self._plane_loop(), name="marsproxy-plane")
 
     async def stop(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry
+        for task in (self._expiry, self._plane_tick):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.scheduler.stop()
         if self.admission is not None:
             await self.admission.stop()
@@ -114,6 +132,52 @@ class Gateway:
         while True:
             await asyncio.sleep(period)
             self.sessions.expire(self.now())
+
+    def _probed(self) -> dict[str, WorkerObservation]:
+        return observations(self.cfg.workers, self.telemetry, self.health)
+
+    async def _plane_loop(self) -> None:
+        # Admission off: the plane still ticks (KV holds and idle timeouts steer placement).
+        while True:
+            try:
+                self.tick_plane()
+            except Exception:  # a failed tick must not stop the next
+                log.exception("control plane tick failed")
+            await asyncio.sleep(self.cfg.admission.tuning.control_interval_s)
+
+    def tick_plane(self) -> None:
+        """The plane's control tick with admission off (its window decides nothing then)."""
+        tel = self.telemetry
+        self.plane.tick(self.now(), self.observe(), at=tel.wall(), cpu=tel.cpu.latest)
+
+    # -- the request's decisions ---------------------------------------------------------------
+    async def admit(self, key: str, tenant: str, chars: int, final: bool,
+                    body: bytes | None = None, tokens: int | None = None) -> Verdict:
+        """The worker for a request of ``key`` (held until admitted), or its refusal."""
+        if self.admission is not None:
+            return await self.admission.admit(key, tenant, chars, final, body, tokens)
+        ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
+                                 final=final)
+        if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
+            return Granted(ans.worker, 0.0)
+        return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")
+
+    def call_ended(self, key: str, prepared: Prepared | None, *, ok: bool,
+                   usage: Usage | None, engine_s: float, continues: bool, admitted: bool,
+                   chars: int) -> None:
+        """A call is over (well or not): the plane decides retention, then (for an admitted
+        request) what its end means for admission; the shells carry it out."""
+        u = usage or Usage()
+        ticket = None if prepared is None else prepared.ticket
+        usual = None if self.admission is None else self.admission.replicas.usual_tool_s(key)
+        end = self.plane.call_end(
+            self.now(), key, ticket, ok=ok and usage is not None, admitted=admitted,
+            prompt_tokens=None if usage is None else u.prompt_tokens,
+            completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens, chars=chars,
+            engine_s=engine_s, continues=continues, usual_tool_s=usual)
+        self.scheduler.finished(prepared, end, usage)
+        if admitted and self.admission is not None:
+            self.admission.call_ended(key, end.outcome, u.prompt_tokens + u.completion_tokens)
 
     # -- session lifecycle (feeds the tool tracker and the event stream) -------------------
 
@@ -135,6 +199,14 @@ class Gateway:
         tel = self.telemetry
         tel.publish_tools(tel.tracker.response_ended(turn.session, tel.wall()))
 
+    def session_over(self, key: str, end: Ending) -> None:
+        """The plane hears that ``key`` is over for its client; the shells carry it out."""
+        if self.admission is not None:
+            out = self.admission.session_forgotten(key, end)
+        else:
+            out = self.plane.session_end(self.now(), key, end)
+        self.scheduler.count_returned(out.returned)
+
     def _session_ended(
         self, sess: Session, reason: EndReason, duration_s: float, served_s: float | None
     ) -> None:
@@ -142,10 +214,7 @@ class Gateway:
         # is observed here, once per session, never per request.
         if served_s is not None:
             self.metrics.session_duration.labels(reason).observe(served_s)
-        self.telemetry.tracker.session_ended(sess.key)
-        self.scheduler.session_ended(sess.key)
-        if self.admission is not None:
-            self.admission.session_forgotten(sess.key, reason)
+        self.session_over(sess.key, END_REASONS.get(reason, Ending.EVICTED))
         worker = self.placement.worker_of(sess.key)
         self.telemetry.publish(
             SessionEnd(

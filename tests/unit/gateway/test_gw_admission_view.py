@@ -8,14 +8,25 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from marsproxy.aimd.admission import WorkerSignals
 from marsproxy.cli.status_render import render_state
-from marsproxy.gateway.shells.admission_signals import worker_signals
+from marsproxy.gateway.shells.observations import observation
+from marsproxy.policy.observe import admission_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics
 from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
 from marsproxy.telemetry.prometheus import StateCollector
 from marsproxy.telemetry.state import AdmissionState, StateDoc
+
+
+def worker_signals(p: WorkerPressure | None, *, healthy: bool, tools: ToolCpuSignals,
+                   tool_cpus: float, retained_blocks: int = 0,
+                   sessions_elsewhere: int = 0) -> WorkerSignals:
+    """The admission core's view of one worker, from its scrape, as the gateway builds it."""
+    return admission_signals(observation(p, healthy=healthy), tools, tool_cpus,
+                             retained_blocks=retained_blocks,
+                             sessions_elsewhere=sessions_elsewhere)
 
 
 def _pressure(metrics: WorkerMetrics | None, *, stale: bool = False,

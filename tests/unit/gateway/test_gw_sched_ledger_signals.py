@@ -4,15 +4,30 @@ here, it has tests of its own)."""
 
 from __future__ import annotations
 
-from marsproxy.aimd.admission import AdmissionCore
+from collections.abc import Mapping
+
+from marsproxy.aimd.admission import AdmissionCore, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
-from marsproxy.gateway.shells.admission_signals import all_signals
+from marsproxy.gateway.shells.observations import observation
+from marsproxy.policy.observe import admission_signals
 from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.probes.vllm_metrics import WorkerMetrics
 from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import WorkerPressure
 
 TOOLS = ToolCpuSignals()  # no tool phases
+
+
+def all_signals(
+    pressures: Mapping[str, WorkerPressure], healthy: Mapping[str, bool], tools: ToolCpuSignals,
+    tool_cpus: float, retained: Mapping[str, int] | None = None,
+    elsewhere: Mapping[str, int] | None = None,
+) -> dict[str, WorkerSignals]:
+    """Every worker's signals as the gateway's plane builds them from its scrapes."""
+    return {w: admission_signals(observation(p, healthy=healthy[w]), tools, tool_cpus,
+                                 retained_blocks=(retained or {}).get(w, 0),
+                                 sessions_elsewhere=(elsewhere or {}).get(w, 0))
+            for w, p in pressures.items()}
 
 
 def test_retained_blocks_come_off_the_admission_budget() -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from marsproxy.config import MarsConfig
 from marsproxy.emulator.profiles import get_profile
-from marsproxy.probes.tool_signal import ToolCpuSignals
 from marsproxy.runs import options
 from marsproxy.runs.arrivals import ArrivalSpec
 from marsproxy.runs.results import percentile
@@ -152,7 +151,10 @@ def test_busy_cpus_slow_the_tools_only() -> None:
     assert (busy.outcomes[0].e2e_s or 0) - (free.e2e_s or 0) == pytest.approx(tool_s, rel=1e-6)
     # The proxy still counts every core: its tool backlog reads against tool_cpus.
     sim = Simulation(wl, "mars", dataclasses.replace(SETUP, busy_cpus=1.5), _cfg("mars"))
-    assert sim.cpu.cpus == 0.5 and sim._signals("w0", ToolCpuSignals()).tool_cpus == 2
+    assert sim.proxy is not None
+    assert sim.cpu.cpus == 0.5 and sim.proxy.plane.tool_cpus == 2
+    sim.run()
+    assert sim.proxy.plane.signals["w0"].tool_cpus == 2
 
 
 def test_state_snapshots_show_the_core_without_changing_the_run() -> None:

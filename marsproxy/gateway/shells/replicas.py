@@ -1,0 +1,124 @@
+"""What one replica shares with the others through the window store: session records.
+
+Every confirmed session has a record in the store (worker, token counts, attained service,
+tool-time estimate). A request of a session this replica does not know loads it and, while its
+lease is live, *claims* the lease and *adopts* the session on the same worker (never queued,
+not a new admission); the replica that held it finds the lease gone at its next heartbeat and
+forgets its copy. Sessions identified by history chaining are per replica (their index is
+local): their store keys carry the replica id, so replicas never mix them up, and they are
+never adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from marsproxy.aimd.stores import WindowStore, wall_clock_ms
+from marsproxy.policy.plane import ControlPlane
+from marsproxy.probes.tool_phases import ToolPhaseTracker
+
+log = logging.getLogger("marsproxy.gateway.shells.admission")
+
+
+class Replicas:
+    def __init__(self, plane: ControlPlane, store: WindowStore, tracker: ToolPhaseTracker,
+                 spawn: Callable[[Any], None], now: Callable[[], float]) -> None:
+        self.plane, self.store, self.tracker = plane, store, tracker
+        self._spawn, self._now = spawn, now
+        # Carried in the session record: tokens served (attained service) and the tool-time
+        # estimate of a session adopted from another replica (this one has no history of it).
+        self.attained: dict[str, int] = {}
+        self._carried_tool_s: dict[str, float] = {}
+
+    @staticmethod
+    def shared(key: str) -> bool:
+        """Whether ``key`` names the session on every replica (an explicit id)."""
+        return key.split("/", 2)[1:2] == ["id"]
+
+    def store_key(self, key: str) -> str:
+        # Chain and anonymous ids are counters of this replica's table: scope them to it.
+        return key if self.shared(key) else f"{key}@{self.store.replica_id}"
+
+    def core_key(self, skey: str) -> str:
+        return skey.removesuffix(f"@{self.store.replica_id}")
+
+    @property
+    def on(self) -> bool:
+        # One replica on the in-process store: nobody else could read a record.
+        return self.store.mode != "memory"
+
+    def usual_tool_s(self, key: str) -> float | None:
+        usual = self.tracker.predicted_duration(key)
+        return usual if usual is not None else self._carried_tool_s.get(key)
+
+    def served(self, key: str, tokens: int) -> None:
+        if self.plane.held(key) is not None:
+            self.attained[key] = self.attained.get(key, 0) + tokens
+
+    def forget(self, key: str) -> None:
+        self.attained.pop(key, None)
+        self._carried_tool_s.pop(key, None)
+
+    def save(self, key: str) -> None:
+        if not self.on:
+            return
+        rec = self.plane.admission.sessions.get(key)
+        worker = self.plane.held(key)
+        if rec is None or worker is None:
+            return
+        record: dict[str, Any] = {
+            "worker": worker,
+            "tenant": rec.tenant,
+            "turns": rec.turns,
+            "est_tokens": rec.est_tokens,
+            "correction": self.plane.estimator.correction(key),
+            "attained_tokens": self.attained.get(key, 0),
+            "usual_tool_s": self.usual_tool_s(key),
+            "idle_timeout_s": rec.idle_timeout_s,
+            "replica": self.store.replica_id,
+        }
+        self._spawn(self.store.save_session(self.store_key(key), record))
+
+    async def adopt(self, key: str, tenant: str, chars: int, final: bool) -> str | None:
+        """A session another replica admitted: claim its lease, serve it on its worker;
+        returns the worker (``None``: nothing to adopt)."""
+        if not self.on or not self.shared(key):
+            return None
+        skey = self.store_key(key)
+        rec = await self.store.load_session(skey)
+        core = self.plane.admission
+        if rec is None or core.sessions.get(key) is not None:
+            return None
+        worker = rec.get("worker")
+        correction = rec.get("correction")
+        if isinstance(correction, int | float):
+            self.plane.estimator.restore(key, float(correction))
+        if worker not in core.workers or not await self.store.claim(worker, skey,
+                                                                    wall_clock_ms()):
+            return None  # its lease is gone (ended, expired): it queues like a new session
+        if core.sessions.get(key) is not None:
+            return None  # another request of it got here first: it is a continuation now
+        self.plane.adopt(self._now(), key, tenant, worker, chars=chars, final=final,
+                         turns=int(rec.get("turns", 0)), correction=None)
+        self.attained[key] = int(rec.get("attained_tokens", 0))
+        usual = rec.get("usual_tool_s")
+        if isinstance(usual, int | float):
+            self._carried_tool_s[key] = float(usual)
+        log.debug("adopted session %s on %s from replica %s", key, worker, rec.get("replica"))
+        return str(worker)
+
+    async def end_elsewhere(self, key: str) -> bool:
+        """``DELETE`` of a session this replica does not hold: end it in the store, wherever
+        it lives. False: no such session."""
+        skey = self.store_key(key)
+        rec = await self.store.load_session(skey)
+        if rec is None:
+            return False
+        worker = rec.get("worker")
+        if worker in self.plane.workers:
+            await self.store.release(str(worker), skey, any_owner=True)
+        else:
+            await self.store.delete_session(skey)
+        return True

@@ -1,0 +1,383 @@
+"""The control plane: every decision the proxy makes about a session, in one pure object.
+
+It composes the admission core (window, queue, KV fit, idle timeouts), the scheduler core
+(levels, gated dispatch, retention), placement (the admission core's, also with admission
+off), the tool-phase tracker and its CPU signal, and one prompt estimator. A driver (the
+gateway's shells, the simulator) feeds it events and carries out the :class:`Outcome` that
+comes back; it decides nothing itself.
+
+A session's phases (:class:`Phase`): *waiting* in the admission queue, *pending* (admitted
+here, its slot not yet confirmed by the window store), *in a call*, *dormant* (between calls),
+*ended*. Store answers enter as :meth:`confirm`, :meth:`store_closed` and :meth:`lost`; timer
+expiries (idle timeouts, KV holds, queue deadlines, pending deadlines) are decided in
+:meth:`tick`.
+
+Two clocks: ``now`` is the control clock (monotonic in the gateway); tool phases are timed on
+the tool clock ``at`` (wall time in the gateway, as clients report tool events with epoch
+timestamps). The simulator passes its one virtual clock as both.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
+from marsproxy.config import MarsConfig
+from marsproxy.core.events import Event
+from marsproxy.core.lifecycle import EndReason, SessionState
+from marsproxy.policy.log import DecisionLog
+from marsproxy.policy.observe import WorkerObservation, admission_signals, scheduler_facts
+from marsproxy.probes.cpu import CpuPressure
+from marsproxy.probes.tool_phases import ToolPhaseTracker
+from marsproxy.probes.tool_signal import ToolCpuSignal, tool_plane
+from marsproxy.sched.core import SchedulerCore
+from marsproxy.sched.ledger import Reservation
+from marsproxy.sched.tickets import EndResult, Ticket, TickResult
+
+
+class Phase(StrEnum):
+    WAITING = "waiting"
+    PENDING = "pending"
+    IN_CALL = "in_call"
+    DORMANT = "dormant"
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class Pending:
+    """Admitted here, waiting for the window store to confirm its slot."""
+
+    worker: str
+    since: float
+    """Arrival of its first request (control clock): its queue deadline and store score."""
+    idle: bool = False
+    """An idle admission: confirmed against the idle limit, on this worker only."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    session: str
+    reason: EndReason
+    worker: str | None
+    """It held a confirmed slot on this worker: release it."""
+    pending: Pending | None
+    """It was waiting for the store: withdraw the ask (and any slot granted unseen)."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the driver carries out, in this order."""
+
+    proposed: list[str] = field(default_factory=list)
+    """Sessions now pending: ask the store to confirm them (oldest first)."""
+    expired: list[Expiry] = field(default_factory=list)
+    """Waiting requests to answer with an error."""
+    ended: list[Ended] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    returned: list[Reservation] = field(default_factory=list)
+    """KV reservations given back because their session ended."""
+
+    def __bool__(self) -> bool:
+        return bool(self.proposed or self.expired or self.ended or self.events)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The plane's answer to a request."""
+
+    kind: DecisionKind
+    worker: str | None = None
+    status: int = 0
+    retry_after_s: int | None = None
+    reason: str = ""
+    outcome: Outcome = field(default_factory=Outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnd:
+    result: EndResult | None
+    """The scheduler's account of the call (``None``: nothing was scheduled)."""
+    released: list[Ticket]
+    """Gated calls the freed room lets go now."""
+    outcome: Outcome
+
+
+class ControlPlane:
+    def __init__(
+        self, cfg: MarsConfig, workers: Sequence[str], *, tool_cpus: float,
+        tools: tuple[ToolPhaseTracker, ToolCpuSignal] | None = None,
+        log: DecisionLog | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.workers = tuple(workers)
+        self.admission = AdmissionCore(cfg.admission, self.workers)
+        self.estimator = self.admission.estimator  # the one prompt estimator
+        s = cfg.scheduler
+        self.scheduler = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
+        # Nothing to schedule per call: the fcfs preset is a plain session-affine proxy.
+        self.passive = (s.priority_policy == "off" and s.retention_policy == "off"
+                        and s.hint_encoder == "none")
+        self.tracker, self.tool_signal = tools or tool_plane(cfg.tools, tool_cpus)
+        self.tool_cpus = tool_cpus
+        self.log = log
+        self.observed: dict[str, WorkerObservation] = dict.fromkeys(
+            self.workers, WorkerObservation())
+        self.signals: dict[str, WorkerSignals] = {}
+        """What the admission core heard at the last tick."""
+        self._arrival: dict[str, float] = {}  # waiting in the core since
+        self._pending: dict[str, Pending] = {}
+        self._held: dict[str, str] = {}  # confirmed session → worker
+
+    # -- reading ------------------------------------------------------------------------------
+    def phase(self, key: str) -> Phase:
+        rec = self.admission.sessions.get(key)
+        if rec is None:
+            return Phase.ENDED
+        if rec.state is not SessionState.ADMITTED:
+            return Phase.WAITING
+        if key in self._pending:
+            return Phase.PENDING
+        return Phase.IN_CALL if rec.in_flight > 0 else Phase.DORMANT
+
+    def held(self, key: str) -> str | None:
+        """The worker whose confirmed slot ``key`` holds (``None``: none)."""
+        return self._held.get(key)
+
+    def held_on(self, worker: str) -> int:
+        return sum(1 for w in self._held.values() if w == worker)
+
+    def pending(self) -> list[tuple[str, Pending]]:
+        """Sessions waiting for the store, oldest first."""
+        return sorted(self._pending.items(), key=lambda kv: kv[1].since)
+
+    def pending_of(self, key: str) -> Pending | None:
+        return self._pending.get(key)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    # -- requests -----------------------------------------------------------------------------
+    def wants_tick(self, key: str) -> bool:
+        """Whether a request of ``key`` should wait for a tick first: nothing is known of any
+        worker yet (the first requests after start) and ``key`` holds no slot. The driver ticks
+        with what it observes now instead of holding the request until the next tick."""
+        return self._held.get(key) is None and all(v.stale for v in self.admission.views())
+
+    def request(
+        self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
+        final: bool = False,
+    ) -> Answer:
+        """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
+        prompt's size when known, else estimated from ``chars``."""
+        core = self.admission
+        for w in self.workers:  # the ledger as it is now, not as of the last tick
+            core.set_retained(w, self.scheduler.retained_blocks(w))
+        est = tokens if tokens is not None else self.estimator.estimate(key, chars)
+        d = core.on_request(now, key, tenant, est, final=final)
+        out = Outcome()
+        self._absorb(now, d.actions, out)  # others admitted in the same pass go first
+        if d.kind is DecisionKind.WAIT:
+            self._arrival.setdefault(key, now)
+        elif d.kind is DecisionKind.REJECT:
+            self._note(now, "refuse", key, d.reason)
+        elif d.worker is not None and d.reason == "admission_disabled":
+            self._confirm(now, key, d.worker)  # no window: nothing for a store to confirm
+        elif d.worker is not None and d.reason == "admitted":
+            self._arrival.setdefault(key, now)
+            self._propose(key, d.worker, d.idle, out)
+        return Answer(d.kind, d.worker, d.status, d.retry_after_s, d.reason, out)
+
+    def adopt(
+        self, now: float, key: str, tenant: str, worker: str, *, chars: int, final: bool,
+        turns: int, correction: float | None,
+    ) -> None:
+        """A session another replica admitted on ``worker``; its lease is ours now."""
+        if correction is not None:
+            self.estimator.restore(key, correction)
+        est = self.estimator.estimate(key, chars)
+        self.admission.on_adopt(now, key, tenant, worker, est, final=final, turns=turns)
+        self._held[key] = worker
+        self._note(now, "adopt", key, worker)
+
+    # -- store answers --------------------------------------------------------------------------
+    def confirm(self, now: float, key: str) -> Pending | None:
+        """The store confirmed ``key``'s slot; returns what it was waiting as (``None``: it
+        was not pending any more)."""
+        p = self._pending.pop(key, None)
+        if p is not None:
+            self._confirm(now, key, p.worker)
+        return p
+
+    def withdraw(self, now: float, key: str) -> Outcome:
+        """A session not served yet goes: its waiting client left, or the store is
+        unreachable and admits nothing new (``on_store_failure: closed``)."""
+        out = Outcome()
+        self._absorb(now, self.admission.on_session_end(now, key, EndReason.ABANDONED), out)
+        return out
+
+    def lost(self, now: float, key: str, worker: str) -> Outcome:
+        """The store no longer has ``key``'s lease on ``worker``: another replica took the
+        session over (or ended it, or the lease expired during a stall)."""
+        out = Outcome()
+        if self._held.get(key) != worker:
+            return out
+        del self._held[key]  # not ours to release any more
+        self.tracker.session_ended(key)  # its tool phases run elsewhere now
+        self._absorb(now, self.admission.on_session_end(now, key, EndReason.MOVED), out)
+        return out
+
+    def relocate(self, now: float, key: str, room: Mapping[str, int]) -> str | None:
+        """``key``'s worker is full across replicas: move it to a worker with room, if it
+        was not served yet and fits there (``room``: free slots per worker in the store)."""
+        p = self._pending.get(key)
+        if p is None or p.idle or room.get(p.worker, 0) > 0:
+            return None
+        others = [w for w, n in room.items() if n > 0 and w != p.worker]
+        if not others:
+            return None
+        moved = self.admission.relocate(now, key, others)
+        if moved is not None:
+            p.worker = moved
+        return moved
+
+    # -- calls ----------------------------------------------------------------------------------
+    def call_start(
+        self, now: float, key: str, worker: str, *, chars: int = 0, tokens: int | None = None,
+        max_new_tokens: int = 0,
+    ) -> Ticket | None:
+        """A call of ``key`` goes to ``worker``: its level, and whether it waits in the gate
+        (then :meth:`release` says when it goes). ``None``: nothing is scheduled (passive)."""
+        if self.passive:
+            return None
+        est = tokens if tokens is not None else self.estimator.estimate(key, chars)
+        t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
+                                  predicted_tool_s=self.tracker.predicted_duration(key))
+        self._note(now, "level", key, worker, t.level, t.priority, t.gated)
+        return t
+
+    def release(self, now: float, workers: Sequence[str] | None = None) -> list[Ticket]:
+        return self.scheduler.release(now, workers)
+
+    def cancel(self, now: float, ticket: Ticket) -> list[Ticket]:
+        """A gated call's client left: free what it holds; returns what that lets go."""
+        self.scheduler.cancel(ticket.call)
+        return self.scheduler.release(now, [ticket.worker])
+
+    def call_end(
+        self, now: float, key: str, ticket: Ticket | None, *, ok: bool, admitted: bool,
+        prompt_tokens: int | None, completion_tokens: int = 0, cached_tokens: int = 0,
+        chars: int = 0, engine_s: float = 0.0, continues: bool = True,
+        usual_tool_s: float | None = None,
+    ) -> CallEnd:
+        """A call ended (well or not). The scheduler hears it first (its retention decision),
+        then admission (whose end of a final call may end the session). ``usual_tool_s``:
+        the session's usual tool time when the tracker has none (carried from a replica)."""
+        result, released = None, []
+        if ticket is not None:
+            result = self.scheduler.end(
+                now, ticket.call, ok=ok, prompt_tokens=prompt_tokens or 0,
+                completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                engine_s=engine_s, predicted_tool_s=self.tracker.predicted_duration(key),
+                session_continues=continues)
+            if result.retention is not None and self.cfg.scheduler.retention_policy != "off":
+                self._note(now, "retain", key, result.retention.retain, result.retention.blocks)
+            released = self.scheduler.release(now, [ticket.worker])
+        out = Outcome()
+        if admitted:
+            usual = self.tracker.predicted_duration(key)
+            self._absorb(now, self.admission.on_response_end(
+                now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
+                usual_tool_s=usual if usual is not None else usual_tool_s,
+                completion_tokens=completion_tokens), out)
+        return CallEnd(result, released, out)
+
+    def session_end(self, now: float, key: str, reason: EndReason) -> Outcome:
+        """The session is over for its client (final turn, DELETE, idle, evicted, left)."""
+        out = Outcome()
+        self.tracker.session_ended(key)
+        returned = self.scheduler.session_ended(key)
+        if returned is not None:
+            out.returned.append(returned)
+        self._absorb(now, self.admission.on_session_end(now, key, reason), out)
+        return out
+
+    # -- time -----------------------------------------------------------------------------------
+    def tick(
+        self, now: float, observed: Mapping[str, WorkerObservation], *, at: float,
+        cpu: CpuPressure | None, elsewhere: Mapping[str, int] | None = None,
+    ) -> Outcome:
+        """The control step: the signals built from what was observed, the admission core's
+        tick, then the pending sessions' deadlines. ``at``: the tool clock now; ``cpu``: the
+        tools' host as last read; ``elsewhere``: sessions other replicas hold per worker."""
+        self.observed.update(observed)
+        self.tool_signal.observe(cpu)
+        tools = self.tool_signal.signals(self.tracker, at)
+        elsewhere = elsewhere or {}
+        self.signals = signals = {
+            w: admission_signals(self.observed[w], tools, self.tool_cpus,
+                                 retained_blocks=self.scheduler.retained_blocks(w),
+                                 sessions_elsewhere=elsewhere.get(w, 0))
+            for w in self.workers
+        }
+        out = Outcome()
+        self._absorb(now, self.admission.tick(now, signals), out)
+        self._expire_pending(now, out)
+        return out
+
+    def sched_tick(self, now: float, observed: Mapping[str, WorkerObservation]) -> tuple[
+            TickResult, list[Ticket]]:
+        """The scheduler's step: fresh facts, reservation expiries and drops, releases."""
+        self.observed.update(observed)
+        for w in self.workers:
+            self.scheduler.set_facts(w, scheduler_facts(self.observed[w]))
+        res = self.scheduler.tick(now)
+        return res, self.scheduler.release(now)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _note(self, now: float, kind: str, key: str, *detail: object) -> None:
+        if self.log is not None:
+            self.log.add(now, kind, key, *detail)
+
+    def _confirm(self, now: float, key: str, worker: str) -> None:
+        self._held[key] = worker
+        self._note(now, "admit", key, worker)
+
+    def _propose(self, key: str, worker: str, idle: bool, out: Outcome) -> None:
+        since = self._arrival.pop(key, None)
+        self._pending[key] = Pending(worker, since if since is not None else 0.0, idle)
+        out.proposed.append(key)
+
+    def _absorb(self, now: float, actions: Actions, out: Outcome) -> None:
+        for a in actions.admitted:
+            self._arrival.setdefault(a.entry.session, now)
+            self._propose(a.entry.session, a.worker, a.idle, out)
+        for e in actions.expired:
+            self._arrival.pop(e.session, None)
+            self._note(now, "refuse", e.session, e.reason)
+            out.expired.append(e)
+        for key, reason in actions.ended:
+            self._arrival.pop(key, None)
+            self._note(now, "end", key, str(reason))
+            out.ended.append(Ended(key, reason, self._held.pop(key, None),
+                                   self._pending.pop(key, None)))
+        for wc in actions.window_changes:
+            self._note(now, "window", wc.worker or "", wc.new, wc.reason)
+        out.events.extend(actions.events)
+
+    def _expire_pending(self, now: float, out: Outcome) -> None:
+        # The core's deadline covers its own queue; the pending sessions' is decided here.
+        deadline = self.cfg.admission.queue_deadline_s
+        for key, p in list(self._pending.items()):
+            if now - p.since < deadline:
+                continue
+            retry = self.admission.queue.retry_after(now)
+            out.expired.append(Expiry(key, 503, retry, "queue_deadline"))
+            self._note(now, "refuse", key, "queue_deadline")
+            self._absorb(now, self.admission.on_session_end(now, key, EndReason.QUEUE_DEADLINE),
+                         out)
+

@@ -1,0 +1,74 @@
+"""The control plane on its own: a session's phases, store answers, the pending deadline."""
+
+from __future__ import annotations
+
+from marsproxy.aimd.admission import DecisionKind
+from marsproxy.config import load_config
+from marsproxy.core.lifecycle import EndReason
+from marsproxy.policy.log import DecisionLog
+from marsproxy.policy.observe import WorkerObservation
+from marsproxy.policy.plane import ControlPlane, Phase
+
+FRESH = WorkerObservation(healthy=True, stale=False, kv_usage=0.0, total_blocks=1000,
+                          block_size=16, running=0, sampled_at=0.0)
+
+
+def _plane(**admission: object) -> tuple[ControlPlane, DecisionLog]:
+    cfg = load_config(None, environ={}, overrides={
+        "workers": ["http://a:1", "http://b:1"], "admission": admission})
+    log = DecisionLog()
+    return ControlPlane(cfg, ["a", "b"], tool_cpus=4.0, log=log), log
+
+
+def test_a_session_goes_through_its_phases() -> None:
+    plane, log = _plane()
+    assert plane.wants_tick("s")  # nothing observed yet: tick before deciding
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    assert not plane.wants_tick("s")
+    ans = plane.request(0.1, "s", "t", chars=400)
+    assert ans.kind is DecisionKind.ADMITTED and ans.outcome.proposed == ["s"]
+    assert plane.phase("s") is Phase.PENDING and plane.held("s") is None
+    p = plane.confirm(0.2, "s")
+    assert p is not None and p.worker == ans.worker and plane.held("s") == ans.worker
+    assert plane.phase("s") is Phase.IN_CALL
+    t = plane.call_start(0.2, "s", p.worker, chars=400, max_new_tokens=10)
+    assert t is not None  # the mars preset schedules every call
+    end = plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
+                         completion_tokens=10, chars=400, continues=True)
+    assert end.result is not None and plane.phase("s") is Phase.DORMANT
+    out = plane.session_end(0.6, "s", EndReason.DELETED)
+    assert [e.worker for e in out.ended] == [p.worker]  # its slot to release
+    assert plane.phase("s") is Phase.ENDED and plane.held("s") is None
+    assert [e.kind for e in log.entries] == ["admit", "level", "retain", "end"]
+
+
+def test_an_unconfirmed_session_expires_at_the_queue_deadline() -> None:
+    plane, log = _plane(queue_deadline_s=50.0)
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    plane.request(1.0, "s", "t", chars=400)  # the store never answers
+    assert plane.tick(50.9, {}, at=50.9, cpu=None).expired == []
+    out = plane.tick(51.0, {}, at=51.0, cpu=None)
+    assert [(e.session, e.status, e.reason) for e in out.expired] == [
+        ("s", 503, "queue_deadline")]
+    assert [e.pending is not None for e in out.ended] == [True]  # withdraw the store's ask
+    assert plane.phase("s") is Phase.ENDED and plane.pending_count == 0
+    assert ("refuse", "s", ("queue_deadline",)) in [(e.kind, e.session, e.detail)
+                                                    for e in log.entries]
+
+
+def test_a_lost_lease_moves_the_session_out_without_a_release() -> None:
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    ans = plane.request(0.1, "s", "t", chars=400)
+    assert ans.worker is not None
+    plane.confirm(0.1, "s")
+    assert plane.lost(0.2, "s", "elsewhere").ended == []  # not the worker it holds: ignored
+    out = plane.lost(0.3, "s", ans.worker)
+    assert [(e.reason, e.worker) for e in out.ended] == [(EndReason.MOVED, None)]
+
+
+def test_admission_off_places_and_holds_at_once() -> None:
+    plane, log = _plane(enabled=False)
+    ans = plane.request(0.0, "s", "t", chars=400)
+    assert ans.kind is DecisionKind.ADMITTED and ans.outcome.proposed == []
+    assert plane.held("s") == ans.worker and log.entries[0].kind == "admit"
