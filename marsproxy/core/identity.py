@@ -1,8 +1,9 @@
 """Who is asking: tenant, explicit session id, final flag, and the history used for chaining.
 
 One resolver for the whole project. The order: configured headers, then body
-``session_params.session_id``, ``prompt_cache_key``, ``user``; chain matching is the table's
-job (``core.sessions``) and gets the history built here.
+``session_params.session_id``, the session inside Claude Code's ``metadata.user_id``,
+``prompt_cache_key``, ``user``; chain matching is the table's job (``core.sessions``) and gets
+the history built here.
 
 Pure code: no I/O.
 """
@@ -10,6 +11,7 @@ Pure code: no I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -69,11 +71,40 @@ def explicit_session_id(
         sid = params.get("session_id")
         if isinstance(sid, str) and sid:
             return ExplicitId(sid, "body", "session_params.session_id")
+    sid = claude_code_session(body.get("metadata"))
+    if sid is not None:
+        return ExplicitId(sid, "body", "metadata.user_id")
     for fname in ("prompt_cache_key", "user"):
         value = body.get(fname)
         if isinstance(value, str) and value:
             return ExplicitId(value, "body", fname)
     return None
+
+
+_LEGACY_SESSION_MARK = "_session_"
+
+
+def claude_code_session(metadata: Any) -> str | None:
+    """The session id Claude Code puts in an Anthropic request's ``metadata.user_id``.
+
+    Two forms are known: a JSON object as a string (``{"device_id": ..., "account_uuid": ...,
+    "session_id": ...}``) and, in older versions, ``user_<hash>_account_<id>_session_<uuid>``.
+    Any other ``user_id`` names an end user, not a session, and is not used.
+    """
+    if not isinstance(metadata, Mapping):
+        return None
+    uid = metadata.get("user_id")
+    if not isinstance(uid, str) or not uid:
+        return None
+    if uid.startswith("{"):
+        try:
+            obj = json.loads(uid)
+        except ValueError:
+            return None
+        sid = obj.get("session_id") if isinstance(obj, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    _, mark, tail = uid.rpartition(_LEGACY_SESSION_MARK)
+    return tail if mark and tail else None
 
 
 def is_final(headers: Mapping[str, str], final_headers: Sequence[str]) -> bool:

@@ -9,28 +9,28 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from marsproxy.emulator import openai_api as api
+from marsproxy.emulator.http_util import (
+    MIN_WRITE_INTERVAL_S as _MIN_WRITE_INTERVAL_S,
+)
+from marsproxy.emulator.http_util import SSE_HEADERS as _SSE_HEADERS
+from marsproxy.emulator.http_util import error_response as _error
+from marsproxy.emulator.http_util import json_response as _json
+from marsproxy.emulator.http_util import read_json as _read_json
+from marsproxy.emulator.http_util import sse as _sse
+from marsproxy.emulator.http_util import wait_update as _wait_update
+from marsproxy.emulator.messages_http import MessagesHandlers
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.emulator.request import RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 
 VLLM_VERSION = "0.32.0"
-# How often a handler waiting for tokens checks whether its client is still connected.
-_DISCONNECT_POLL_S = 0.25
-# A stream writes to its socket at most once per this many wall seconds; tokens that arrive in
-# between go out together in one write (each still its own SSE event). A send() per token per
-# stream made tens of tiny-profile streams CPU-bound on 2-core machines.
-_MIN_WRITE_INTERVAL_S = 0.005
-_SSE_HEADERS = MappingProxyType(
-    {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-)
 
 
 @dataclass(frozen=True)
@@ -49,17 +49,6 @@ class EmulatorOptions:
 RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
 
 
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(body, separators=(",", ":")).encode(), status=status,
-        content_type="application/json",
-    )
-
-
-def _error(exc: api.ApiError) -> web.Response:
-    return _json(exc.body(), exc.status)
-
-
 async def _no_route(request: web.Request) -> web.Response:
     """No route, or a route with another method: the JSON vLLM's server (FastAPI over
     Starlette) answers, ``{"detail":"Not Found"}`` or ``{"detail":"Method Not Allowed"}`` with
@@ -74,33 +63,6 @@ async def _no_route(request: web.Request) -> web.Response:
     resp = _json({"detail": "Method Not Allowed"}, 405)
     resp.headers["Allow"] = ", ".join(sorted(allowed))
     return resp
-
-
-async def _read_json(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
-        # vLLM (FastAPI) answers a malformed body with type "Bad Request" rather than the
-        # "BadRequestError" of its own validation errors.
-        raise api.ApiError(400, f"JSON decode error: {exc}", "Bad Request", "body") from exc
-
-
-def _client_gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-async def _wait_update(stream: TokenStream, request: web.Request) -> None:
-    """Wait for new tokens; raise ConnectionResetError when the client has gone away (aiohttp
-    does not cancel handlers on disconnect unless the runner enables handler_cancellation)."""
-    while not stream.event.is_set():
-        try:
-            async with asyncio.timeout(_DISCONNECT_POLL_S):
-                await stream.event.wait()
-        except TimeoutError:
-            if _client_gone(request):
-                raise ConnectionResetError("client disconnected") from None
-    stream.event.clear()
 
 
 class _Handlers:
@@ -237,10 +199,6 @@ class _Handlers:
         )
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
 def create_app(opts: EmulatorOptions) -> web.Application:
     """The emulator app; its engine loop starts on app startup and stops on cleanup."""
     profile = get_profile(
@@ -252,8 +210,11 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app = web.Application()
     app[RUNNER_KEY] = runner
     h = _Handlers(runner)
+    msgs = MessagesHandlers(runner)
     app.router.add_post("/v1/chat/completions", h.chat)
     app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post("/v1/messages", msgs.messages)
+    app.router.add_post("/v1/messages/count_tokens", msgs.count_tokens)
     app.router.add_get("/v1/models", h.models)
     app.router.add_post("/tokenize", h.tokenize)
     app.router.add_get("/health", h.health)

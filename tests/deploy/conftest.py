@@ -60,7 +60,8 @@ class Stack:
 
 
 def _anthropic_worker(seen: list[dict[str, str]]) -> web.Application:
-    """An Anthropic Messages API worker (vLLM serves /v1/messages; the emulator does not)."""
+    """An Anthropic Messages API worker that records what reached it (vLLM and the emulator serve
+    /v1/messages; this one lets the test read the headers)."""
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")

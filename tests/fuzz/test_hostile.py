@@ -34,6 +34,7 @@ ROUTES: dict[str, dict[str, Any]] = {
 FIELDS = [
     "messages", "prompt", "input", "instructions", "system", "max_tokens", "stream",
     "stream_options", "priority", "session_params", "prompt_cache_key", "user", "model",
+    "metadata",
 ]
 
 json_values = st.recursive(
@@ -45,10 +46,11 @@ json_values = st.recursive(
 )
 
 
-# The emulated worker serves no /v1/responses nor /v1/messages: the proxy still reads those
-# bodies (identity, history) before relaying, and the worker's 404 comes back, vLLM's
-# {"detail":"Not Found"}.
-UNSERVED = {"/v1/responses", "/v1/messages"}
+# The emulated worker serves no /v1/responses: the proxy still reads those bodies (identity,
+# history) before relaying, and the worker's 404 comes back, vLLM's {"detail":"Not Found"}.
+# /v1/messages errors raised while serving come in Anthropic's shape, which also has
+# error.message and error.type.
+UNSERVED = {"/v1/responses"}
 
 
 def _proxy_error_ok(r: Any, path: str) -> None:

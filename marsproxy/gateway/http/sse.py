@@ -101,16 +101,24 @@ class Usage:
 
     @staticmethod
     def of(obj: Any) -> Usage | None:
-        """OpenAI (prompt/completion) or Anthropic/responses (input/output) usage objects."""
+        """OpenAI (prompt/completion), responses (input/output) or Anthropic usage objects.
+
+        Anthropic's ``input_tokens`` counts only the prompt tokens neither read from nor written
+        to the cache (vLLM subtracts ``cache_read_input_tokens`` and
+        ``cache_creation_input_tokens`` from its prompt count), so the prompt is their sum.
+        """
         if not isinstance(obj, dict):
             return None
-        prompt = obj.get("prompt_tokens", obj.get("input_tokens"))
+        prompt = _int(obj.get("prompt_tokens", obj.get("input_tokens")))
         completion = obj.get("completion_tokens", obj.get("output_tokens"))
         details = obj.get("prompt_tokens_details") or obj.get("input_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if cached is None:
-            cached = obj.get("cache_read_input_tokens")
-        return Usage(_int(prompt), _int(completion), _int(cached))
+        if cached is None and (
+            "cache_read_input_tokens" in obj or "cache_creation_input_tokens" in obj
+        ):
+            cached = _int(obj.get("cache_read_input_tokens"))
+            prompt += cached + _int(obj.get("cache_creation_input_tokens"))
+        return Usage(prompt, _int(completion), _int(cached))
 
 
 def _int(v: Any) -> int:
@@ -252,11 +260,12 @@ class StreamTap:
             delta = Usage.of(obj.get("usage"))
             if delta is not None:
                 base = self.usage or Usage()
-                # message_delta carries the cumulative output count; input stays from the start.
+                # message_delta carries the cumulative output count and (vLLM) the prompt with
+                # its cache split; message_start's input count stands where it has none.
                 self.usage = Usage(
                     delta.prompt_tokens or base.prompt_tokens,
                     delta.completion_tokens,
-                    base.cached_tokens,
+                    delta.cached_tokens or base.cached_tokens,
                 )
         if self._capture is not None:
             self._capture_messages(kind, obj)

@@ -64,6 +64,16 @@ def start_vllm() -> StartVllm:
 
 
 @pytest.fixture(scope="session")
+def vllm_dev(start_vllm: StartVllm) -> Iterator[str]:
+    """One server for every module that can share it: ``--scheduling-policy priority``,
+    ``--enable-prompt-tokens-details`` (cached tokens in usage) and the dev routes
+    (``VLLM_SERVER_DEV_MODE``: ``/reset_prefix_cache``)."""
+    with start_vllm("priority", "--enable-prompt-tokens-details",
+                    VLLM_SERVER_DEV_MODE="1") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def real_vllm_run_dir() -> Path:
     """Where start.sh writes each server's pid file (``vllm-PORT.pid``)."""
     return Path(os.environ.get("RUN_DIR") or HOME / "run")

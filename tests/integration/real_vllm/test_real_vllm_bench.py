@@ -5,7 +5,8 @@ agents' prompts follow the trace's lengths in the real tokenizer, and continuati
 prefix cache (cached tokens come back in the usage: warm resumes).
 
 Needs ``scripts/real-vllm/setup.sh`` and ``MARS_REAL_VLLM_TESTS=1``, like the other tests
-here; one server start (20-60 s on 2 cores) and ~10 s of traffic.
+here; the server (`vllm_dev`, conftest.py) is shared with the other modules that can use it,
+one start (20-60 s on 2 cores); ~10 s of traffic.
 """
 
 from __future__ import annotations
@@ -13,25 +14,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from marsproxy.runs.arrivals import ArrivalSpec
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import REGIMES, WorkloadSpec, build_workload
 
 
-@pytest.fixture(scope="module")
-def vllm(start_vllm: Any) -> Iterator[str]:
-    with start_vllm("priority", "--enable-prompt-tokens-details",
-                    VLLM_SERVER_DEV_MODE="1") as url:
-        yield url
-
-
-def test_bench_live_against_a_real_vllm(vllm: str, tmp_path: Path) -> None:
+def test_bench_live_against_a_real_vllm(vllm_dev: str, tmp_path: Path) -> None:
+    vllm = vllm_dev
     out = tmp_path / "live"
     args = ["bench", "live", "--vllm-url", vllm, "--vllm-priority", "true",
             "--regimes", "8k", "--token-scale", "0.1", "--max-turns", "4",

@@ -1,0 +1,101 @@
+"""The emulator's ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (vLLM 0.32's
+Anthropic Messages surface) over the emulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+from aiohttp import web
+
+from marsproxy.emulator import anthropic_api as anth
+from marsproxy.emulator.http_util import (
+    MIN_WRITE_INTERVAL_S,
+    SSE_HEADERS,
+    error_response,
+    json_response,
+    read_json,
+    wait_update,
+)
+from marsproxy.emulator.openai_api import ApiError
+from marsproxy.emulator.request import RequestError
+from marsproxy.emulator.runner import EngineRunner, TokenStream
+from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+
+
+class MessagesHandlers:
+    def __init__(self, runner: EngineRunner) -> None:
+        self.runner = runner
+        self.model = runner.profile.model_name
+        self.block = runner.profile.block_size
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            req = anth.parse_messages(await read_json(request), self.model, count_only=True)
+        except ApiError as exc:
+            return error_response(exc)
+        return json_response(anth.count_tokens_response(len(req.parsed.prompt_token_ids)))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            parsed = anth.parse_messages(await read_json(request), self.model).parsed
+        except ApiError as exc:
+            return error_response(exc)
+        # vLLM answers with the id of the chat request it made of the Messages request.
+        rid = "chatcmpl-" + uuid.uuid4().hex[:16]
+        try:
+            stream = self.runner.submit(rid, parsed.prompt_token_ids, parsed.max_tokens, False, 0)
+        except RequestError as exc:
+            return error_response(anth.AnthropicError(400, str(exc), "BadRequestError"))
+        try:
+            if parsed.stream:
+                resp = web.StreamResponse(headers=SSE_HEADERS)
+                await resp.prepare(request)
+                with contextlib.suppress(ConnectionResetError):
+                    await self._pump(resp, request, rid, stream, len(parsed.prompt_token_ids))
+                return resp
+            try:
+                while stream.finished is None:
+                    await wait_update(stream, request)
+            except ConnectionResetError:
+                return web.Response(status=499)  # nobody reads it; the request is aborted below
+            fin = stream.finished
+            return json_response(anth.full_response(
+                rid, self.model, filler_text(0, fin.completion_tokens), fin.finish_reason,
+                anth.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block),
+            ))
+        finally:
+            self.runner.release(rid)
+
+    async def _pump(
+        self, resp: web.StreamResponse, request: web.Request, rid: str, stream: TokenStream,
+        prompt: int,
+    ) -> None:
+        """vLLM's event sequence: ``message_start`` (with the prompt's size), one text block
+        (start, a delta per token, stop), ``message_delta`` with the stop reason and usage,
+        ``message_stop``."""
+        sent = 0
+        loop = asyncio.get_running_loop()
+        next_write = 0.0
+        while True:
+            pause = next_write - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await wait_update(stream, request)
+            fin, avail = stream.finished, stream.available
+            parts: list[bytes] = []
+            if sent == 0 and avail > 0:
+                parts.append(anth.message_start(rid, self.model, prompt))
+                parts.append(anth.block_start(0))
+            parts.extend(anth.text_delta(0, filler_chunk(i)) for i in range(sent, avail))
+            sent = avail
+            if fin is not None:
+                parts.append(anth.finish_events(fin.finish_reason, anth.usage(
+                    fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block)))
+            if parts:
+                await resp.write(b"".join(parts))
+                next_write = loop.time() + MIN_WRITE_INTERVAL_S
+            if fin is not None:
+                break
+        await resp.write_eof()
