@@ -21,6 +21,7 @@ from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
 from marsproxy.gateway.http.upstream import Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.kv_events import KVEventsShell
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.scheduler import SchedulerShell
 from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
@@ -65,6 +66,11 @@ class Gateway:
         if self.admission is not None:
             # The KV ledger's reservations come off the admission budget (retention is real).
             self.admission.retained_blocks = self.scheduler.retained_blocks
+        # -- KV events (issue 24): the workers' KV indexes; None: no worker has kv_events --
+        self.kv_events = (
+            KVEventsShell(cfg) if any(w.kv_events for w in cfg.workers) else None
+        )
+        # -- end KV events --
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
@@ -85,6 +91,8 @@ class Gateway:
             if self.admission is not None:
                 await self.admission.start()
             await self.scheduler.start()
+            if self.kv_events is not None:  # KV events (issue 24)
+                await self.kv_events.start()
         except BaseException:
             # Refused at start (a store that rejects our credentials): close what did start, so
             # the refusal is the last word and no client session is left open behind it.
@@ -100,6 +108,8 @@ class Gateway:
             self._expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry
+        if self.kv_events is not None:  # KV events (issue 24)
+            await self.kv_events.stop()
         await self.scheduler.stop()
         if self.admission is not None:
             await self.admission.stop()
