@@ -99,7 +99,9 @@ def encode_event(ev: KVEvent, block_size: int) -> dict[str, Any]:
             "lora_id": None,
             "medium": MEDIUM,
             "lora_name": None,
+            "extra_keys": [None] * len(ev.block_hashes),  # no cache salt, LoRA or images
             "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
         }
         if ev.session_id is not None:
             out["session_id"] = ev.session_id

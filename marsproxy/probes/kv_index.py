@@ -87,7 +87,7 @@ class KVIndex:
         self.expected: int | None = None  # next sequence number; None: take what comes
         self._pending: dict[int, EventBatch] = {}
         self.replaying = False
-        self.synced = False  # some batch applied since the last (re)start
+        self.synced = False  # the history since the last (re)start is replayed (or needs none)
         # counters
         self.events_total = 0
         self.batches_total = 0
@@ -107,7 +107,7 @@ class KVIndex:
         self._pending.clear()
         self.synced = False
         if not self.replay:
-            self.expected, self.replaying = None, False
+            self.expected, self.replaying, self.synced = None, False, True
             return Step(reset=True)
         self.expected, self.replaying = 0, True
         return Step(replay_from=0, reset=True)
@@ -136,7 +136,7 @@ class KVIndex:
 
     def replay_done(self, now: float) -> Step:
         """The replay ended (its end marker, or it timed out): a gap still open is lost."""
-        self.replaying = False
+        self.replaying, self.synced = False, True
         if self._pending and self.expected not in self._pending:
             return self._resync(now)
         return Step()
@@ -145,7 +145,7 @@ class KVIndex:
         self.resyncs_total += 1
         step = self.begin()
         if not self.replay or seq == 0:
-            self.expected, self.replaying = seq, False
+            self.expected, self.replaying, self.synced = seq, False, True
             self._apply(seq, batch, now)
             return Step(reset=True)
         self._pending[seq] = batch
@@ -175,7 +175,6 @@ class KVIndex:
                 self._clear()
         self.expected = seq + 1
         self.last_seq = seq
-        self.synced = True
         self.batches_total += 1
         self.events_total += len(batch.events)
         self.last_lag_s = max(0.0, now - batch.ts)

@@ -4,9 +4,13 @@ evictions, ``GET /kv_event_sources``; and the proxy's decoder and index read the
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+from pathlib import Path
+from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
@@ -24,6 +28,7 @@ from marsproxy.probes.kv_wire import (
 from tests.integration.emulator.conftest import StartEmulator
 
 TOPIC = "kv"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-kv-events.json"
 
 
 def _cfg(pub: int, replay: int) -> str:
@@ -133,3 +138,47 @@ async def test_without_the_flag_nothing_is_published(
 def test_flag_is_checked_like_vllms(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_kv_events_config(bad)
+
+
+def _shapes(frames: list[list[bytes]]) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """Per event type, the (key, value type) sequences seen, in wire order."""
+    out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for _, _, payload in frames:
+        assert payload[:2] == b"\x93\xcb"  # a 3-element array, a float64 ts first
+        ts, events, rank = msgpack.unpackb(payload, raw=False)
+        assert isinstance(ts, float) and isinstance(events, list) and rank == 0
+        for e in events:
+            shape = tuple((k, type(v).__name__) for k, v in e.items())
+            out.setdefault(e["type"], set()).add(shape)
+    return out
+
+
+async def test_stream_has_the_form_of_real_vllms(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """The emulator's frames against those captured from vLLM 0.32: the same framing, and per
+    event type the same fields in the same order with the same value types."""
+    real: dict[str, Any] = json.loads(FIXTURE.read_text())
+    real_frames = [[base64.b64decode(f) for f in fr] for fr in real["frames"]]
+    pub, rep = free_port(), free_port()
+    server = await start_emulator(profile="tiny", time_scale=0.01, num_blocks=24,
+                                  kv_events=parse_kv_events_config(_cfg(pub, rep)))
+    base = str(server.make_url("")).rstrip("/")
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
+    sub.connect(f"tcp://127.0.0.1:{pub}")
+    await asyncio.sleep(0.3)
+    try:
+        shared = "shared system prompt " * 20
+        await _chat(http, base, shared + "first", "a")
+        await _chat(http, base, shared + "first and more of it " * 5, "a")  # extends: a parent
+        for i in range(6):
+            await _chat(http, base, f"unrelated {i} " * 40, f"x{i}")
+        frames = await _drain(sub)
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    assert {len(f) for f in frames} == {len(f) for f in real_frames} == {3}
+    assert {len(f[1]) for f in frames} == {len(f[1]) for f in real_frames} == {8}
+    assert _shapes(frames) == _shapes(real_frames)

@@ -184,7 +184,8 @@ def test_begin_asks_for_history_from_zero() -> None:
     assert ix.pending == 1 and ix.blocks() == 0
     for s in range(3):
         ix.on_batch(s, batch(), 1.0, replayed=True)
-    assert ix.blocks() == 1 and ix.synced
+    assert ix.blocks() == 1 and not ix.synced  # until the replay says it is complete
+    assert not ix.replay_done(1.0).reset and ix.synced
 
 
 def test_rate_and_lag() -> None:
