@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -75,8 +76,10 @@ class KVEventsShell:
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         for s in self.sources.values():
-            self._tasks.append(asyncio.create_task(self._subscribe(s), name=f"kv-sub-{s.label}"))
-            self._tasks.append(asyncio.create_task(self._replayer(s), name=f"kv-replay-{s.label}"))
+            for coro, name in ((self._subscribe(s), "sub"), (self._replayer(s), "replay")):
+                task = asyncio.create_task(coro, name=f"kv-{name}-{s.label}")
+                task.add_done_callback(functools.partial(self._died, s))
+                self._tasks.append(task)
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -88,6 +91,14 @@ class KVEventsShell:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
+
+    @staticmethod
+    def _died(s: _Source, task: asyncio.Task[None]) -> None:
+        """A subscriber task that ended other than by cancellation: the worker has no index
+        from now on (never a stale one)."""
+        s.connected = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("KV events of %s: subscriber died", s.label, exc_info=task.exception())
 
     # -- reading (the request path and the state document) --------------------------------------
 

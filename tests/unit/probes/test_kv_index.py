@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from marsproxy.probes.kv_index import KVIndex, chain_keys
 from marsproxy.probes.kv_wire import (
@@ -210,3 +212,23 @@ def test_decode_rejects_garbage() -> None:
                                            "token_ids": ["x"], "block_size": 4}]]))
     ok = decode_batch(msgpack.packb([1.0, [{"type": "AllBlocksCleared"}]]))
     assert ok.events == (AllBlocksCleared(),) and ok.data_parallel_rank is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), st.builds(
+    msgpack.packb, st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+        | st.text(max_size=10) | st.binary(max_size=10),
+        lambda inner: st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["type", "block_hashes", "token_ids", "block_size",
+                                           "parent_block_hash", "medium", "extra_keys"]),
+                          inner, max_size=5)
+        | st.just({"type": "BlockStored"}), max_leaves=20))))
+def test_decoder_answers_a_batch_or_wire_error(payload: bytes) -> None:
+    """Whatever a socket delivers: a batch the index can apply, or WireError; nothing else."""
+    try:
+        b = decode_batch(payload)
+    except WireError:
+        return
+    ix = index()
+    ix.on_batch(0, b, 1.0)
