@@ -18,7 +18,6 @@ Run with the project's venv (pyzmq, msgpack, httpx):
 Env: PORT (default 47623), ZMQ_PORT (default PORT+1; replay PORT+2), NUM_BLOCKS (default 40),
      BLOCK_SIZE (default 32; the CPU backend needs a multiple of 32),
      MODEL_DIR (default $REAL_VLLM_HOME/models/tiny).
-The tests load :func:`run_scenario` from this file to drive a live server the same way.
 """
 
 from __future__ import annotations
@@ -135,16 +134,12 @@ def scenario(seed: int = 7) -> list[tuple[str, list[dict[str, str]]]]:
     return order
 
 
-def run_scenario(base: str, cap: Capture, model: str = "tiny",
-                 order: list[tuple[str, list[dict[str, str]]]] | None = None,
-                 on_before: Any = None) -> list[dict[str, Any]]:
-    """Send ``order`` one request at a time; per request what the engine reported.
-    ``on_before(messages)`` (optional) runs before each send (the live test predicts there)."""
+def run_scenario(base: str, cap: Capture, model: str = "tiny") -> list[dict[str, Any]]:
+    """Send the scenario one request at a time; per request what the engine reported."""
     out: list[dict[str, Any]] = []
     with httpx.Client(timeout=120) as client:
-        for session, messages in order or scenario():
+        for session, messages in scenario():
             cap.settle()
-            extra = on_before(messages) if on_before is not None else None
             after = cap.last_seq()
             r = client.post(f"{base}/v1/chat/completions", json={
                 "model": model, "messages": messages, "max_tokens": 4, "ignore_eos": True,
@@ -156,8 +151,7 @@ def run_scenario(base: str, cap: Capture, model: str = "tiny",
             out.append({"session": session, "after_seq": after,
                         "prompt_token_ids": body.get("prompt_token_ids"),
                         "prompt_tokens": body["usage"]["prompt_tokens"],
-                        "cached_tokens": details.get("cached_tokens") or 0,
-                        "predicted": extra})
+                        "cached_tokens": details.get("cached_tokens") or 0})
         cap.settle()
     return out
 
