@@ -160,6 +160,18 @@ def _b64(frames: list[list[bytes]]) -> list[list[str]]:
     return [[base64.b64encode(f).decode() for f in fr] for fr in frames]
 
 
+def dumps(doc: dict[str, Any]) -> str:
+    """JSON with one line per top-level key and per frame or request (diffs stay readable)."""
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, list):
+            items = ",\n  ".join(json.dumps(v, separators=(",", ":")) for v in value)
+            lines.append(f' "{key}": [\n  {items}\n ]')
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def main() -> int:
     out_file = Path(sys.argv[1]) if len(sys.argv) > 1 else (
         REPO / "tests" / "fixtures" / "vllm-0.32-kv-events.json")
@@ -187,7 +199,7 @@ def main() -> int:
     doc = {"vllm": "0.32.0", "kv_events_config": cfg, "block_size": int(env["BLOCK_SIZE"]),
            "num_blocks": int(env["NUM_BLOCKS"]), "sources": sources,
            "frames": _b64(cap.frames), "replay": _b64(replay), "requests": requests}
-    out_file.write_text(json.dumps(doc, indent=1) + "\n")
+    out_file.write_text(dumps(doc))
     hits = sum(1 for r in requests if r["cached_tokens"])
     print(f"wrote {out_file}: {len(cap.frames)} frames, {len(replay)} replayed,"
           f" {len(requests)} requests ({hits} with cached tokens)")
