@@ -24,7 +24,7 @@ from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_moves import retired_keys
 from marsproxy.config_section import Section as _Section
 from marsproxy.policies import PolicyError, policy_preset
-from marsproxy.probes.config import ProbesConfig
+from marsproxy.probes.config import KVEventsSourceConfig, ProbesConfig
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.security_config import AuthConfig, LimitsConfig
 
@@ -72,6 +72,11 @@ class WorkerConfig(_Section):
         None, ge=1,
         description="The worker's --max-num-seqs: the in-flight cap of gated dispatch; unset:"
         " scheduler.default_max_num_seqs.",
+    )
+    kv_events: KVEventsSourceConfig | None = Field(
+        None,
+        description="Where the worker publishes KV events ({endpoint, replay_endpoint, topic});"
+        " unset: no KV index for it (docs/kv-events.md).",
     )
 
     @field_validator("url")

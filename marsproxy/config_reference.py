@@ -83,8 +83,10 @@ EXAMPLE_HEAD = """\
 """
 EXAMPLE_WORKERS = """\
 # Upstream workers (vLLM OpenAI servers or `marsproxy emulate`). `serve` needs at least one.
-# A bare URL, or {url: ..., name: ..., priority: true|false|auto, max_num_seqs: N}
-# (priority: whether it runs --scheduling-policy priority; see docs/scheduler.md).
+# A bare URL, or {url: ..., name: ..., priority: true|false|auto, max_num_seqs: N,
+# kv_events: {endpoint: tcp://HOST:5557, replay_endpoint: tcp://HOST:5558, topic: kv}}
+# (priority: whether it runs --scheduling-policy priority, see docs/scheduler.md; kv_events:
+# where it publishes vLLM's KV cache events, see docs/kv-events.md).
 workers:
   - http://127.0.0.1:8000
   - http://127.0.0.1:8001

@@ -53,9 +53,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
+    from marsproxy.emulator.kv_events import parse_kv_events_config
     from marsproxy.emulator.server import EmulatorOptions, serve
 
     _setup_logging(args.log_level)
+    try:
+        kv_events = (None if args.kv_events_config is None
+                     else parse_kv_events_config(args.kv_events_config))
+    except ValueError as exc:
+        sys.stderr.write(f"marsproxy emulate: {exc}\n")
+        return 2
     opts = EmulatorOptions(
         profile=args.profile,
         host=args.host,
@@ -66,6 +73,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         served_model_name=args.served_model_name,
+        kv_events=kv_events,
     )
     asyncio.run(serve(opts))
     return 0
@@ -155,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-num-seqs", type=int, default=None, help="default: profile")
     e.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: profile")
     e.add_argument("--served-model-name", default=None, help="model name (default: profile)")
+    e.add_argument(
+        "--kv-events-config", default=None, metavar="JSON",
+        help="as vLLM's: publish KV cache events over ZMQ, e.g. '{\"enable_kv_cache_events\":"
+        " true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\","
+        " \"topic\": \"kv\"}' (docs/kv-events.md)",
+    )
     e.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     e.set_defaults(func=_cmd_emulate)
 

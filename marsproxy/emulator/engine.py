@@ -128,6 +128,7 @@ class Engine:
         ignore_eos: bool = False,
         priority: int = 0,
         now: float = 0.0,
+        session_id: str | None = None,
     ) -> EngineRequest:
         """Queue a request. Raises :class:`RequestError` for prompts that cannot be served."""
         if req_id in self._requests:
@@ -160,6 +161,7 @@ class Engine:
             priority=priority if self.policy == "priority" else 0,
             arrival_time=now,
             seq=self._seq,
+            session_id=session_id,
         )
         self.kv.hash_prompt(req.kv, req.token_ids)
         self._requests[req_id] = req
@@ -286,13 +288,13 @@ class Engine:
             req.num_computed += num_new
             token_ids = req.token_ids
             if req.num_computed < len(token_ids):
-                kv.cache_full_blocks(req.kv, req.num_computed)
+                kv.cache_full_blocks(req.kv, req.num_computed, token_ids, req.session_id)
                 continue  # partial prefill chunk: no token sampled yet
             tok = filler_token_id(len(token_ids) - req.num_prompt_tokens)
             token_ids.append(tok)
             if len(token_ids) % bs == 0:  # the sampled token completed a block
                 kv.extend_hashes(req.kv, token_ids)
-            kv.cache_full_blocks(req.kv, req.num_computed)
+            kv.cache_full_blocks(req.kv, req.num_computed, token_ids, req.session_id)
             result.new_tokens[req_id] = [tok]
             result.generation_tokens += 1
             if req.pending_preemptions:

@@ -35,6 +35,25 @@ _CHAINS_PER_KEY = 4
 _CHAIN_TOKENS_PER_KV_TOKEN = 8
 
 
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks that became findable (chained hashes; parent None at a prompt's start)."""
+
+    block_hashes: list[int]
+    parent: int | None
+    token_ids: list[int]
+    session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """A block's hash dropped from the cache (the block was taken for new tokens)."""
+    block_hash: int
+
+
+KVEvent = BlockStored | BlockRemoved
+
+
 class KVSeq:
     """Per-request KV state: its blocks and the hash chain of its full blocks."""
 
@@ -135,6 +154,22 @@ class KVCache:
         # key -> (token ids, their chain), most recent last; LRU over keys for the memory bound.
         self._chains: OrderedDict[int, list[tuple[list[int], list[int]]]] = OrderedDict()
         self._chain_tokens = 0
+        # KV events (vLLM's --kv-events-config), recorded only when a publisher asked for them
+        # (:meth:`record_events`); taken once per step by :meth:`take_events`.
+        self._events: list[KVEvent] | None = None
+
+    # -- KV events -----------------------------------------------------------------------
+    def record_events(self) -> None:
+        """Record stored/removed events from now on (off by default: the simulator pays 0)."""
+        if self._events is None:
+            self._events = []
+
+    def take_events(self) -> list[KVEvent]:
+        """The events recorded since the last call, oldest first."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -269,7 +304,10 @@ class KVCache:
         hashes = self._hash
         old = list(map(hashes.__getitem__, taken))
         if old.count(None) != n_new:
-            self._evict([(h, b) for h, b in zip(old, taken, strict=True) if h is not None])
+            evicted = [(h, b) for h, b in zip(old, taken, strict=True) if h is not None]
+            self._evict(evicted)
+            if self._events is not None:  # one event per evicted block, as vLLM
+                self._events.extend(BlockRemoved(h) for h, _ in evicted)
             _consume(map(hashes.__setitem__, taken, repeat(None)))
         _consume(map(ref.__setitem__, taken, repeat(1)))
         blocks.extend(taken)
@@ -286,12 +324,18 @@ class KVCache:
         if not pos.keys().isdisjoint(b for _, b in gone):
             self._memo.cut(min(pos[b] for _, b in gone if b in pos))
 
-    def cache_full_blocks(self, seq: KVSeq, num_computed_tokens: int) -> None:
-        """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them."""
+    def cache_full_blocks(
+        self, seq: KVSeq, num_computed_tokens: int, token_ids: Sequence[int] = (),
+        session_id: str | None = None,
+    ) -> None:
+        """Register ``seq``'s blocks whose tokens are all computed so later prompts can hit them.
+        ``token_ids`` (the request's tokens) and ``session_id`` only go into the KV events."""
         upto = min(num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.blocks))
         start = seq.num_cached_blocks
         if upto <= start:
             return
+        if self._events is not None:
+            self._stored_event(seq, start, upto, token_ids, session_id)
         hashes, setdefault = self._hash, self._cached.setdefault
         new_blocks, new_hashes = seq.blocks[start:upto], seq.block_hashes[start:upto]
         # Keep the first holder of a hash, like vLLM (duplicates just are not findable).
@@ -306,6 +350,22 @@ class KVCache:
                     hashes[b] = h
                     setdefault(h, b)
         seq.num_cached_blocks = upto
+
+    def _stored_event(
+        self, seq: KVSeq, start: int, upto: int, token_ids: Sequence[int], session_id: str | None
+    ) -> None:
+        """BlockStored for blocks ``start:upto`` of ``seq`` that get a hash now (duplicates of
+        a cached hash included, as vLLM reports them); one event per contiguous run."""
+        assert self._events is not None
+        hashes, bs, chain = self._hash, self.block_size, seq.block_hashes
+        run: list[int] = []
+        for i in [*(i for i in range(start, upto) if hashes[seq.blocks[i]] is None), -1]:
+            if run and (i != run[-1] + 1):
+                a, b = run[0], run[-1] + 1
+                self._events.append(BlockStored(chain[a:b], chain[a - 1] if a else None,
+                                                list(token_ids[a * bs : b * bs]), session_id))
+                run = []
+            run.append(i)
 
     def free(self, seq: KVSeq) -> None:
         """Drop ``seq``'s references. Tail blocks go to the free queue first, so they are evicted

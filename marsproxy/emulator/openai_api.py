@@ -63,6 +63,7 @@ class ParsedRequest:
     priority: int
     stream: bool
     include_usage: bool
+    session_id: str | None = None  # vLLM 0.32's field: carried into the KV events
 
 
 def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
@@ -123,6 +124,9 @@ def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
     elif opts is not None:
         raise bad_request("'stream_options' must be an object", "stream_options")
     priority = _opt_int(body, "priority") or 0
+    session_id = body.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise bad_request("'session_id' must be a string", "session_id")
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -132,6 +136,7 @@ def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
         priority=priority,
         stream=stream,
         include_usage=include_usage,
+        session_id=session_id,
     )
 
 

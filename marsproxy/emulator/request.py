@@ -68,6 +68,7 @@ class EngineRequest:
     finish_time: float | None = None
     token_gaps: list[float] = field(default_factory=list)
     kv: KVSeq = field(default_factory=KVSeq)
+    session_id: str | None = None  # the body's session_id: carried into KV events
 
     @property
     def num_tokens(self) -> int:

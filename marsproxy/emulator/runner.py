@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from marsproxy.emulator.engine import Engine, Policy, StepResult
+from marsproxy.emulator.kv_events import KVEventPublisher, KVEventsConfig
 from marsproxy.emulator.metrics import EmulatorMetrics
 from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.request import FinishedEvent
@@ -33,7 +34,10 @@ class TokenStream:
 
 
 class EngineRunner:
-    def __init__(self, profile: EngineProfile, policy: Policy, time_scale: float) -> None:
+    def __init__(
+        self, profile: EngineProfile, policy: Policy, time_scale: float,
+        kv_events: KVEventsConfig | None = None,
+    ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.profile = profile
@@ -45,6 +49,8 @@ class EngineRunner:
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
         self._model_now = 0.0
+        self.kv_events = kv_events
+        self._publisher: KVEventPublisher | None = None
 
     # -- clock -------------------------------------------------------------------------------
     def _wall_model(self) -> float:
@@ -57,6 +63,10 @@ class EngineRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self._t0 = asyncio.get_running_loop().time()
+        if self.kv_events is not None and self.kv_events.publishes:
+            self.engine.kv.record_events()
+            self._publisher = KVEventPublisher(self.kv_events, self.profile.block_size)
+            self._publisher.start()
         self._task = asyncio.create_task(self._run(), name="emulator-engine")
         self._task.add_done_callback(_log_crash)
 
@@ -66,11 +76,14 @@ class EngineRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._publisher is not None:
+            await self._publisher.stop()
+            self._publisher = None
 
     # -- requests ----------------------------------------------------------------------------
     def submit(
         self, req_id: str, prompt: list[int], max_tokens: int | None, ignore_eos: bool,
-        priority: int,
+        priority: int, session_id: str | None = None,
     ) -> TokenStream:
         """Queue a request (raises ``RequestError``) and return the stream to wait on."""
         # A busy engine's clock is the truth for arrivals (it may lag the wall clock when the
@@ -80,7 +93,8 @@ class EngineRunner:
         else:
             now = self._model_now = self.model_now()
         self.engine.add_request(
-            req_id, prompt, max_tokens, ignore_eos=ignore_eos, priority=priority, now=now
+            req_id, prompt, max_tokens, ignore_eos=ignore_eos, priority=priority, now=now,
+            session_id=session_id,
         )
         stream = TokenStream(req_id)
         self._streams[req_id] = stream
@@ -115,6 +129,8 @@ class EngineRunner:
             # sleep(0) still yields, so handlers write while the engine is saturated.
             await asyncio.sleep(max(delay, 0.0))
             self._deliver(result)
+            if self._publisher is not None:  # one batch per step, as vLLM's scheduler
+                self._publisher.publish(eng.kv.take_events())
             self.metrics.record_step(
                 result, eng.stats(), (eng.kv.stats.queries - q0, eng.kv.stats.hits - h0)
             )

@@ -24,6 +24,7 @@ from marsproxy.emulator.http_util import json_response as _json
 from marsproxy.emulator.http_util import read_json as _read_json
 from marsproxy.emulator.http_util import sse as _sse
 from marsproxy.emulator.http_util import wait_update as _wait_update
+from marsproxy.emulator.kv_events import KVEventsConfig
 from marsproxy.emulator.messages_http import MessagesHandlers
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.emulator.request import RequestError
@@ -44,6 +45,7 @@ class EmulatorOptions:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     served_model_name: str | None = None
+    kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config
 
 
 RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
@@ -85,7 +87,7 @@ class _Handlers:
         try:
             stream = self.runner.submit(
                 rid, parsed.prompt_token_ids, parsed.max_tokens, parsed.ignore_eos,
-                parsed.priority,
+                parsed.priority, parsed.session_id,
             )
         except RequestError as exc:
             return _error(api.bad_request(str(exc)))
@@ -192,6 +194,11 @@ class _Handlers:
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": VLLM_VERSION})
 
+    async def kv_event_sources(self, request: web.Request) -> web.Response:
+        """The publisher's config by data-parallel rank, as vLLM 0.32 (empty without one)."""
+        cfg = self.runner.kv_events
+        return _json({} if cfg is None or not cfg.publishes else {"0": cfg.source()})
+
     async def metrics(self, request: web.Request) -> web.Response:
         self.runner.metrics.record_state(self.runner.engine.stats())
         return web.Response(
@@ -206,7 +213,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
         max_num_batched_tokens=opts.max_num_batched_tokens,
         served_model_name=opts.served_model_name,
     )
-    runner = EngineRunner(profile, opts.scheduling_policy, opts.time_scale)
+    runner = EngineRunner(profile, opts.scheduling_policy, opts.time_scale, opts.kv_events)
     app = web.Application()
     app[RUNNER_KEY] = runner
     h = _Handlers(runner)
@@ -222,6 +229,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app.router.add_post("/ping", h.health)
     app.router.add_get("/version", h.version)
     app.router.add_get("/metrics", h.metrics)
+    app.router.add_get("/kv_event_sources", h.kv_event_sources)
     app.router.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing else serves
 
     async def _start(app: web.Application) -> None:

@@ -6,9 +6,9 @@ default and a description.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from marsproxy.config_section import Section as _Section
 
@@ -62,9 +62,60 @@ class CpuProbeConfig(_Section):
     period_s: float = Field(1.0, gt=0, description="Period of reading CPU pressure.")
 
 
+class KVEventsSourceConfig(_Section):
+    """``workers[].kv_events``: where a worker publishes its KV events (vLLM's
+    ``--kv-events-config``, seen from the proxy)."""
+
+    endpoint: str = Field(
+        description="The worker's PUB socket as the proxy reaches it, e.g. tcp://10.0.0.5:5557"
+        " (vLLM binds it with endpoint tcp://*:5557)."
+    )
+    replay_endpoint: str | None = Field(
+        None,
+        description="The worker's replay (ROUTER) socket, e.g. tcp://10.0.0.5:5558; unset: gaps"
+        " are not replayed (the index forgets and goes on).",
+    )
+    topic: str = Field("", description="The topic the worker publishes on (its config's topic).")
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"a ZMQ endpoint starts with tcp://, ipc:// or inproc://, got {v!r}")
+        if v is not None and v.startswith("tcp://") and "*" in v:
+            raise ValueError(f"{v!r}: name the worker's host (tcp://HOST:PORT), not *")
+        return v
+
+
+class KVEventsConfig(_Section):
+    """``probes.kv_events:`` — subscribing to the workers' KV events (docs/kv-events.md)."""
+
+    session_id: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Put the proxy's session key in the body's session_id of relayed requests,"
+        " so the workers' KV events name the session: auto (when some worker has kv_events),"
+        " always, never. A client's own session_id is replaced.",
+    )
+    replay_timeout_s: float = Field(
+        2.0, gt=0,
+        description="Longest wait for a replay's next frame; then the gap is given up (resync).",
+    )
+    max_pending_batches: int = Field(
+        10_000, ge=1,
+        description="Live batches held while a gap is replayed; more: resync at once.",
+    )
+    reconnect_s: float = Field(
+        1.0, gt=0, description="ZMQ reconnect interval to a publisher that went away."
+    )
+    rate_window_s: float = Field(
+        10.0, gt=0, description="Window of the events/s figure in the state document."
+    )
+
+
 class ProbesConfig(_Section):
-    """``probes:`` — vLLM /metrics scraping, NVML and CPU pressure."""
+    """``probes:`` — vLLM /metrics scraping, NVML, CPU pressure and KV events."""
 
     vllm: VllmProbeConfig = VllmProbeConfig()
     nvml: NvmlProbeConfig = NvmlProbeConfig()
     cpu: CpuProbeConfig = CpuProbeConfig()
+    kv_events: KVEventsConfig = KVEventsConfig()

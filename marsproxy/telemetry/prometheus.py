@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from marsproxy.telemetry.kv_index import kv_index_metrics
 from marsproxy.telemetry.state import SESSION_STATES, AdmissionState, StateDoc, WorkerState
 
 _WORKER_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -90,6 +91,8 @@ class StateCollector(Collector):
         yield from _scheduler(doc)
         if "admission" in doc:
             yield from _admission(doc["admission"])
+        if "kv_index" in doc:
+            yield from kv_index_metrics(doc["kv_index"])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Literal, NotRequired, TypedDict
 
+from marsproxy.telemetry.kv_index import KVIndexWorkerState
+
 SessionState = Literal["llm", "tool", "idle"]
 SESSION_STATES: tuple[SessionState, ...] = ("llm", "tool", "idle")
 
@@ -260,6 +262,7 @@ class StateDoc(TypedDict):
     events: EventsState
     scheduler: NotRequired[SchedState]  # always set by the gateway
     admission: NotRequired[AdmissionState]  # absent when admission.enabled is false
+    kv_index: NotRequired[dict[str, KVIndexWorkerState]]  # workers with kv_events only
 
 
 def finite(x: float | None) -> float | None:

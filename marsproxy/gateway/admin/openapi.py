@@ -139,6 +139,8 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                                 "sessions": {"type": "object"},
                                 "events": {"type": "object"},
                                 "admission": {"type": "object"},
+                                # per worker with kv_events (docs/kv-events.md)
+                                "kv_index": {"type": "object"},
                             },
                         },
                     ),

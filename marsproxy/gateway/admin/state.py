@@ -55,6 +55,8 @@ def build_state(
     }
     if gw.admission is not None:
         doc["admission"] = _admission(gw.admission)
+    if gw.kv_events is not None:  # the KV index of workers with kv_events (issue 24)
+        doc["kv_index"] = gw.kv_events.state()
     return doc
 
 

@@ -99,6 +99,17 @@ def splice_new_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> byt
     return raw[:end] + sep + item + raw[end:]
 
 
+def set_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> bytes:
+    """``raw`` (and ``obj``) with top-level ``key`` set to ``value``: spliced in when new,
+    unchanged when it already holds ``value``, else the body serialized again."""
+    if key not in obj:
+        return splice_new_key(raw, obj, key, value)
+    if obj[key] == value:
+        return raw
+    obj[key] = value
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
     """``raw`` asking for usage; ``obj`` (its parse) gets the same ``stream_options``.
 

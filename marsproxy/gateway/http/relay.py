@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from marsproxy.config import WorkerConfig
 from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
 from marsproxy.core.sessions import Turn
-from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited
+from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
 from marsproxy.gateway.http.upstream import (
     Opened,
@@ -29,6 +29,7 @@ from marsproxy.gateway.http.upstream import (
     response_headers,
 )
 from marsproxy.gateway.shells.admission_types import Refused
+from marsproxy.gateway.shells.kv_events import sets_session_id
 from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.shells.scheduler import Prepared
@@ -42,6 +43,7 @@ class Relay:
         self.gw = gw
         self._retry_after = max(1, round(gw.cfg.health.interval_s))
         self.events = RequestEvents(gw)
+        self._session_ids = sets_session_id(gw.cfg)
 
     async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
         gw, clock, out = self.gw, Clock(), Outcome(route, scheduled=True)
@@ -89,6 +91,8 @@ class Relay:
         except SessionRefused as exc:  # bad session id, or the tenant's session cap
             return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
+        if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
+            body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.healthy():

@@ -25,6 +25,7 @@ from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.http.upstream import Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Refused, Verdict
+from marsproxy.gateway.shells.kv_events import KVEventsShell
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.scheduler import Prepared, SchedulerShell
@@ -84,6 +85,10 @@ class Gateway:
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)
+        # The workers' KV indexes from their KV events; None: no worker publishes them.
+        self.kv_events = (
+            KVEventsShell(cfg) if any(w.kv_events for w in cfg.workers) else None
+        )
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
@@ -100,6 +105,8 @@ class Gateway:
             if self.admission is not None:
                 await self.admission.start()
             await self.scheduler.start()
+            if self.kv_events is not None:  # KV events (issue 24)
+                await self.kv_events.start()
         except BaseException:
             # Refused at start (a store that rejects our credentials): close what did start, so
             # the refusal is the last word and no client session is left open behind it.
@@ -118,6 +125,8 @@ class Gateway:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         await self.scheduler.stop()
         if self.admission is not None:
             await self.admission.stop()

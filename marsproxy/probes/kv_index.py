@@ -1,0 +1,309 @@
+"""What one worker holds in its KV cache, rebuilt from its KV events (sans-IO).
+
+:class:`KVIndex` applies vLLM's event batches (:mod:`marsproxy.probes.kv_wire`) in sequence
+order and answers two questions: how many leading tokens of a prompt are resident (what the
+engine would serve from its prefix cache), and how many blocks a session's requests stored.
+
+Blocks are matched by *content*, not by vLLM's block hash: the hash algorithm and its seed may
+differ between processes, so the index chains its own key over each block's token ids
+(``key = hash((parent_key, block_tokens))``; Python's hash of a tuple of ints is the same in
+every process) and keeps only those keys and vLLM's hashes, never text. A block whose parent is
+unknown (history missed) or whose hash covers more than its tokens (cache salt, LoRA,
+multimodal input) is counted as resident but never matches a prompt.
+
+Sequencing: batches carry consecutive numbers. A batch ahead of the next expected one is held
+back and the caller is asked to replay from the missing number; replayed batches fill the gap
+and the held ones follow. A gap the replay cannot fill (the publisher's buffer no longer holds
+it, no replay socket, too many batches held) resynchronises: the index forgets everything and
+goes on from the oldest held batch, so it under-counts rather than believes in blocks that may
+be gone. A live batch numbered below the expected one means the worker restarted (its counter
+began again): the index is reset and replays the new process's history from 0.
+
+Pure code: the caller passes the wall clock (seconds) it read at each step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from marsproxy.probes.kv_wire import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+)
+
+MEDIUM_GPU = "GPU"  # vLLM's medium for its own block pool; also used when an event names none
+_ROOT = 0  # the parent key of a prompt's first block
+_UNMATCHABLE = -1  # parent key marker of blocks that must never match a prompt
+
+
+def chain_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The content keys of the full blocks of ``token_ids``, first block first."""
+    keys: list[int] = []
+    parent = _ROOT
+    for i in range(len(token_ids) // block_size):
+        parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
+        keys.append(parent)
+    return keys
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the caller must do after feeding the index: ask for a replay from ``replay_from``
+    (None: nothing to ask); ``reset`` says the index forgot its blocks in this step."""
+
+    replay_from: int | None = None
+    reset: bool = False
+
+
+class _Block:
+    __slots__ = ("holders", "key", "session")
+
+    def __init__(self, key: int | None, session: str | None) -> None:
+        self.key = key  # content key; None: cannot match a prompt
+        self.session = session
+        # Blocks holding this hash: two requests that computed the same prefix at once each
+        # store it, and each of their blocks is removed on its own.
+        self.holders = 1
+
+
+class KVIndex:
+    """One worker's resident blocks, per medium and per session, from its event stream."""
+
+    def __init__(self, *, replay: bool, max_pending: int, rate_window_s: float = 10.0) -> None:
+        if max_pending < 1 or rate_window_s <= 0:
+            raise ValueError("max_pending must be >= 1 and rate_window_s > 0")
+        self.replay = replay
+        self.max_pending = max_pending
+        self.rate_window_s = rate_window_s
+        self.block_size: int | None = None
+        self._blocks: dict[str, dict[BlockHash, _Block]] = {}
+        self._resident: dict[str, Counter[int]] = {}  # medium -> content key -> holders
+        self._sessions: dict[str, Counter[str]] = {}  # medium -> session -> blocks
+        self.expected: int | None = None  # next sequence number; None: take what comes
+        self._pending: dict[int, EventBatch] = {}
+        self.replaying = False
+        self.synced = False  # the history since the last (re)start is replayed (or needs none)
+        # counters
+        self.events_total = 0
+        self.batches_total = 0
+        self.resyncs_total = 0
+        self.duplicates_total = 0
+        self.unknown_removals_total = 0
+        self.last_seq: int | None = None
+        self.last_lag_s: float | None = None
+        self._rate: deque[tuple[float, int]] = deque()
+
+    # -- sequencing -----------------------------------------------------------------------------
+
+    def begin(self) -> Step:
+        """A (re)connection to the publisher: forget what was known (a worker may have restarted
+        behind it) and, with a replay socket, fetch its history from 0."""
+        self._clear()
+        self._pending.clear()
+        self.synced = False
+        if not self.replay:
+            self.expected, self.replaying, self.synced = None, False, True
+            return Step(reset=True)
+        self.expected, self.replaying = 0, True
+        return Step(replay_from=0, reset=True)
+
+    def on_batch(self, seq: int, batch: EventBatch, now: float, *, replayed: bool = False) -> Step:
+        """Feed one batch (live from the PUB socket, or ``replayed``)."""
+        if self.expected is None:
+            self.expected = seq
+        if seq == self.expected:
+            self._apply(seq, batch, now)
+            self._drain(now)
+            return Step()
+        if seq < self.expected:
+            if replayed:
+                self.duplicates_total += 1
+                return Step()
+            return self._restarted(seq, batch, now)
+        # A gap: hold this batch until the missing ones come.
+        self._pending[seq] = batch
+        if len(self._pending) > self.max_pending or not self.replay:
+            return self._resync(now)
+        if self.replaying:
+            return Step()
+        self.replaying = True
+        return Step(replay_from=self.expected)
+
+    def replay_done(self, now: float) -> Step:
+        """The replay ended (its end marker, or it timed out): a gap still open is lost."""
+        self.replaying, self.synced = False, True
+        if self._pending and self.expected not in self._pending:
+            return self._resync(now)
+        return Step()
+
+    def _restarted(self, seq: int, batch: EventBatch, now: float) -> Step:
+        self.resyncs_total += 1
+        step = self.begin()
+        if not self.replay or seq == 0:
+            self.expected, self.replaying, self.synced = seq, False, True
+            self._apply(seq, batch, now)
+            return Step(reset=True)
+        self._pending[seq] = batch
+        return step
+
+    def _resync(self, now: float) -> Step:
+        self.resyncs_total += 1
+        self._clear()
+        self.expected = min(self._pending)
+        self._drain(now)
+        return Step(reset=True)
+
+    def _drain(self, now: float) -> None:
+        while self.expected in self._pending:
+            seq = self.expected
+            self._apply(seq, self._pending.pop(seq), now)
+
+    # -- applying -------------------------------------------------------------------------------
+
+    def _apply(self, seq: int, batch: EventBatch, now: float) -> None:
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                self._stored(ev)
+            elif isinstance(ev, BlockRemoved):
+                self._removed(ev)
+            elif isinstance(ev, AllBlocksCleared):
+                self._clear()
+        self.expected = seq + 1
+        self.last_seq = seq
+        self.batches_total += 1
+        self.events_total += len(batch.events)
+        self.last_lag_s = max(0.0, now - batch.ts)
+        self._rate.append((now, len(batch.events)))
+        self._trim_rate(now)
+
+    def _parent_key(self, ev: BlockStored) -> int | None:
+        if ev.parent_block_hash is None:
+            return _ROOT
+        medium = ev.medium or MEDIUM_GPU
+        blocks = self._blocks.get(medium, {})
+        found = blocks.get(ev.parent_block_hash)
+        if found is None:  # maybe held in another medium
+            for other in self._blocks.values():
+                found = other.get(ev.parent_block_hash)
+                if found is not None:
+                    break
+        return None if found is None else found.key
+
+    def _stored(self, ev: BlockStored) -> None:
+        medium = ev.medium or MEDIUM_GPU
+        n, bs = len(ev.block_hashes), ev.block_size
+        parent = _UNMATCHABLE if ev.salted else self._parent_key(ev)
+        keys: list[int | None]
+        if parent is None or parent == _UNMATCHABLE or len(ev.token_ids) != n * bs:
+            keys = [None] * n
+        else:
+            self.block_size = bs
+            keys = []
+            for i in range(n):
+                parent = hash((parent, ev.token_ids[i * bs : (i + 1) * bs]))
+                keys.append(parent)
+        blocks = self._blocks.setdefault(medium, {})
+        resident = self._resident.setdefault(medium, Counter())
+        sessions = self._sessions.setdefault(medium, Counter())
+        for h, key in zip(ev.block_hashes, keys, strict=True):
+            old = blocks.get(h)
+            if old is not None:  # another holder; the latest session owns it
+                old.holders += 1
+                if ev.session_id is not None and ev.session_id != old.session:
+                    self._count_session(sessions, old.session, -1)
+                    old.session = ev.session_id
+                    self._count_session(sessions, old.session, 1)
+                continue
+            blocks[h] = _Block(key, ev.session_id)
+            if key is not None:
+                resident[key] += 1
+            self._count_session(sessions, ev.session_id, 1)
+
+    def _removed(self, ev: BlockRemoved) -> None:
+        medium = ev.medium or MEDIUM_GPU
+        blocks = self._blocks.get(medium, {})
+        resident = self._resident.get(medium, Counter())
+        sessions = self._sessions.get(medium, Counter())
+        for h in ev.block_hashes:
+            gone = blocks.get(h)
+            if gone is None:
+                self.unknown_removals_total += 1
+                continue
+            gone.holders -= 1
+            if gone.holders > 0:
+                continue
+            del blocks[h]
+            if gone.key is not None:
+                resident[gone.key] -= 1
+                if resident[gone.key] <= 0:
+                    del resident[gone.key]
+            self._count_session(sessions, gone.session, -1)
+
+    @staticmethod
+    def _count_session(sessions: Counter[str], session: str | None, delta: int) -> None:
+        if session is None:
+            return
+        sessions[session] += delta
+        if sessions[session] <= 0:
+            del sessions[session]
+
+    def _clear(self) -> None:
+        self._blocks.clear()
+        self._resident.clear()
+        self._sessions.clear()
+
+    def _trim_rate(self, now: float) -> None:
+        while self._rate and self._rate[0][0] < now - self.rate_window_s:
+            self._rate.popleft()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def resident_prefix_tokens(self, token_ids: Sequence[int], medium: str = MEDIUM_GPU) -> int:
+        """Leading tokens of ``token_ids`` whose blocks are resident in ``medium`` (whole blocks;
+        0 before the block size is known)."""
+        bs = self.block_size
+        resident = self._resident.get(medium)
+        if bs is None or not resident:
+            return 0
+        parent, n = _ROOT, 0
+        for i in range(len(token_ids) // bs):
+            parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
+            if parent not in resident:
+                break
+            n += 1
+        return n * bs
+
+    def predicted_cached_tokens(self, token_ids: Sequence[int], medium: str = MEDIUM_GPU) -> int:
+        """What the engine would report as ``cached_tokens`` for this prompt now: the resident
+        prefix, less the last prompt token (always computed), in whole blocks."""
+        bs = self.block_size
+        if bs is None or not token_ids:
+            return 0
+        cap = (len(token_ids) - 1) // bs * bs
+        return min(self.resident_prefix_tokens(token_ids, medium), cap)
+
+    def session_blocks(self, session: str, medium: str = MEDIUM_GPU) -> int:
+        """Resident blocks in ``medium`` last stored or reported by ``session``'s requests."""
+        return self._sessions.get(medium, Counter()).get(session, 0)
+
+    def blocks(self, medium: str = MEDIUM_GPU) -> int:
+        return len(self._blocks.get(medium, {}))
+
+    def blocks_by_medium(self) -> dict[str, int]:
+        return {m: len(b) for m, b in self._blocks.items()}
+
+    def sessions(self, medium: str = MEDIUM_GPU) -> int:
+        return len(self._sessions.get(medium, {}))
+
+    def events_per_s(self, now: float) -> float:
+        self._trim_rate(now)
+        return sum(n for _, n in self._rate) / self.rate_window_s
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
