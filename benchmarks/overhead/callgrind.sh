@@ -2,15 +2,17 @@
 # Instructions per request of a proxy, counted by valgrind's callgrind: repeatable to about
 # 0.3 % on a shared, noisy machine, where CPU seconds vary by 10-20 % from run to run.
 #
-#   benchmarks/overhead/callgrind.sh fcfs|mars|relay [seconds=15] [connections=4]
+#   benchmarks/overhead/callgrind.sh fcfs|mars|relay [seconds=15] [connections=4] [sessions=16]
 #
 # Starts the fast upstream (CPU 1), the proxy under callgrind with instrumentation off (CPU 0),
 # warms it up with wrk for 5 s, counts instructions during a second wrk run, and prints
 # instructions per request. "relay" is the bare aiohttp relay (marsproxy/bench/overhead_relay.py),
-# the floor of marsproxy's HTTP stack. Needs valgrind and wrk (apt-get install valgrind wrk).
+# the floor of marsproxy's HTTP stack. sessions: how many x-session-id values the requests rotate
+# over, or "one-call" (each request a new session with x-session-final: true).
+# Needs valgrind and wrk (apt-get install valgrind wrk).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-WHAT=${1:-fcfs}; SECS=${2:-15}; CONNS=${3:-4}
+WHAT=${1:-fcfs}; SECS=${2:-15}; CONNS=${3:-4}; SESSIONS=${4:-16}
 WORK=benchmarks/overhead/.work/callgrind; mkdir -p "$WORK"
 PY=.venv/bin/python
 port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -27,16 +29,16 @@ else
   CMD=(-m marsproxy.cli serve --config benchmarks/overhead/marsproxy-callgrind.yaml --policy "$WHAT"
        --port "$PX" --worker "http://127.0.0.1:$UP"); READY=/readyz
 fi
-OUT="$WORK/$WHAT.callgrind"; rm -f "$OUT"*
+OUT="$WORK/$WHAT-$SESSIONS.callgrind"; rm -f "$OUT"*
 taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT" \
   $PY "${CMD[@]}" > "$WORK/$WHAT.log" 2>&1 &
 VPID=$!
 for _ in $(seq 120); do curl -sf -o /dev/null "http://127.0.0.1:$PX$READY" && break; sleep 1; done
 URL="http://127.0.0.1:$PX/v1/chat/completions"
 LUA=benchmarks/overhead/wrk.lua
-taskset -c 1 wrk -t1 -c"$CONNS" -d5s -s $LUA "$URL" -- "$WORK/body.json" 0 16 > /dev/null
+taskset -c 1 wrk -t1 -c"$CONNS" -d5s -s $LUA "$URL" -- "$WORK/body.json" 0 "$SESSIONS" > /dev/null
 callgrind_control -i on $VPID > /dev/null
-N=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s $LUA "$URL" -- "$WORK/body.json" 0 16 \
+N=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s $LUA "$URL" -- "$WORK/body.json" 0 "$SESSIONS" \
     | sed -n 's/.*"requests":\([0-9]*\).*/\1/p')
 callgrind_control -i off $VPID > /dev/null
 callgrind_control --dump $VPID > /dev/null

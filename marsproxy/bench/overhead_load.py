@@ -90,7 +90,8 @@ def run_wrk(opts: Options, url: str, point: Point, duration_s: float) -> dict[st
     argv = [
         *pin(opts.load_cpus), "wrk", "-t1", f"-c{point.conns}", f"-d{seconds}s",
         "--timeout", "30s", "-s", str(opts.config_dir / "wrk.lua"),
-        url + "/v1/chat/completions", "--", str(body), str(point.delay_ms()), str(opts.sessions),
+        url + "/v1/chat/completions", "--", str(body), str(point.delay_ms()),
+        "one-call" if point.one_call else str(opts.sessions),
     ]
     done = subprocess.run(argv, capture_output=True, timeout=seconds + 60, check=False)
     for line in done.stdout.decode(errors="replace").splitlines():

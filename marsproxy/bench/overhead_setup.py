@@ -27,6 +27,9 @@ class Point:
     rate: float
     conns: int
     prompt_bytes: int = 0  # filler added to the user message
+    # Every request a session of its own: a new x-session-id and ``x-session-final: true``
+    # (a one-call session), instead of rotating over the run's agent sessions.
+    one_call: bool = False
 
     def delay_ms(self) -> int:
         """Pause between one connection's requests that offers ``rate`` over all of them."""
@@ -37,16 +40,25 @@ POINT_SETS: dict[str, tuple[Point, ...]] = {
     "default": (
         Point("ns-r100-c2", False, 100, 2),
         Point("ns-r200-c4", False, 200, 4),
+        Point("ns-1call-r100-c1", False, 100, 1, one_call=True),
         Point("ns-r400-c8", False, 400, 8),
         Point("ns-max-c16", False, 0, 16),
         Point("ns64k-r100-c2", False, 100, 2, prompt_bytes=64 * 1024),
         Point("sse-r10-c2", True, 10, 2),
         Point("sse-max-c8", True, 0, 8),
     ),
-    # For the test that keeps the script from rotting: the goal point and one closed-loop SSE.
+    # For the test that keeps the script from rotting: the goal point, serial one-call
+    # sessions and one closed-loop SSE.
     "tiny": (
         Point("ns-r200-c4", False, 200, 4),
+        Point("ns-1call-r100-c1", False, 100, 1, one_call=True),
         Point("sse-max-c2", True, 0, 2),
+    ),
+    # The request path against the bare relay: agent sessions under load, serial one-call
+    # sessions with the final flag.
+    "sessions": (
+        Point("ns-r200-c4", False, 200, 4),
+        Point("ns-1call-r100-c1", False, 100, 1, one_call=True),
     ),
 }
 

@@ -42,7 +42,8 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
 
     rows = {(s["point"], s["target"]): s for s in result["summary"]}
     targets = ("direct", "aiohttp-relay", "marsproxy-fcfs", "marsproxy-mars")
-    assert set(rows) == {(p, t) for p in ("ns-r200-c4", "sse-max-c2") for t in targets}
+    points = ("ns-r200-c4", "ns-1call-r100-c1", "sse-max-c2")
+    assert set(rows) == {(p, t) for p in points for t in targets}
     for (point, target), s in rows.items():
         assert s["requests"] > 0 and s["errors"] == 0, s
         assert 0 < s["p50_ms"] <= s["p99_ms"], s
@@ -55,6 +56,10 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
             assert s["proxy_cpu_s_per_1000"] > 0, s  # read from /proc for the proxy process
             assert s["req_per_cpu_s"] == pytest.approx(1000 / s["proxy_cpu_s_per_1000"], abs=1)
             assert s["proxy_cpu_wait_ms_per_request"] >= 0, s
+        if target.startswith("marsproxy"):  # against the relay, side by side (None: noise)
+            assert s["added_p50_vs_relay"] is None or s["added_p50_vs_relay"] > 0, s
+        else:
+            assert s["added_p50_vs_relay"] is None, s
         if point.startswith("sse"):
             assert s["chunks_per_s"] == pytest.approx(s["rps"] * 100, rel=0.01), s
         else:
@@ -62,9 +67,12 @@ def test_overhead_benchmark_writes_sane_results(tmp_path: Path) -> None:
 
     goals = {g["goal"]: g for g in result["goals"]}
     measured = [g for g in goals.values() if g["value"] is not None and g["limit"] is not None]
-    # Latency, SSE and mars-over-fcfs goals are measured; those against nginx/LiteLLM are not.
-    # (A measured goal's verdict may still be None: a negative added latency is noise.)
-    assert len(measured) == 10, goals
+    # Latency, SSE, mars-over-fcfs goals and mars against the relay (the goal point and the
+    # one-call sessions) are measured; those against nginx/LiteLLM are not. (A measured goal's
+    # verdict may still be None: a negative added latency is noise; the ratio to the relay is
+    # None when the relay's own added latency was not above zero in that round.)
+    assert len(measured) >= 10, goals
+    assert {g["limit"] for k, g in goals.items() if "aiohttp-relay" in k} == {1.25}
     assert all(g["met"] is None for k, g in goals.items() if "LiteLLM" in k or "nginx" in k)
     assert result["machine"]["cpus"] >= 1
     assert "| goal |" in out.with_suffix(".md").read_text()

@@ -1,7 +1,10 @@
 """The request handlers: scheduled routes (session → worker, usage, SSE relay) and pass-through.
 
-Each handler keeps a ``Clock`` so the ``x-marsproxy-overhead-ms`` header reports only the time
-spent in the proxy: everything up to sending the response headers, minus waiting for the worker.
+Each handler keeps a ``Clock`` so the ``x-marsproxy-overhead-ms`` header reports the time spent
+in the proxy, less the wait for the worker and for an admission or dispatch slot. The work after
+the response (metrics, ``llm_end``, the session table, the end of a final session) runs before
+aiohttp sends a response with a body, so that header is written last and counts it; a stream's
+header leaves first, and only ``marsproxy_proxy_overhead_seconds`` counts its after-work.
 """
 
 from __future__ import annotations
@@ -48,15 +51,19 @@ class Relay:
     async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
         gw, clock, out = self.gw, Clock(), Outcome(route, scheduled=True)
         gw.metrics.in_flight.inc()
+        resp: web.StreamResponse | None = None
         try:
-            return await self._scheduled(request, route, clock, out)
+            resp = await self._scheduled(request, route, clock, out)
+            return resp
         except asyncio.CancelledError:
             out.status = CLIENT_GONE
             raise
         finally:
+            clock.tail_begins()
             self._account(out, clock)
             self.events.ended(out, clock)
             self._close_turn(out, clock)
+            self._observe(out, clock, resp)
 
     async def _scheduled(
         self, request: web.Request, route: Route, clock: Clock, out: Outcome
@@ -115,8 +122,12 @@ class Relay:
         t = time.perf_counter()
         try:
             out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw)
-        finally:
+        except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
+            raise
+        ticket = out.prepared.ticket
+        if ticket is not None:  # held: the wait in the gated queue; the rest is the proxy's
+            clock.held_s += min(time.perf_counter() - t, ticket.waited_s())
         return out.prepared
 
     async def _admit(
@@ -127,8 +138,13 @@ class Relay:
         t, chars = time.perf_counter(), len(raw)
         try:
             verdict = await gw.admit(turn.session, tenant, chars, final, raw)
-        finally:
+        except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
+            raise
+        # Held: the wait in the admission queue; admitted at once, admission's work is the
+        # proxy's own (store round trips included). A refusal may have waited: all held.
+        spent = time.perf_counter() - t
+        clock.held_s += spent if isinstance(verdict, Refused) else min(spent, verdict.waited_s)
         if isinstance(verdict, Refused):
             return error(clock, out, verdict.status, verdict.code, verdict.message,
                          verdict.retry_after_s)
@@ -223,14 +239,18 @@ class Relay:
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         gw, clock, out = self.gw, Clock(), Outcome("passthrough", scheduled=False)
         gw.metrics.in_flight.inc()
+        resp: web.StreamResponse | None = None
         try:
-            return await self._passthrough(request, clock, out)
+            resp = await self._passthrough(request, clock, out)
+            return resp
         except asyncio.CancelledError:
             out.status = CLIENT_GONE
             raise
         finally:
+            clock.tail_begins()
             self._account(out, clock)
             self.events.ended(out, clock)
+            self._observe(out, clock, resp)
 
     async def _passthrough(
         self, request: web.Request, clock: Clock, out: Outcome
@@ -274,4 +294,7 @@ class Relay:
         m.in_flight.dec()
         m.requests.labels(out.route, str(out.status)).inc()
         m.latency.labels(out.route).observe(time.perf_counter() - clock.t0)
-        m.overhead.labels(out.route).observe(clock.overhead_s())
+
+    def _observe(self, out: Outcome, clock: Clock, resp: web.StreamResponse | None) -> None:
+        """Last: the proxy's whole time, into the histogram and (not sent yet) the header."""
+        self.gw.metrics.overhead.labels(out.route).observe(clock.stamp(resp))

@@ -7,11 +7,11 @@ code, error kind, worker label. Never a session id.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
     Gauge,
-    Histogram,
     ProcessCollector,
     generate_latest,
 )
@@ -25,6 +25,14 @@ _WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 60
 # Agent sessions run from a one-shot request (seconds) to hours of tool-heavy turns.
 _SESSION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class _Unlabelled(Distribution):
+    """A histogram without labels, observed directly (as ``prometheus_client``'s)."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
+        super().__init__(name, documentation, (), buckets)
+        self.observe = self.labels().observe
 
 
 class GatewayMetrics:
@@ -86,22 +94,20 @@ class GatewayMetrics:
             ["worker"],
             registry=r,
         )
-        self.session_duration = Histogram(
+        # Observed once per session and per held request, on the request path: tallies too.
+        self.session_duration = Distribution(
             "marsproxy_session_duration_seconds",
             "Sessions from their first request to the end of their last good response, observed"
             " once as each ends, by end reason (final, idle, evicted, deleted); sessions that"
             " never got a response are not observed.",
-            ["reason"],
-            buckets=_SESSION_BUCKETS,
-            registry=r,
+            ["reason"], _SESSION_BUCKETS,
         )
         for reason in END_REASONS:  # every reason's series exists from the start, at zero
             self.session_duration.labels(reason)
-        self.admission_wait = Histogram(
+        self.admission_wait = _Unlabelled(
             "marsproxy_admission_wait_seconds",
             "Time a new session waited in the admission queue before a slot was confirmed.",
-            buckets=_WAIT_BUCKETS,
-            registry=r,
+            _WAIT_BUCKETS,
         )
         self.rejections = Tally(
             "marsproxy_rejections",
@@ -123,11 +129,10 @@ class GatewayMetrics:
             "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
             ["level"],
         )
-        self.dispatch_wait = Histogram(
+        self.dispatch_wait = _Unlabelled(
             "marsproxy_dispatch_wait_seconds",
             "Time continuations waited in a gated worker's dispatch queue.",
-            buckets=_WAIT_BUCKETS,
-            registry=r,
+            _WAIT_BUCKETS,
         )
         self.resumes = Tally(
             "marsproxy_resumes",
@@ -155,7 +160,8 @@ class GatewayMetrics:
         )
         # Counters the scheduler and admission update per request: tallies too.
         TallyCollector(
-            [self.upstream_errors, self.rejections, self.refused, self.continuations,
+            [self.session_duration, self.admission_wait, self.dispatch_wait,
+             self.upstream_errors, self.rejections, self.refused, self.continuations,
              self.resumes,
              self.resume_tokens, self.retention_decisions, self.ledger_released]
         ).register(r)

@@ -28,21 +28,55 @@ Pick = Callable[[Iterable[WorkerConfig]], WorkerConfig | None]
 
 
 class Clock:
+    """The proxy's own time on one request: wall time less the wait for the worker
+    (``upstream_s``) and the time the request was deliberately held (``held_s``: the admission
+    queue, the gated dispatch queue).
+
+    A response with a body (JSON, errors) is sent after the handler is done, so its header is
+    stamped last (:meth:`stamp`) and counts everything, the end of the session included. A
+    stream's header leaves before its body: it says the time to the headers
+    (:meth:`header` freezes that), and :meth:`total_s` adds the work after the stream's end.
+    """
+
+    __slots__ = ("_tail_t", "frozen_s", "held_s", "t0", "upstream_s")
+
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.upstream_s = 0.0
-        self.held_s = 0.0  # waiting for admission: not the proxy's own cost either
-        self.frozen_s: float | None = None  # overhead as sent in the header
+        self.held_s = 0.0  # waiting for admission or a dispatch slot: not the proxy's cost
+        self.frozen_s: float | None = None  # overhead as sent in a stream's header
+        self._tail_t: float | None = None  # when the work after the response began
 
     def overhead_s(self) -> float:
+        """Overhead up to now (not counting any of the stream's body)."""
         if self.frozen_s is not None:
             return self.frozen_s
         return max(0.0, time.perf_counter() - self.t0 - self.upstream_s - self.held_s)
 
     def header(self) -> dict[str, str]:
-        """The overhead header; what it says is final (streams: time to the headers)."""
+        """The overhead header as of now; for a stream, what it says is final."""
         self.frozen_s = self.overhead_s()
         return {OVERHEAD_HEADER: f"{self.frozen_s * 1000:.3f}"}
+
+    def tail_begins(self) -> None:
+        """The response is done (sent, or handed to the server to send): after-work starts."""
+        self._tail_t = time.perf_counter()
+
+    def total_s(self) -> float:
+        """All the proxy's time on the request, after-work included: what the
+        ``marsproxy_proxy_overhead_seconds`` histogram observes."""
+        if self.frozen_s is not None and self._tail_t is not None:
+            return self.frozen_s + time.perf_counter() - self._tail_t
+        return max(0.0, time.perf_counter() - self.t0 - self.upstream_s - self.held_s)
+
+    def stamp(self, resp: web.StreamResponse | None) -> float:
+        """:meth:`total_s`, also written into ``resp``'s header when it is not sent yet."""
+        if resp is None or resp.prepared:
+            return self.total_s()
+        self.frozen_s = None  # not sent yet: the live count, after-work and all
+        total = self.total_s()
+        resp.headers[OVERHEAD_HEADER] = f"{total * 1000:.3f}"
+        return total
 
 
 class Outcome:

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import MarsConfig, load_config
+from marsproxy.core.identity import tenant_of
 from marsproxy.gateway.http.app import Running, start
 from marsproxy.gateway.http.relay import OVERHEAD_HEADER
 
@@ -359,5 +360,42 @@ async def test_admin_endpoints_and_final_flag(fake: Any, http: aiohttp.ClientSes
                   for smp in fam.samples for k, v in smp.labels.items()]
         assert labels and not any("session" in k for k, _ in labels)
         assert not any(v == "s" or "/id/" in v for _, v in labels), labels
+    finally:
+        await g.stop()
+
+
+def _overhead_sum(page: str, route: str) -> float:
+    return next(s.value for f in text_string_to_metric_families(page) for s in f.samples
+                if s.name == "marsproxy_proxy_overhead_seconds_sum"
+                and s.labels.get("route") == route)
+
+
+async def test_overhead_header_counts_the_session_end_after_the_response(
+    fake: Any, http: aiohttp.ClientSession
+) -> None:
+    # Defaults (mars policy, admission on); a one-call session with the final flag: its end
+    # (admission, session table, session_end) runs after the response, before it is sent.
+    # The header is written last, so it says what the histogram observed, to the microsecond.
+    g = await gateway(config([fake.url]))
+    try:
+        final = {"x-session-id": "one-call-1", "x-session-final": "true"}
+        async with http.post(url(g, "/v1/chat/completions"), json=CHAT, headers=final) as r:
+            assert r.status == 200
+            sent_ms = float(r.headers[OVERHEAD_HEADER])
+        async with http.get(url(g, "/metrics")) as r:
+            observed_ms = _overhead_sum(await r.text(), "chat") * 1000
+        assert sent_ms > 0
+        assert sent_ms == pytest.approx(observed_ms, abs=0.0006)  # the header's 3 decimals
+        assert g.gateway.sessions.get(f"{tenant_of(None)}/id/one-call-1") is None  # it ended
+
+        # A stream's header leaves before its body: the histogram also has the work after it.
+        stream = {**CHAT, "stream": True}
+        headers = {"x-session-id": "one-call-2", "x-session-final": "true"}
+        async with http.post(url(g, "/v1/chat/completions"), json=stream, headers=headers) as r:
+            await r.read()
+            streamed_ms = float(r.headers[OVERHEAD_HEADER])
+        async with http.get(url(g, "/metrics")) as r:
+            both_ms = _overhead_sum(await r.text(), "chat") * 1000
+        assert both_ms - observed_ms > streamed_ms
     finally:
         await g.stop()

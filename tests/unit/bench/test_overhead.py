@@ -8,7 +8,7 @@ import pytest
 
 from marsproxy.bench.overhead_load import tree_cpu_s
 from marsproxy.bench.overhead_report import Measurement, goals, summarize
-from marsproxy.bench.overhead_setup import Point
+from marsproxy.bench.overhead_setup import POINT_SETS, Point
 
 
 def _m(rnd: int, target: str, point: str, p50: float, p99: float, *, stream: bool = False,
@@ -83,3 +83,29 @@ def test_a_proxy_faster_than_direct_is_noise_not_a_met_goal() -> None:
     p99 = g["marsproxy-fcfs: added p99 at ns-r200-c4 ≤ 3 ms"]
     assert p99["value"] == pytest.approx(-5.0) and p99["met"] is None
     assert g["marsproxy-fcfs: added p50 at ns-r200-c4 ≤ 0.5 ms"]["met"] is True
+
+
+def test_added_latency_against_the_relay_is_a_per_round_ratio() -> None:
+    point = "ns-1call-r100-c1"
+    rows = [
+        _m(0, "direct", point, 1.0, 2.0, cpu=None),
+        _m(0, "aiohttp-relay", point, 1.8, 3.0),
+        _m(0, "marsproxy-mars", point, 2.2, 4.0),  # adds 1.2 against the relay's 0.8: 1.5×
+        _m(1, "direct", point, 2.0, 3.0, cpu=None),  # a slower round: both slower
+        _m(1, "aiohttp-relay", point, 3.0, 4.0),
+        _m(1, "marsproxy-mars", point, 3.1, 5.0),  # 1.1 against 1.0
+    ]
+    by = {s["target"]: s for s in summarize(rows)}
+    assert by["marsproxy-mars"]["added_p50_vs_relay"] == pytest.approx(1.3)  # median 1.5, 1.1
+    assert by["aiohttp-relay"]["added_p50_vs_relay"] is None
+    assert by["direct"]["added_p50_vs_relay"] is None
+    g = {x["goal"]: x for x in goals(summarize(rows))}
+    ratio = g["marsproxy-mars: added p50 at ns-1call-r100-c1 ≤ 1.25× aiohttp-relay's"]
+    assert (ratio["value"], ratio["limit"], ratio["met"]) == (1.3, 1.25, False)
+    assert g["marsproxy-mars: added p50 at ns-r200-c4 ≤ 1.25× aiohttp-relay's"]["met"] is None
+
+
+def test_one_call_points_send_a_new_final_session_per_request() -> None:
+    one = [p for p in POINT_SETS["default"] if p.one_call]
+    assert [p.name for p in one] == ["ns-1call-r100-c1"] and one[0].conns == 1
+    assert any(p.one_call for p in POINT_SETS["tiny"])
