@@ -14,16 +14,16 @@ Pure code: no I/O; ``now`` is a parameter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.controller import AimdController, ControlSignals
+from marsproxy.aimd.controller import AimdController
+from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
-from marsproxy.aimd.queue import Admission, AdmissionQueue, WorkerView
+from marsproxy.aimd.queue import Admission, AdmissionQueue
 from marsproxy.core.events import (
     Event,
     Rejected,
@@ -32,44 +32,16 @@ from marsproxy.core.events import (
     SessionQueued,
     WindowChange,
 )
-from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits, kv_budget
+from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits
 from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
 
-_DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for workers that do not report cache_config_info
+# WorkerSignals is the core's input: importable from here with the core that reads it.
+__all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "WorkerSignals"]
+
 # Endings after which a session's largest context is its peak (agents that send no final flag
 # end by idle timeout or DELETE), so the growth forecast may learn from it.
 _RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.IDLE_TIMEOUT, EndReason.DELETED})
 
-
-@dataclass(frozen=True, slots=True)
-class WorkerSignals:
-    """One worker's latest pressure, as the probes report it."""
-
-    healthy: bool = True
-    stale: bool = False
-    kv_usage: float | None = None
-    free_blocks: int | None = None
-    total_blocks: int | None = None
-    block_size: int | None = None
-    retained_blocks: int = 0
-    """Blocks the proxy reserved for retained dormant sessions (the scheduler's KV ledger)."""
-    sessions_elsewhere: int = 0
-    """Sessions other replicas hold on this worker (the shared store's leases less ours): the
-    forecast-peak fit counts them at the typical forecast, as it cannot see their contexts."""
-    running: int | None = None
-    """Requests the engine runs now (vLLM's running gauge); ``None``: not reported."""
-    preemptions_total: float | None = None
-    """The engine's preemption counter (vLLM's ``num_preemptions_total``); ``None``: not
-    reported."""
-    prefill_tokens_per_s: float | None = None
-    """The engine's measured prefill speed (the scraper's estimate); ``None``: not known yet."""
-    sampled_at: float | None = None
-    """When the engine's gauges were read, on the core's clock (``None``: unknown)."""
-    tools_in_flight: int = 0
-    backlog_ratio: float = 0.0
-    tool_wait_ema_s: float = 0.0
-    psi_some_avg10: float | None = None
-    tool_cpus: float = 0.0
 
 
 class DecisionKind(StrEnum):
@@ -113,7 +85,7 @@ class Decision:
     """Side effects of this request: events, and other sessions admitted in the same pass."""
 
 
-class AdmissionCore:
+class AdmissionCore(WorkerFit):
     def __init__(self, cfg: AdmissionConfig, workers: Sequence[str]) -> None:
         if not workers:
             raise ValueError("at least one worker is needed")
@@ -216,7 +188,7 @@ class AdmissionCore:
         self._settle(session)
         self.sessions.move(session, best[1])
         self.peaks.move(session, best[1])
-        block_size = self._signals[best[1]].block_size or _DEFAULT_BLOCK_SIZE
+        block_size = self._signals[best[1]].block_size or DEFAULT_BLOCK_SIZE
         blocks = blocks_for_tokens(rec.est_tokens, block_size)
         self._pending[session] = (best[1], blocks)
         self._pending_on[best[1]] += blocks
@@ -289,167 +261,13 @@ class AdmissionCore:
         if s.retained_blocks != blocks:
             self._signals[worker] = replace(s, retained_blocks=blocks)
 
-    # -- views ----------------------------------------------------------------------------------
-    def budget(self, worker: str, committed_tokens: int | None = None) -> int | None:
-        """KV blocks a new session may use on ``worker`` (``None``: no block counts);
-        ``committed_tokens``: the forecasts' sum there, when the caller has it."""
-        return _smaller(self.free_budget(worker), self.peak_room(worker, committed_tokens))
-
-    def free_budget(self, worker: str) -> int | None:
-        """KV blocks free on ``worker`` now for a new session's first prompt, less the reserve,
-        the retained and the promised blocks: the budget without the forecast-peak fit."""
-        s = self._signals[worker]
-        if s.stale:
-            return 0
-        if s.free_blocks is None or s.total_blocks is None:
-            return None
-        return kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
-                         s.retained_blocks) - self._pending_on[worker]
-
-    def idle_s(self, now: float, worker: str) -> float | None:
-        """How long ``worker`` has run nothing while every session admitted on it sits in a
-        tool phase (``None``: something runs, nothing is admitted, or it cannot be known)."""
-        s = self._signals[worker]
-        if s.stale:
-            return None
-        since = self.sessions.dormant_since(worker)
-        if since is None:
-            return None
-        if (s.running or 0) > 0 or (s.running is None and s.sessions_elsewhere > 0):
-            # Something runs there (other replicas' or anyone's requests), unless the gauge
-            # was read before this replica's last call ended and no one else holds sessions
-            # there: then it still counted that call, and it is the one that is over.
-            earlier = s.sampled_at is not None and s.sampled_at < since
-            if not earlier or s.sessions_elsewhere > 0:
-                return None
-        return max(0.0, now - since)
-
-    def peak_room(self, worker: str, committed_tokens: int | None = None) -> int | None:
-        """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
-        that its forecast peak fits beside the forecasts of the sessions admitted there
-        (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
-        forecasts' sum, when the caller has it."""
-        s = self._signals[worker]
-        if not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
-            return None
-        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
-        if held < self.cfg.tuning.peak_free_sessions:
-            return None
-        if committed_tokens is None:
-            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-        return self.peaks.room_blocks(committed_tokens, s.total_blocks,
-                                      s.block_size or _DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac,
-                                      self.peak_factor(worker, committed_tokens))
-
-    def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
-        """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
-        (``overlap.py``), or ``peak_overcommit_max`` while a preemption there is cheap (see
-        :meth:`reprefill_s`) and fewer than ``peak_free_sessions`` sessions are in a call
-        (those of other replicas count as in a call: this replica cannot see them)."""
-        factor = self.overlaps.factor(worker)
-        limit = self.cfg.tuning.peak_cheap_reprefill_s
-        if limit <= 0 or factor >= self.overlaps.ceiling:
-            return factor
-        reprefill = self.reprefill_s(worker, committed_tokens)
-        if reprefill is None or reprefill > limit:
-            return factor
-        # The price first: counting the sessions in a call walks them all.
-        in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
-        return self.overlaps.ceiling if in_call < self.cfg.tuning.peak_free_sessions else factor
-
-    def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
-        """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held
-        there, at its measured prefill speed: what a preemption costs it (``None``: no session
-        held, or no speed measured yet)."""
-        s = self._signals[worker]
-        held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
-        speed = s.prefill_tokens_per_s
-        if held <= 0 or speed is None or speed <= 0 or s.stale:
-            return None
-        if committed_tokens is None:
-            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-        return committed_tokens / held / speed
-
-    def _observe_overlap(self, now: float, worker: str, committed_tokens: int) -> None:
-        s = self._signals[worker]
-        if (not self.cfg.tuning.kv_fit_peak or s.stale or not s.total_blocks
-                or s.free_blocks is None):
-            return
-        usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
-        committed = math.ceil(committed_tokens / (s.block_size or _DEFAULT_BLOCK_SIZE))
-        used = s.total_blocks - s.free_blocks + s.retained_blocks
-        self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
-                              usable_blocks=usable,
-                              sessions=self.sessions.admitted_on(worker) + s.sessions_elsewhere,
-                              preemptions_total=s.preemptions_total)
-
-    def _free(self, worker: str) -> int | None:
-        # Free blocks as the load balancer should see them: less what is promised already.
-        s = self._signals[worker]
-        if s.stale:
-            return 0
-        return None if s.free_blocks is None else s.free_blocks - self._pending_on[worker]
-
-    def promised(self) -> tuple[int, int]:
-        """(sessions, blocks) promised to admitted sessions whose first prompt the worker has
-        not served yet (all workers)."""
-        return len(self._pending), sum(self._pending_on.values())
-
-    def views(self, now: float | None = None) -> list[WorkerView]:
-        return self._views(now)
-
-    # -- internals ------------------------------------------------------------------------------
-    def _control_signals(self, w: str, committed_tokens: int) -> ControlSignals:
-        s = self._signals[w]
-        return ControlSignals(
-            kv_usage=self.kv_signal(w), stale=s.stale, free_blocks=s.free_blocks,
-            budget_blocks=self.budget(w, committed_tokens), tools_in_flight=s.tools_in_flight,
-            backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
-            psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
-            admitted=self.sessions.admitted_on(w),
-        )
-
-    def kv_signal(self, worker: str) -> float | None:
-        """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
-        total). vLLM counts the cached blocks of a
-        session in its tool phase as free; the ledger knows they will be wanted back."""
-        s = self._signals[worker]
-        u = s.kv_usage
-        if u is None or s.retained_blocks <= 0:
-            return u
-        if not s.total_blocks or s.free_blocks is None:
-            return u
-        used = s.total_blocks - s.free_blocks
-        return max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
-
-    def _views(self, now: float | None = None) -> list[WorkerView]:
-        out = []
-        for w in self.workers:
-            s, c = self._signals[w], self.controllers[w]
-            # Each once: the forecast's room sums over every session on the worker.
-            free, peak = self.free_budget(w), self.peak_room(w)
-            out.append(WorkerView(
-                name=w, admitted=self.sessions.admitted_on(w), limit=c.effective_limit,
-                healthy=s.healthy, stale=s.stale, budget_blocks=_smaller(free, peak),
-                free_blocks=self._free(w), retained_blocks=s.retained_blocks,
-                peak_room_blocks=peak,
-                block_size=s.block_size or _DEFAULT_BLOCK_SIZE,
-                long_admitted=self.sessions.long_on(w),
-                kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
-                idle_s=None if now is None else self.idle_s(now, w),
-                free_budget_blocks=free, idle_limit=c.idle_limit,
-                held=self.sessions.held_on(w),
-            ))
-        return out
-
     def _admit_pass(self, now: float, actions: Actions) -> None:
         if not len(self.queue):
             return
         for a in self.queue.select(now, self._views(now)):
             rec = self.sessions.admit(now, a.entry.session, a.worker)
             self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
-            block_size = self._signals[a.worker].block_size or _DEFAULT_BLOCK_SIZE
+            block_size = self._signals[a.worker].block_size or DEFAULT_BLOCK_SIZE
             blocks = blocks_for_tokens(a.entry.est_tokens, block_size)
             self._pending[a.entry.session] = (a.worker, blocks)
             self._pending_on[a.worker] += blocks
@@ -491,8 +309,3 @@ class AdmissionCore:
             ts=now, session=session, worker=rec.worker, reason=str(reason), turns=rec.turns,
             duration_s=now - rec.queued_at))
         return True
-
-
-def _smaller(free: int | None, peak: int | None) -> int | None:
-    """The budget: the free-block budget, bounded by the forecast's room where there is one."""
-    return free if free is None or peak is None else min(free, peak)

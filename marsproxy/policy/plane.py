@@ -84,6 +84,13 @@ class Outcome:
     def __bool__(self) -> bool:
         return bool(self.proposed or self.expired or self.ended or self.events)
 
+    def extend(self, more: Outcome) -> None:
+        self.proposed += more.proposed
+        self.expired += more.expired
+        self.ended += more.ended
+        self.events += more.events
+        self.returned += more.returned
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:

@@ -30,47 +30,26 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind
 from marsproxy.config import MarsConfig
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
-from marsproxy.emulator.tokenizer import filler_token_id
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.plane import Outcome
 from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.runs.timeline import timeline
-from marsproxy.runs.workload import PlannedSession, Workload
+from marsproxy.runs.workload import Workload
 from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.tickets import Ticket
+from marsproxy.sim.agents import Agent, Prompts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.proxy import SimProxy
 from marsproxy.sim.setup import SimSetup
 
 __all__ = ["SimSetup", "Simulation"]
-
-_SYSTEM_BASE = 100  # token ids of the shared system prompt start here
-_SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
-_FILL = 7  # the rest of a session's new tokens (the hash chain keeps them apart)
-
-
-@dataclass(slots=True)
-class _Agent:
-    plan: PlannedSession
-    seq: int
-    outcome: SessionOutcome
-    turn: int = 0
-    worker: str | None = None
-    context: int = 0  # tokens in KV after the previous call: its prompt and reply
-    call: int | None = None  # the scheduler core's ticket of the call in the gate or running
-    tokens: list[int] = field(default_factory=list)
-    sent_s: float = 0.0
-    first_token_s: float | None = None
-    done: bool = False
-
 
 class Simulation:
     def __init__(
@@ -102,18 +81,17 @@ class Simulation:
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._busy = dict.fromkeys(self.workers, False)
-        self._agents: dict[str, _Agent] = {}
-        self._by_request: dict[str, _Agent] = {}
-        self._held: dict[str, _Agent] = {}
-        self._gated: dict[int, _Agent] = {}  # call → agent whose call waits in the dispatch gate
+        self._agents: dict[str, Agent] = {}
+        self._by_request: dict[str, Agent] = {}
+        self._held: dict[str, Agent] = {}
+        self._gated: dict[int, Agent] = {}  # call → agent whose call waits in the dispatch gate
         self._tickets: dict[int, Ticket] = {}
         self._cpu_version = 0
         self._unfinished = 0
         self._untold = 0  # agents gone without telling the proxy (their sessions time out)
         self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
                                       "gate_waits": 0, "max_tools": 0}
-        self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + setup.system_prompt_tokens))
-        self._reply: list[int] = []
+        self.prompts = Prompts(setup.system_prompt_tokens)
 
     @property
     def core(self) -> AdmissionCore | None:
@@ -143,7 +121,7 @@ class Simulation:
         prof = self.setup.profile
         for i, plan in enumerate(self.workload.sessions):
             llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
-            agent = _Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
+            agent = Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
                                                    len(plan.turns)))
             self._agents[plan.id] = agent
             self._push(plan.arrival_s, "arrive", agent)
@@ -191,7 +169,7 @@ class Simulation:
                 "tools_running": self.cpu.running}
 
     # -- agents ------------------------------------------------------------------------------
-    def _request(self, now: float, agent: _Agent) -> None:
+    def _request(self, now: float, agent: Agent) -> None:
         """The agent sends its next call (through the proxy, or straight to a worker)."""
         agent.sent_s = now
         prompt = agent.plan.turns[agent.turn].input_tokens
@@ -214,24 +192,11 @@ class Simulation:
         if go_now and ans.worker is not None:
             self._dispatch(now, agent, ans.worker)
 
-    def _prompt_tokens(self, agent: _Agent) -> list[int]:
-        turn = agent.plan.turns[agent.turn]
-        if not agent.tokens:
-            agent.tokens = [*self._system, _SESSION_BASE + agent.seq]
-        grow = max(1, turn.input_tokens - len(agent.tokens))
-        agent.tokens.extend(itertools.repeat(_FILL, grow))
-        return agent.tokens
-
-    def _reply_ids(self, n: int) -> list[int]:
-        while len(self._reply) < n:
-            self._reply.append(filler_token_id(len(self._reply)))
-        return self._reply[:n]
-
-    def _dispatch(self, now: float, agent: _Agent, worker: str) -> None:
+    def _dispatch(self, now: float, agent: Agent, worker: str) -> None:
         if agent.worker is not None and agent.worker != worker:
             agent.context = 0  # moved: its prefix is on the other worker
         agent.worker = worker
-        tokens = self._prompt_tokens(agent)
+        tokens = self.prompts.next(agent)
         t = None if self.proxy is None else self.proxy.call_start(
             now, agent.plan.id, worker, len(tokens), agent.plan.turns[agent.turn].output_tokens)
         if t is None:
@@ -258,7 +223,7 @@ class Simulation:
             if agent is not None:
                 self._send(now, agent, t.worker, t.priority or 0)
 
-    def _send(self, now: float, agent: _Agent, worker: str, priority: int) -> None:
+    def _send(self, now: float, agent: Agent, worker: str, priority: int) -> None:
         """The call reaches the worker's engine."""
         rid = f"{agent.plan.id}#{agent.turn}"
         turn = agent.plan.turns[agent.turn]
@@ -275,7 +240,7 @@ class Simulation:
         self._by_request[rid] = agent
         self._kick(worker, now)
 
-    def _fail(self, now: float, agent: _Agent, status: int, reason: str) -> None:
+    def _fail(self, now: float, agent: Agent, status: int, reason: str) -> None:
         agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
         agent.outcome.error = reason
         agent.outcome.stopped_s = now
@@ -284,7 +249,7 @@ class Simulation:
         told = status in (429, 503) or self.proxy is None
         self._finish(now, agent, told=told, reason=EndReason.ABANDONED)
 
-    def _finish(self, now: float, agent: _Agent, *, told: bool = True,
+    def _finish(self, now: float, agent: Agent, *, told: bool = True,
                 reason: EndReason = EndReason.FINAL) -> None:
         """``told``: the proxy learns that the session ended (else its idle timeout ends it)."""
         agent.done = True
@@ -310,7 +275,7 @@ class Simulation:
             latency_s=now - agent.sent_s, status=200, prompt_tokens=fin.prompt_tokens,
             cached_tokens=fin.cached_tokens, completion_tokens=fin.completion_tokens))
         agent.first_token_s = None
-        agent.tokens.extend(self._reply_ids(fin.completion_tokens))
+        agent.tokens.extend(self.prompts.reply(fin.completion_tokens))
         agent.context = fin.prompt_tokens + fin.completion_tokens
         last = agent.turn == len(agent.plan.turns) - 1
         final = last and self.setup.send_final

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -35,11 +34,12 @@ import aiohttp
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind
 from marsproxy.aimd.stores import WindowRecord, WindowStore, make_store, wall_clock_ms
 from marsproxy.config import MarsConfig
-from marsproxy.core.events import Event, Rejected, SessionAdmitted, SessionEnd
+from marsproxy.core.events import SessionAdmitted
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
-from marsproxy.gateway.shells.admission_tokens import count_tokens
+from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import Granted, Refused, Verdict
+from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.replicas import Replicas
@@ -73,9 +73,7 @@ class AdmissionShell:
         # The store scores the global queue by wall-clock arrival (comparable across replicas).
         self._wall_ms_at_zero = wall_clock_ms() - int(self.now() * 1000)
         self._http = http  # the upstream client session, for admission.tokenize
-        self._waiters: dict[str, list[asyncio.Future[Verdict]]] = {}
-        self._unclaimed: dict[str, Refused] = {}  # refusals that found no waiter yet
-        self._arriving: dict[str, int] = {}  # requests between on_request and waiting
+        self.held = HeldRequests()
         self._closing = False
         self._stopping = False
         self._windows: dict[str, WindowRecord] = {}  # as published by the leader
@@ -103,7 +101,7 @@ class AdmissionShell:
     def shutting_down(self) -> None:
         """Graceful stop begins: held requests get 503 now instead of holding up the drain."""
         self._closing = True
-        for key in list(self._waiters):
+        for key in self.held.waiting():
             self._refuse(key, Refused(503, "shutting_down", 1, "the proxy is shutting down"))
 
     async def stop(self) -> None:
@@ -149,8 +147,8 @@ class AdmissionShell:
         """One control step: leases lost, the plane's tick, windows, then carry out."""
         out = Outcome()
         for worker, skey in self.store.drain_lost():
-            self._merge(out, self.plane.lost(self.now(), self.replicas.core_key(skey), worker))
-        self._merge(out, self._plane_tick())
+            out.extend(self.plane.lost(self.now(), self.replicas.core_key(skey), worker))
+        out.extend(self._plane_tick())
         store, now_ms = self.store, wall_clock_ms()
         if await store.try_lead(now_ms):
             records = {
@@ -161,13 +159,6 @@ class AdmissionShell:
         self._windows = await store.read_windows()
         self._store_admitted = await store.admitted_counts(list(self.urls))
         await self._carry(out)
-
-    @staticmethod
-    def _merge(into: Outcome, more: Outcome) -> None:
-        into.proposed += more.proposed
-        into.expired += more.expired
-        into.ended += more.ended
-        into.events += more.events
 
     async def end_elsewhere(self, key: str) -> bool:
         """``DELETE`` of a session this replica does not hold: end it in the store, wherever
@@ -205,7 +196,12 @@ class AdmissionShell:
             if adopted is not None:
                 return Granted(adopted, 0.0)
             if body is not None and self.acfg.tokenize:
-                await self._tokenize(key, chars, body)
+                http = None if self._http is None else self._http()
+                healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
+                tokens = await first_prompt_tokens(http, healthy, body,
+                                                   self.acfg.tuning.tokenize_timeout_s)
+                if tokens is not None:  # as if the worker had reported it: exact
+                    self.plane.estimator.observe(key, chars, tokens)
         if self.plane.wants_tick(key):  # the first requests after start: scrape at once
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
@@ -213,17 +209,13 @@ class AdmissionShell:
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)
-        self._arriving[key] = self._arriving.get(key, 0) + 1
-        try:
-            await self._carry(ans.outcome)
-        except asyncio.CancelledError:
-            self._abandon(key, None)  # the client left before its request could wait
-            raise
-        finally:
-            self._arriving[key] -= 1
-            if not self._arriving[key]:
-                del self._arriving[key]
-        early = self._unclaimed.pop(key, None)
+        with self.held.arriving(key):
+            try:
+                await self._carry(ans.outcome)
+            except asyncio.CancelledError:
+                self._abandon(key, None)  # the client left before its request could wait
+                raise
+        early = self.held.unclaimed(key)
         worker = self.plane.held(key)
         if worker is not None:  # confirmed, now or long ago (it may have waited a pass above)
             return Granted(worker, 0.0)
@@ -235,21 +227,10 @@ class AdmissionShell:
             return early
         return await self._hold(key)
 
-    async def _tokenize(self, key: str, chars: int, body: bytes) -> None:
-        http = None if self._http is None else self._http()
-        healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
-        if http is None or not healthy:
-            return
-        tokens = await count_tokens(http, healthy[0], body, self.acfg.tuning.tokenize_timeout_s)
-        if tokens is not None:
-            # As if the worker had reported it: the estimate of this prompt becomes exact.
-            self.plane.estimator.observe(key, chars, tokens)
-
     async def _hold(self, key: str) -> Verdict:
         if self._closing:
             return Refused(503, "shutting_down", 1, "the proxy is shutting down")
-        fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append(fut)
+        fut = self.held.future(key)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -264,11 +245,8 @@ class AdmissionShell:
             # Admitted just before the client left: the request counts as served.
             self.served_nothing(key)
             return
-        left = [f for f in self._waiters.get(key, []) if f is not fut and not f.done()]
-        if left:
-            self._waiters[key] = left
+        if self.held.others(key, fut):
             return
-        self._waiters.pop(key, None)
         if self.plane.held(key) is not None:
             if fut is None:  # it was counted in flight and will not be served: uncount it
                 self.served_nothing(key)
@@ -313,7 +291,8 @@ class AdmissionShell:
                 else "no healthy worker to admit the session"))
         for ended in out.ended:
             await self._ended(ended)
-        self._publish(out.events)  # before the confirmations: session_queued comes first
+        # Before the confirmations: session_queued comes first.
+        self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
         if self.plane.pending_count:
             await self._confirm_pending()
 
@@ -376,9 +355,7 @@ class AdmissionShell:
         self.metrics.admission_wait.observe(waited)
         self.telemetry.publish(SessionAdmitted(ts=self.telemetry.wall(), session=key,
                                                worker=p.worker, wait_s=waited))
-        for fut in self._waiters.pop(key, []):
-            if not fut.done():
-                fut.set_result(Granted(p.worker, waited))
+        self.held.grant(key, Granted(p.worker, waited))
         self.replicas.save(key)
 
     def _store_closed(self, key: str) -> None:
@@ -388,32 +365,12 @@ class AdmissionShell:
         self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
 
     def _refuse(self, key: str, verdict: Refused) -> None:
-        futs = [f for f in self._waiters.pop(key, []) if not f.done()]
-        if not futs and key in self._arriving:
-            # Refused while its own request was still on the way to waiting: it takes this.
-            self._unclaimed.setdefault(key, verdict)
-            return
-        if futs:
+        if self.held.refuse(key, verdict):
             self.metrics.rejections.labels(verdict.code).inc()
-        for fut in futs:
-            fut.set_result(verdict)
 
     def _rejected(self, reason: str, retry: int | None) -> Refused:
         self.metrics.rejections.labels(reason).inc()
         return Refused(429, reason, retry or 1, "admission queue full; retry later")
-
-    def _publish(self, events: list[Event]) -> None:
-        # Rejections are published by the relay when it answers; admissions once confirmed.
-        # The core's clock is monotonic; published events carry wall time, as every other event.
-        to_wall = self.telemetry.wall() - self.now()
-        for ev in events:
-            if isinstance(ev, Rejected | SessionAdmitted):
-                continue
-            if isinstance(ev, SessionEnd) and ev.reason in (EndReason.FINAL, EndReason.MOVED):
-                # FINAL: the session table forgets it next and publishes that end; MOVED: it
-                # did not end, another replica serves it now.
-                continue
-            self.telemetry.publish(replace(ev, ts=ev.ts + to_wall))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

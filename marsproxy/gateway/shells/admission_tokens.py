@@ -55,3 +55,13 @@ async def count_tokens(
         return None
     n = data.get("count") if isinstance(data, dict) else None
     return n if isinstance(n, int) and n >= 0 else None
+
+
+async def first_prompt_tokens(
+    http: aiohttp.ClientSession | None, healthy: list[str], body: bytes, timeout_s: float
+) -> int | None:
+    """A new session's first prompt counted by the first healthy worker (``None``: no worker,
+    no client session, or no answer in time)."""
+    if http is None or not healthy:
+        return None
+    return await count_tokens(http, healthy[0], body, timeout_s)

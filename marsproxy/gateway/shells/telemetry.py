@@ -10,12 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
 
 from marsproxy.config import MarsConfig
-from marsproxy.core.events import Event, PressureSample, ToolEnd
+from marsproxy.core.events import (
+    Event,
+    PressureSample,
+    Rejected,
+    SessionAdmitted,
+    SessionEnd,
+    ToolEnd,
+)
+from marsproxy.core.lifecycle import EndReason
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe
@@ -59,6 +68,18 @@ class Telemetry:
     def wall() -> float:
         """Event timestamps and the tool tracker's clock (explicit events carry epoch seconds)."""
         return time.time()
+
+    def publish_decided(self, events: list[Event], to_wall: float) -> None:
+        """The control plane's events (its clock + ``to_wall`` = wall time). Rejections are
+        published by the relay when it answers, admissions once the store confirmed them; a
+        session's FINAL end by the session table that forgets it next; MOVED is no end (another
+        replica serves the session now)."""
+        for ev in events:
+            if isinstance(ev, Rejected | SessionAdmitted):
+                continue
+            if isinstance(ev, SessionEnd) and ev.reason in (EndReason.FINAL, EndReason.MOVED):
+                continue
+            self.publish(replace(ev, ts=ev.ts + to_wall))
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:

@@ -64,8 +64,10 @@ def test_forecast_peak_fit_keeps_the_cache_from_overflowing(fit: str, preempted:
     assert (res.extra["stats"]["preemptions"] > 0) is preempted
     assert bool(res.timeline["window"]) is preempted
     direct = Simulation(_workload(), "direct", SETUP, None).run()
-    # direct thrashes the 384-block cache: KV is lost between calls, admission keeps it
-    assert res.summary().warm_resume_rate > direct.summary().warm_resume_rate + 0.2
+    # direct thrashes the 384-block cache: KV is lost between calls, admission keeps it (with
+    # the first-prompt fit alone, what the preemptions leave)
+    margin = 0.1 if preempted else 0.2
+    assert res.summary().warm_resume_rate > direct.summary().warm_resume_rate + margin
     assert res.summary().mean_s < direct.summary().mean_s
 
 

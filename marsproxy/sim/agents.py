@@ -1,0 +1,54 @@
+"""The simulated agents: one per planned session, and the token ids of their prompts.
+
+Prompts are append-only, as the live benchmark sends them: a shared system prompt, then the
+session's own tokens (a unique first one, so prefixes diverge), every reply included.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from marsproxy.emulator.tokenizer import filler_token_id
+from marsproxy.runs.results import SessionOutcome
+from marsproxy.runs.workload import PlannedSession
+
+_SYSTEM_BASE = 100  # token ids of the shared system prompt start here
+_SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
+_FILL = 7  # the rest of a session's new tokens (the hash chain keeps them apart)
+
+
+@dataclass(slots=True)
+class Agent:
+    plan: PlannedSession
+    seq: int
+    outcome: SessionOutcome
+    turn: int = 0
+    worker: str | None = None
+    context: int = 0  # tokens in KV after the previous call: its prompt and reply
+    call: int | None = None  # the scheduler core's ticket of the call in the gate or running
+    tokens: list[int] = field(default_factory=list)
+    sent_s: float = 0.0
+    first_token_s: float | None = None
+    done: bool = False
+
+
+class Prompts:
+    def __init__(self, system_prompt_tokens: int) -> None:
+        self._system = list(range(_SYSTEM_BASE, _SYSTEM_BASE + system_prompt_tokens))
+        self._reply: list[int] = []
+
+    def next(self, agent: Agent) -> list[int]:
+        """The agent's prompt for its current turn: its history grown to the planned size."""
+        turn = agent.plan.turns[agent.turn]
+        if not agent.tokens:
+            agent.tokens = [*self._system, _SESSION_BASE + agent.seq]
+        grow = max(1, turn.input_tokens - len(agent.tokens))
+        agent.tokens.extend(itertools.repeat(_FILL, grow))
+        return agent.tokens
+
+    def reply(self, n: int) -> list[int]:
+        """The token ids of an ``n``-token reply."""
+        while len(self._reply) < n:
+            self._reply.append(filler_token_id(len(self._reply)))
+        return self._reply[:n]
