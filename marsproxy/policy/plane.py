@@ -255,15 +255,17 @@ class ControlPlane:
     # -- calls ----------------------------------------------------------------------------------
     def call_start(
         self, now: float, key: str, worker: str, *, chars: int = 0, tokens: int | None = None,
-        max_new_tokens: int = 0,
+        max_new_tokens: int = 0, gate: bool = False,
     ) -> Ticket | None:
         """A call of ``key`` goes to ``worker``: its level, and whether it waits in the gate
-        (then :meth:`release` says when it goes). ``None``: nothing is scheduled (passive)."""
+        (then :meth:`release` says when it goes; ``gate``: it waits there even on a priority
+        worker). ``None``: nothing is scheduled (passive)."""
         if self.passive:
             return None
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
-                                  predicted_tool_s=self.tracker.predicted_duration(key))
+                                  predicted_tool_s=self.tracker.predicted_duration(key),
+                                  gate=gate)
         self._note(now, "level", key, worker, t.level, t.priority, t.gated)
         return t
 

@@ -89,10 +89,13 @@ class SchedulerCore:
         *,
         max_new_tokens: int = 0,
         predicted_tool_s: float | None = None,
+        gate: bool = False,
     ) -> Ticket:
         """A continuation of ``session`` for ``worker``; ``prompt_tokens`` is an estimate.
 
-        The session is back from its tool phase, so its reservation (if any) is released: the
+        ``gate``: it waits in the dispatch gate even on a ``priority`` worker (its route carries
+        no priority). The session is back from its tool phase, so its reservation (if any) is
+        released: the
         prefix is in use again. If the reservation was still live the prefix is known warm and
         only the new tokens count towards the level.
         """
@@ -111,7 +114,7 @@ class SchedulerCore:
             call=next(self._calls), session=session, worker=worker, level=lvl, priority=prio,
             retain_s=self._retain_hint(worker, prompt_tokens, predicted_tool_s),
             warm=warm, prompt_tokens=prompt_tokens, uncached_tokens=uncached, blocks=blocks,
-            arrived=now, gated=self.enabled and self.modes[worker] == "gated",
+            arrived=now, gated=self.enabled and (gate or self.modes[worker] == "gated"),
         )
         self._by_call[t.call] = t
         if lvl is not None:

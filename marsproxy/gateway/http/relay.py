@@ -107,11 +107,12 @@ class Relay:
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
-        prepared = await self._schedule(turn, body.obj, body.raw, clock, out)
+        prepared = await self._schedule(turn, route, body.obj, body.raw, clock, out)
         return await self._relay(request, route, prepared, strip, turn, clock, out)
 
     async def _schedule(
-        self, turn: Turn, obj: dict[str, Any], raw: bytes, clock: Clock, out: Outcome
+        self, turn: Turn, route: Route, obj: dict[str, Any], raw: bytes, clock: Clock,
+        out: Outcome,
     ) -> Prepared:
         """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
         then the body and hint headers that go upstream."""
@@ -121,7 +122,9 @@ class Relay:
             return Prepared(None, raw, {}, "none")
         t = time.perf_counter()
         try:
-            out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw)
+            # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate.
+            out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw,
+                                                      body_priority=route != "messages")
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise

@@ -129,18 +129,21 @@ class SchedulerShell:
     # -- the request path -----------------------------------------------------------------
     async def prepare(
         self, session: str, url: str, body: dict[str, Any], raw: bytes,
-        tokens: int | None = None,
+        tokens: int | None = None, body_priority: bool = True,
     ) -> Prepared:
         """Schedule one continuation for the worker at ``url``: its level, a wait in the gated
         queue if the worker's gate is closed, then the body and headers that go upstream;
-        ``tokens``: the prompt's size when known (else estimated from the body's length)."""
+        ``tokens``: the prompt's size when known (else estimated from the body's length);
+        ``body_priority``: the route reads a body ``priority`` (vLLM's /v1/messages does not:
+        such calls are released by the dispatch gate on every worker instead)."""
         if self.passive:
             return Prepared(None, raw, {}, "none")
         label = self.label_of[url]
         chars = len(raw)
         max_new = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         t = self.plane.call_start(self.now(), session, label, chars=chars, tokens=tokens,
-                                  max_new_tokens=max_new if isinstance(max_new, int) else 0)
+                                  max_new_tokens=max_new if isinstance(max_new, int) else 0,
+                                  gate=not body_priority)
         assert t is not None  # not passive
         self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
         if t.gated:
@@ -171,7 +174,7 @@ class SchedulerShell:
         headers: dict[str, str] = {}
         parts: list[str] = []
         edited = False
-        if self.core.modes[t.worker] == "priority" and t.priority is not None:
+        if self.core.modes[t.worker] == "priority" and t.priority is not None and not t.gated:
             if "priority" in body:  # the client's own: kept or replaced, per config
                 sent = apply_vllm_priority(body, t.priority, self.scfg.priority_override_client)
                 edited = True

@@ -3,8 +3,8 @@
 in the history, Claude Code's session and sub-agent headers, and the proxy's usage accounting
 (vLLM's ``input_tokens`` excludes the cached part) against what the server reported.
 
-The worker is marked ``priority: true``, so the proxy splices ``priority`` into the body; vLLM
-accepts it on this route and runs the request (it ignores the field there). Needs the real-vLLM
+The worker is marked ``priority: true``; vLLM reads no ``priority`` on this route, so the proxy
+splices none there and its calls wait in the dispatch gate instead. Needs the real-vLLM
 install and ``MARS_REAL_VLLM_TESTS=1``; shares the ``vllm_dev`` server (conftest.py).
 """
 

@@ -99,6 +99,20 @@ def test_gated_releases_by_level_under_the_cap() -> None:
     assert long.waited_s() == pytest.approx(1.9)
 
 
+def test_a_call_without_a_body_priority_waits_in_the_gate_of_a_priority_worker() -> None:
+    # /v1/messages carries no priority vLLM reads: on a priority worker such a call is gated,
+    # and the ungated calls running there count against the gate's cap.
+    core = make()
+    core.set_mode("w", "priority")
+    core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
+    running = core.arrive(0.0, "chat", "w", 100)
+    assert not running.gated and running.dispatched
+    held = core.arrive(0.1, "messages", "w", 100, gate=True)
+    assert held.gated and not held.dispatched and core.release(0.1) == []
+    end_ok(core, 1.0, running.call, 100)
+    assert core.release(1.0) == [held]
+
+
 def test_aging_promotes_a_waiting_continuation() -> None:
     core = make(aging_period_s=10.0)
     core.set_facts("w", WorkerFacts(max_num_seqs=1))
