@@ -41,6 +41,8 @@ class QueueEntry:
     """Arrival tie-breaker, set by the queue."""
     long: bool = False
     """First prompt above ``long_prompt_tokens``; set by the queue."""
+    cls: str = ""
+    """Service class (``admission.classes``); empty: the default class, set by the queue."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:

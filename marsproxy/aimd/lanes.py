@@ -1,0 +1,154 @@
+"""The waiting sessions by service class and tenant.
+
+Each class keeps one :class:`OrderIndex` for the orders that span its tenants (deadlines, the
+critical prefix, bypass counts, arrival for the no-deadlock rule), and one per tenant for the
+load's order within that tenant (arrival, or shortest first). :class:`FairMerge` walks a class's
+tenants by their virtual token counters (``shares.py``): the tenant with the smallest counter
+offers its next session, and an admission raises its counter by the session's estimated cost.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from marsproxy.aimd.order_index import OrderIndex, OrderMode, QueueEntry
+
+__all__ = ["FairMerge", "Lanes"]
+
+
+@dataclass(slots=True)
+class _Class:
+    index: OrderIndex = field(default_factory=OrderIndex)
+    tenants: dict[str, OrderIndex] = field(default_factory=dict)
+
+
+class Lanes:
+    def __init__(self, rank: Callable[[str], int]) -> None:
+        self._rank = rank
+        self._classes: dict[str, _Class] = {}
+        self._where: dict[str, str] = {}  # session → class
+        self.per_tenant: Counter[str] = Counter()
+        self.tokens = 0
+        self.shorts = 0
+
+    # -- membership ---------------------------------------------------------------------------
+    def add(self, e: QueueEntry) -> None:
+        c = self._classes.get(e.cls)
+        if c is None:
+            c = self._classes[e.cls] = _Class()
+            # Keep the classes in rank order: the passes walk them first to last.
+            self._classes = dict(sorted(self._classes.items(), key=lambda kv: self._rank(kv[0])))
+        c.index.add(e)
+        c.tenants.setdefault(e.tenant, OrderIndex()).add(e)
+        self._where[e.session] = e.cls
+        self.per_tenant[e.tenant] += 1
+        self.tokens += e.est_tokens
+        self.shorts += 0 if e.long else 1
+
+    def discard(self, session: str) -> QueueEntry | None:
+        cls = self._where.pop(session, None)
+        if cls is None:
+            return None
+        c = self._classes[cls]
+        e = c.index.discard(session)
+        assert e is not None
+        lane = c.tenants[e.tenant]
+        lane.discard(session)
+        if not len(lane):
+            del c.tenants[e.tenant]
+        if not len(c.index):
+            del self._classes[cls]
+        self.per_tenant[e.tenant] -= 1
+        if self.per_tenant[e.tenant] <= 0:
+            del self.per_tenant[e.tenant]
+        self.tokens -= e.est_tokens
+        self.shorts -= 0 if e.long else 1
+        return e
+
+    def get(self, session: str) -> QueueEntry | None:
+        cls = self._where.get(session)
+        return None if cls is None else self._classes[cls].index.get(session)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._where
+
+    def classes(self) -> list[str]:
+        """Classes with sessions waiting, first admitted first."""
+        return list(self._classes)
+
+    def waiting(self, cls: str) -> int:
+        c = self._classes.get(cls)
+        return 0 if c is None else len(c.index)
+
+    def index(self, cls: str) -> OrderIndex:
+        return self._classes[cls].index
+
+    # -- across classes -----------------------------------------------------------------------
+    def due(self, now: float) -> list[QueueEntry]:
+        return [e for c in self._classes.values() for e in c.index.due(now)]
+
+    def bypasses(self, e: QueueEntry) -> int:
+        c = self._classes.get(e.cls)
+        return 0 if c is None else c.index.bypasses(e)
+
+    def note_admitted(self, entries: list[QueueEntry]) -> None:
+        for cls, c in self._classes.items():
+            c.index.note_admitted(e for e in entries if e.cls == cls)
+
+    def smallest_tokens(self) -> float:
+        return min((c.index.smallest_tokens() for c in self._classes.values()),
+                   default=float("inf"))
+
+    def oldest(self) -> QueueEntry | None:
+        """The oldest session of the first class that has any waiting."""
+        for c in self._classes.values():
+            return next(iter(c.index.ordered_by_arrival()), None)
+        return None
+
+    def fair(self, cls: str, mode: OrderMode, skip: set[int], tags: dict[str, float],
+             cost: Callable[[QueueEntry], float]) -> FairMerge:
+        c = self._classes.get(cls)
+        lanes = {} if c is None else c.tenants
+        return FairMerge({t: lane.in_mode(mode, skip) for t, lane in lanes.items()}, tags, cost)
+
+
+class FairMerge:
+    """A class's sessions, tenant by tenant in order of their virtual token counters.
+
+    ``tags`` is the pass's working copy of the counters; :meth:`admitted` raises one.
+    :meth:`drop` leaves a tenant out for the rest of the walk (nothing of it fits)."""
+
+    def __init__(self, lanes: dict[str, Iterator[QueueEntry]], tags: dict[str, float],
+                 cost: Callable[[QueueEntry], float]) -> None:
+        self._lanes = lanes
+        self._tags = tags
+        self._cost = cost
+        self._heap = [(tags.get(t, 0.0), t) for t in sorted(lanes)]
+        heapq.heapify(self._heap)
+        self._dropped: set[str] = set()
+
+    def __iter__(self) -> Iterator[QueueEntry]:
+        while self._heap:
+            _, t = heapq.heappop(self._heap)
+            if t in self._dropped:
+                continue
+            e = next(self._lanes[t], None)
+            if e is None:
+                continue
+            yield e
+            if t not in self._dropped:
+                heapq.heappush(self._heap, (self._tags.get(t, 0.0), t))
+
+    def admitted(self, e: QueueEntry) -> None:
+        self._tags[e.tenant] = self._tags.get(e.tenant, 0.0) + self._cost(e)
+
+    def drop(self, tenant: str) -> None:
+        self._dropped.add(tenant)
