@@ -95,13 +95,25 @@ class Lanes:
     def due(self, now: float) -> list[QueueEntry]:
         return [e for c in self._classes.values() for e in c.index.due(now)]
 
+    # Bypasses count within a tenant's lane: a tenant's turn is no bypass of another's sessions
+    # (counted across tenants, the sessions of a tenant over its share would all turn urgent).
     def bypasses(self, e: QueueEntry) -> int:
         c = self._classes.get(e.cls)
-        return 0 if c is None else c.index.bypasses(e)
+        lane = None if c is None else c.tenants.get(e.tenant)
+        return 0 if lane is None else lane.bypasses(e)
 
     def note_admitted(self, entries: list[QueueEntry]) -> None:
-        for cls, c in self._classes.items():
-            c.index.note_admitted(e for e in entries if e.cls == cls)
+        for c in self._classes.values():
+            for tenant, lane in c.tenants.items():
+                lane.note_admitted(e for e in entries if e.tenant == tenant)
+
+    def urgent(self, cls: str, now: float, margin_s: float, max_bypass: int,
+               rate: float | None) -> Iterator[QueueEntry]:
+        """The class's critical prefix and its sessions bypassed too often within their
+        tenant's lane, in deadline order."""
+        c = self._classes[cls]
+        also = [e for lane in c.tenants.values() for e in lane.promoted(max_bypass)]
+        return c.index.urgent(now, margin_s, max_bypass, rate, also)
 
     def smallest_tokens(self) -> float:
         return min((c.index.smallest_tokens() for c in self._classes.values()),

@@ -126,20 +126,26 @@ class OrderIndex:
         return (self._by_seq[int(k[-1])] for k in self._arrival)
 
     # -- order --------------------------------------------------------------------------------
+    def promoted(self, max_bypass: int) -> list[QueueEntry]:
+        """Entries bypassed ``max_bypass`` times, in deadline order."""
+        return sorted(
+            itertools.takewhile(lambda e: self.bypasses(e) >= max_bypass, self._by_seq.values()),
+            key=_deadline_key,
+        )
+
     def urgent(
-        self, now: float, margin_s: float, max_bypass: int, rate: float | None = None
+        self, now: float, margin_s: float, max_bypass: int, rate: float | None = None,
+        also: Iterable[QueueEntry] = (),
     ) -> Iterator[QueueEntry]:
         """Entries that must go first, in deadline order; lazy, so a pass that stops early
         pays only for what it looked at.
 
         That is the *critical prefix* of the deadline order (every entry up to the last one
         whose slack, less ``margin_s``, no longer covers admitting it and all before it at
-        ``rate`` per second), plus the entries bypassed ``max_bypass`` times.
+        ``rate`` per second), plus the entries bypassed ``max_bypass`` times, plus ``also``
+        (entries promoted elsewhere).
         """
-        promoted = sorted(
-            itertools.takewhile(lambda e: self.bypasses(e) >= max_bypass, self._by_seq.values()),
-            key=_deadline_key,
-        )
+        promoted = sorted([*self.promoted(max_bypass), *also], key=_deadline_key)
         seen: set[int] = set()
         for e in heapq.merge(self._critical(now, margin_s, rate), promoted, key=_deadline_key):
             if e.seq not in seen:

@@ -163,7 +163,7 @@ class AdmissionQueue:
         tags = self.shares.snapshot(self._index.per_tenant)
         out: list[QueueEntry] = []
         for cls in self._index.classes():
-            head = list(self._index.index(cls).urgent(now, t.aging_margin_s, t.max_bypass, rate))
+            head = list(self._index.urgent(cls, now, t.aging_margin_s, t.max_bypass, rate))
             for e in head:
                 tags[e.tenant] += self._cost(e)
             merge = self._index.fair(cls, m, {e.seq for e in head}, tags, self._cost)
@@ -223,7 +223,7 @@ class AdmissionQueue:
         for cls in self._index.classes():
             held: set[int] = set()
             blocked = False
-            for e in self._index.index(cls).urgent(now, t.aging_margin_s, t.max_bypass, rate):
+            for e in self._index.urgent(cls, now, t.aging_margin_s, t.max_bypass, rate):
                 held.add(e.seq)
                 got = self._offer(e, rooms, tally, out, now, urgent=True)
                 if got is Offer.STOP:
