@@ -248,6 +248,9 @@ class ServiceClasses(_Section):
         if not self.order or len(set(self.order)) != len(self.order):
             problems.append(f"order must name distinct classes, got {list(self.order)}")
         names = set(self.order)
+        odd = sorted(n for n in names if not n or n != n.strip().lower())
+        if odd:
+            problems.append(f"class names are lower case, without spaces around: {odd}")
         if self.default not in names:
             problems.append(f"default {self.default!r} is not in order")
         for what, keys in (("weights", self.weights), ("queue_deadline_s", self.queue_deadline_s),

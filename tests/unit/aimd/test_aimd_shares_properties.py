@@ -27,7 +27,7 @@ def _run(q: AdmissionQueue, tenants: dict[str, tuple[int, float]], slots: int, s
     idle_while_waiting = 0
     waiting: Counter[str] = Counter(e.tenant for e in q.ordered(0.0))
     for step in range(steps):
-        for end, tenant, session, tokens in [r for r in running if r[0] <= step]:
+        for _end, tenant, session, tokens in [r for r in running if r[0] <= step]:
             q.charge(tenant, session, tokens)
             q.forget(session)
             served[tenant] += tokens
