@@ -60,7 +60,7 @@ def session_class(
     may ask for: a header naming an earlier class gets the tenant's instead. Raises
     :class:`UnknownClass` for a name not in ``order``.
     """
-    base = tenant_class if tenant_class in order else default
+    base = tenant_class if tenant_class is not None and tenant_class in order else default
     raw = (headers.get(CLASS_HEADER) or "").strip().lower()
     if not raw:
         return base
