@@ -28,8 +28,15 @@ class _Class:
 
 
 class Lanes:
-    def __init__(self, rank: Callable[[str], int]) -> None:
+    def __init__(self, rank: Callable[[str], int], class_weight: Callable[[str], float],
+                 tenant_weight: Callable[[str], float]) -> None:
         self._rank = rank
+        self._class_weight = class_weight
+        self._tenant_weight = tenant_weight
+        self.class_weights = 0.0
+        """Σ weights of the classes with sessions waiting."""
+        self.tenant_weights = 0.0
+        """Σ weights of the tenants with sessions waiting."""
         self._classes: dict[str, _Class] = {}
         self._where: dict[str, str] = {}  # session → class
         self.per_tenant: Counter[str] = Counter()
@@ -41,11 +48,14 @@ class Lanes:
         c = self._classes.get(e.cls)
         if c is None:
             c = self._classes[e.cls] = _Class()
+            self.class_weights += self._class_weight(e.cls)
             # Keep the classes in rank order: the passes walk them first to last.
             self._classes = dict(sorted(self._classes.items(), key=lambda kv: self._rank(kv[0])))
         c.index.add(e)
         c.tenants.setdefault(e.tenant, OrderIndex()).add(e)
         self._where[e.session] = e.cls
+        if not self.per_tenant[e.tenant]:
+            self.tenant_weights += self._tenant_weight(e.tenant)
         self.per_tenant[e.tenant] += 1
         self.tokens += e.est_tokens
         self.shorts += 0 if e.long else 1
@@ -63,9 +73,13 @@ class Lanes:
             del c.tenants[e.tenant]
         if not len(c.index):
             del self._classes[cls]
+            self.class_weights -= self._class_weight(cls)
         self.per_tenant[e.tenant] -= 1
         if self.per_tenant[e.tenant] <= 0:
             del self.per_tenant[e.tenant]
+            self.tenant_weights -= self._tenant_weight(e.tenant)
+        if not self._where:  # no float drift left over
+            self.class_weights = self.tenant_weights = 0.0
         self.tokens -= e.est_tokens
         self.shorts -= 0 if e.long else 1
         return e
@@ -103,9 +117,15 @@ class Lanes:
         return 0 if lane is None else lane.bypasses(e)
 
     def note_admitted(self, entries: list[QueueEntry]) -> None:
-        for c in self._classes.values():
-            for tenant, lane in c.tenants.items():
-                lane.note_admitted(e for e in entries if e.tenant == tenant)
+        """Record admissions (after discarding them) in their lanes' bypass counts."""
+        by_lane: dict[tuple[str, str], list[QueueEntry]] = {}
+        for e in entries:
+            by_lane.setdefault((e.cls, e.tenant), []).append(e)
+        for (cls, tenant), some in by_lane.items():
+            c = self._classes.get(cls)
+            lane = None if c is None else c.tenants.get(tenant)
+            if lane is not None:  # an emptied lane has nobody left to bypass
+                lane.note_admitted(some)
 
     def urgent(self, cls: str, now: float, margin_s: float, max_bypass: int,
                rate: float | None) -> Iterator[QueueEntry]:

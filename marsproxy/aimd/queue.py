@@ -26,7 +26,7 @@ Pure code: no I/O; ``now`` is a parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.lanes import Lanes
@@ -51,8 +51,8 @@ class AdmissionQueue:
     def __init__(self, cfg: AdmissionConfig) -> None:
         self.cfg = cfg
         self.classes = cfg.classes
-        self._index = Lanes(self.classes.rank)
         self.shares = TenantShares(cfg.tenant_weights)
+        self._index = Lanes(self.classes.rank, self.classes.weight, self.shares.weight)
         self.refusal = ""
         """Why the last :meth:`push` refused: queue_full, class_over_share, tenant_over_share."""
         self._seq = 0
@@ -93,12 +93,14 @@ class AdmissionQueue:
         cap = self.cfg.queue_max
         if len(self._index) >= cap:
             return "queue_full"
-        cw = {c: self.classes.weight(c) for c in {*self._index.classes(), e.cls}}
-        if self._index.waiting(e.cls) >= _share(cap, cw[e.cls], cw.values()):
+        lanes = self._index
+        mine = lanes.waiting(e.cls)
+        w = self.classes.weight(e.cls)
+        if mine and mine >= _share(cap, w, lanes.class_weights):
             return "class_over_share"
-        per = self._index.per_tenant
-        tw = {t: self.shares.weight(t) for t in {*per, e.tenant}}
-        if per[e.tenant] >= _share(cap, tw[e.tenant], tw.values()):
+        mine = lanes.per_tenant[e.tenant]
+        w = self.shares.weight(e.tenant)
+        if mine and mine >= _share(cap, w, lanes.tenant_weights):
             return "tenant_over_share"
         return ""
 
@@ -354,15 +356,15 @@ class AdmissionQueue:
         if tenant is not None:
             per = self._index.per_tenant
             n = per[tenant] if ahead is None else ahead
-            weights = [self.shares.weight(t) for t in {*per, tenant}]
-            rate = None if rate is None else rate * self.shares.weight(tenant) / sum(weights)
+            w = self.shares.weight(tenant)
+            total = self._index.tenant_weights + (0.0 if per[tenant] else w)
+            rate = None if rate is None else rate * w / max(w, total)
         return retry_after_s(
             n, rate, self.cfg.tuning.retry_after_min_s, self.cfg.tuning.retry_after_max_s,
         )
 
 
-def _share(cap: int, weight: float, weights: Iterable[float]) -> int:
-    """The most sessions one of several waiting claimants may hold: its weighted part of
-    ``cap`` (all of it, alone)."""
-    total = sum(weights)
-    return cap if total <= weight else max(1, math.ceil(cap * weight / total))
+def _share(cap: int, weight: float, total: float) -> int:
+    """The most sessions a waiting claimant (a class, a tenant) may hold: its weighted part of
+    ``cap``, ``total`` being the weights of all that wait, itself included (alone: all)."""
+    return cap if total <= weight * (1 + 1e-9) else max(1, math.ceil(cap * weight / total))
