@@ -1,8 +1,9 @@
 """The waiting sessions by service class and tenant.
 
-Each class keeps one :class:`OrderIndex` for the orders that span its tenants (deadlines, the
-critical prefix, bypass counts, arrival for the no-deadlock rule), and one per tenant for the
-load's order within that tenant (arrival, or shortest first). :class:`FairMerge` walks a class's
+Each class keeps one :class:`OrderIndex` for what spans its tenants (expiry, arrival for the
+no-deadlock rule), and one per tenant (a *lane*) for that tenant's order: its urgent sessions
+(critical at its share of the admission rate, or bypassed too often by its own later sessions)
+first, then the load's order (arrival, or shortest first). :class:`FairMerge` walks a class's
 tenants by their virtual token counters (``shares.py``): the tenant with the smallest counter
 offers its next session, and an admission raises its counter by the session's estimated cost.
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from marsproxy.aimd.order_index import OrderIndex, OrderMode, QueueEntry
 
-__all__ = ["FairMerge", "Lanes"]
+__all__ = ["FairMerge", "Lanes", "Urgency"]
 
 
 @dataclass(slots=True)
@@ -127,13 +128,6 @@ class Lanes:
             if lane is not None:  # an emptied lane has nobody left to bypass
                 lane.note_admitted(some)
 
-    def urgent(self, cls: str, now: float, margin_s: float, max_bypass: int,
-               rate: float | None) -> Iterator[QueueEntry]:
-        """The class's critical prefix and its sessions bypassed too often within their
-        tenant's lane, in deadline order."""
-        c = self._classes[cls]
-        also = [e for lane in c.tenants.values() for e in lane.promoted(max_bypass)]
-        return c.index.urgent(now, margin_s, max_bypass, rate, also)
 
     def smallest_tokens(self) -> float:
         return min((c.index.smallest_tokens() for c in self._classes.values()),
@@ -145,20 +139,50 @@ class Lanes:
             return next(iter(c.index.ordered_by_arrival()), None)
         return None
 
-    def fair(self, cls: str, mode: OrderMode, skip: set[int], tags: dict[str, float],
-             cost: Callable[[QueueEntry], float]) -> FairMerge:
+    def fair(self, cls: str, mode: OrderMode, tags: dict[str, float],
+             cost: Callable[[QueueEntry], float], urgency: Urgency) -> FairMerge:
+        """The class's sessions in fair order: see :class:`FairMerge`."""
         c = self._classes.get(cls)
         lanes = {} if c is None else c.tenants
-        return FairMerge({t: lane.in_mode(mode, skip) for t, lane in lanes.items()}, tags, cost)
+        total = self.tenant_weights
+        return FairMerge({t: _lane(lane, mode, urgency, self._tenant_weight(t) / total)
+                          for t, lane in lanes.items()}, tags, cost)
+
+
+@dataclass(frozen=True, slots=True)
+class Urgency:
+    """What decides which sessions of a lane are urgent (``OrderIndex.urgent``)."""
+
+    now: float
+    margin_s: float
+    max_bypass: int
+    rate: float | None
+    """Admissions per second, all tenants together; a lane counts on its weighted share."""
+
+
+def _lane(lane: OrderIndex, mode: OrderMode, u: Urgency,
+          share: float) -> Iterator[tuple[QueueEntry, bool]]:
+    # A tenant's urgent sessions first (deadline order, its share of the admission rate), then
+    # the rest in the mode's order; the flag says which is which.
+    rate = None if u.rate is None else u.rate * share
+    seen: set[int] = set()
+    for e in lane.urgent(u.now, u.margin_s, u.max_bypass, rate):
+        seen.add(e.seq)
+        yield e, True
+    for e in lane.in_mode(mode, seen):
+        yield e, False
 
 
 class FairMerge:
-    """A class's sessions, tenant by tenant in order of their virtual token counters.
+    """A class's sessions, tenant by tenant in order of their virtual token counters, each as
+    ``(entry, urgent)``. Urgency orders a tenant's own sessions, never one tenant before
+    another: a tenant that cannot drain its backlog at its share misses its own deadlines.
 
     ``tags`` is the pass's working copy of the counters; :meth:`admitted` raises one.
     :meth:`drop` leaves a tenant out for the rest of the walk (nothing of it fits)."""
 
-    def __init__(self, lanes: dict[str, Iterator[QueueEntry]], tags: dict[str, float],
+    def __init__(self, lanes: dict[str, Iterator[tuple[QueueEntry, bool]]],
+                 tags: dict[str, float],
                  cost: Callable[[QueueEntry], float]) -> None:
         self._lanes = lanes
         self._tags = tags
@@ -167,15 +191,15 @@ class FairMerge:
         heapq.heapify(self._heap)
         self._dropped: set[str] = set()
 
-    def __iter__(self) -> Iterator[QueueEntry]:
+    def __iter__(self) -> Iterator[tuple[QueueEntry, bool]]:
         while self._heap:
             _, t = heapq.heappop(self._heap)
             if t in self._dropped:
                 continue
-            e = next(self._lanes[t], None)
-            if e is None:
+            got = next(self._lanes[t], None)
+            if got is None:
                 continue
-            yield e
+            yield got
             if t not in self._dropped:
                 heapq.heappush(self._heap, (self._tags.get(t, 0.0), t))
 

@@ -134,18 +134,16 @@ class OrderIndex:
         )
 
     def urgent(
-        self, now: float, margin_s: float, max_bypass: int, rate: float | None = None,
-        also: Iterable[QueueEntry] = (),
+        self, now: float, margin_s: float, max_bypass: int, rate: float | None = None
     ) -> Iterator[QueueEntry]:
         """Entries that must go first, in deadline order; lazy, so a pass that stops early
         pays only for what it looked at.
 
         That is the *critical prefix* of the deadline order (every entry up to the last one
         whose slack, less ``margin_s``, no longer covers admitting it and all before it at
-        ``rate`` per second), plus the entries bypassed ``max_bypass`` times, plus ``also``
-        (entries promoted elsewhere).
+        ``rate`` per second), plus the entries bypassed ``max_bypass`` times.
         """
-        promoted = sorted([*self.promoted(max_bypass), *also], key=_deadline_key)
+        promoted = self.promoted(max_bypass)
         seen: set[int] = set()
         for e in heapq.merge(self._critical(now, margin_s, rate), promoted, key=_deadline_key):
             if e.seq not in seen:

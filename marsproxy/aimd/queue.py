@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.lanes import Lanes
+from marsproxy.aimd.lanes import Lanes, Urgency
 from marsproxy.aimd.order_index import OrderMode, QueueEntry
 from marsproxy.aimd.rate import AdmissionRate, retry_after_s
 from marsproxy.aimd.rooms import (
@@ -161,16 +161,12 @@ class AdmissionQueue:
         """Waiting sessions, first to be admitted first."""
         m = self.mode if mode is None else mode
         t = self.cfg.tuning
-        rate = self._rate.per_second(now)
+        urgency = Urgency(now, t.aging_margin_s, t.max_bypass, self._rate.per_second(now))
         tags = self.shares.snapshot(self._index.per_tenant)
         out: list[QueueEntry] = []
         for cls in self._index.classes():
-            head = list(self._index.urgent(cls, now, t.aging_margin_s, t.max_bypass, rate))
-            for e in head:
-                tags[e.tenant] += self._cost(e)
-            merge = self._index.fair(cls, m, {e.seq for e in head}, tags, self._cost)
-            out += head
-            for e in merge:
+            merge = self._index.fair(cls, m, tags, self._cost, urgency)
+            for e, _ in merge:
                 out.append(e)
                 merge.admitted(e)
         return out
@@ -214,28 +210,19 @@ class AdmissionQueue:
                      w.long_admitted)
 
     def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
-        # Class by class: urgent ones first (in deadline order), then the tenants in turn, each
-        # in the mode's order. A class that leaves a session unplaced holds the rest back.
+        # Class by class, the tenants in turn, each with its urgent sessions first (deadline
+        # order), then the mode's order. A class that leaves a session unplaced holds the rest.
         shorts = self._index.shorts
         tally = Tally(sum(r.slots for r in rooms), shorts, max_tokens(rooms, shorts > 0))
         out: list[Admission] = []
-        rate = self._rate.per_second(now)
         t = self.cfg.tuning
+        urgency = Urgency(now, t.aging_margin_s, t.max_bypass, self._rate.per_second(now))
         tags = self.shares.snapshot(self._index.per_tenant)
         for cls in self._index.classes():
-            held: set[int] = set()
             blocked = False
-            for e in self._index.urgent(cls, now, t.aging_margin_s, t.max_bypass, rate):
-                held.add(e.seq)
-                got = self._offer(e, rooms, tally, out, now, urgent=True)
-                if got is Offer.STOP:
-                    return out
-                if got is Offer.PLACED:
-                    tags[e.tenant] += self._cost(e)
-                blocked = blocked or got is Offer.HELD
-            merge = self._index.fair(cls, self.mode, held, tags, self._cost)
-            for e in merge:
-                got = self._offer(e, rooms, tally, out, now, urgent=False)
+            merge = self._index.fair(cls, self.mode, tags, self._cost, urgency)
+            for e, urgent in merge:
+                got = self._offer(e, rooms, tally, out, now, urgent=urgent)
                 if got is Offer.STOP:
                     return out
                 if got is Offer.PLACED:
@@ -288,10 +275,14 @@ class AdmissionQueue:
         the way."""
         best: Room | None = None
         capped = False
+        later = self.classes.rank(e.cls) > 0
         for r in rooms:
             if r.slots <= 0:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
+            if later and r.view.total_blocks:
+                # The first class's reserve: the later ones leave it free.
+                blocks += math.ceil(self.classes.reserve_frac * r.view.total_blocks)
             if e.long and shorts_wait:
                 if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
                     capped = capped or fits(blocks, r.budget)

@@ -33,6 +33,8 @@ class WorkerView:
     """First-prompt blocks a new session's forecast peak leaves room for (``None``: off); the
     budget includes it already, the long-session pack is bounded by it too."""
     block_size: int = 16
+    total_blocks: int | None = None
+    """The worker's KV blocks (``None``: not reported): the classes' reserve is a share of it."""
     long_admitted: int = 0
     kv_overloaded: bool = False
     cpu_overloaded: bool = False

@@ -169,3 +169,26 @@ def test_config_rejects_unknown_classes() -> None:
         AdmissionConfig(classes=ServiceClasses(queue_deadline_s={"batch": 10.0}))
     with pytest.raises(ValidationError, match="tenant_weights"):
         AdmissionConfig(tenant_weights={"a": 0.0})
+
+
+def test_later_classes_leave_the_reserve_free() -> None:
+    cfg = AdmissionConfig(classes=ServiceClasses(reserve_frac=0.5))
+    q = AdmissionQueue(cfg)
+    assert q.push(q.entry("b0", "t", 0.0, 100, "batch"))  # 7 blocks, + 50 reserved
+    assert picked(q, 1.0, admitted=1, budget_blocks=56, total_blocks=100) == []
+    assert picked(q, 2.0, admitted=1, budget_blocks=57, total_blocks=100) == ["b0"]
+    assert q.push(q.entry("i0", "t", 3.0, 100, "interactive"))  # the reserve is its own
+    assert picked(q, 4.0, admitted=1, budget_blocks=7, total_blocks=100) == ["i0"]
+
+
+def test_urgency_orders_a_tenants_own_sessions_not_one_tenant_before_another() -> None:
+    cfg = AdmissionConfig(queue_deadline_s=60.0, tuning=AdmissionTuning(aging_margin_s=10.0))
+    q = AdmissionQueue(cfg)
+    q.push(q.entry("h_old", "heavy", 0.0, 900))
+    q.push(q.entry("h_small", "heavy", 1.0, 100))
+    q.charge("heavy", "x", 10_000)  # heavy was served far more
+    q.push(q.entry("l0", "light", 50.0, 100))
+    # h_old is within the margin of its deadline: it goes before heavy's smaller session, but
+    # light, with the smaller counter, has its turn first.
+    order = [e.session for e in q.ordered(55.0, OrderMode.SHORTEST_FIRST)]
+    assert order == ["l0", "h_old", "h_small"]
