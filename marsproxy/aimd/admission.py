@@ -109,9 +109,11 @@ class AdmissionCore(WorkerFit):
 
     # -- requests -----------------------------------------------------------------------------
     def on_request(
-        self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False
+        self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False,
+        cls: str | None = None,
     ) -> Decision:
-        """A request arrives: serve it now, hold it, or reject it."""
+        """A request arrives: serve it now, hold it, or reject it; ``cls``: a new session's
+        service class (``None``: the default)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
             released = not rec.kv_held
@@ -124,12 +126,16 @@ class AdmissionCore(WorkerFit):
             return Decision(DecisionKind.WAIT, reason="queued")
         if not self.cfg.enabled:
             return self._admit_unconditionally(now, session, tenant, est_tokens, final)
-        entry = self.queue.entry(session, tenant, now, est_tokens)
+        entry = self.queue.entry(session, tenant, now, est_tokens, cls)
         if not self.queue.push(entry):
-            retry = self.queue.retry_after(now)
-            ev = Rejected(ts=now, session=session, reason="queue_full", status=429)
+            # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
+            # for its own sessions at its share of the admission rate.
+            reason = self.queue.refusal
+            over = tenant if reason == "tenant_over_share" else None
+            retry = self.queue.retry_after(now, tenant=over)
+            ev = Rejected(ts=now, session=session, reason=reason, status=429)
             return Decision(DecisionKind.REJECT, status=429, retry_after_s=retry,
-                            reason="queue_full", actions=Actions(events=[ev]))
+                            reason=reason, actions=Actions(events=[ev]))
         self.sessions.queue(now, session, tenant, est_tokens, entry.long, final)
         actions = Actions(events=[SessionQueued(ts=now, session=session,
                                                 est_prompt_tokens=est_tokens)])
@@ -197,13 +203,16 @@ class AdmissionCore(WorkerFit):
     def on_response_end(
         self, now: float, session: str, *, prompt_chars: int | None = None,
         prompt_tokens: int | None = None, usual_tool_s: float | None = None,
-        completion_tokens: int = 0,
+        completion_tokens: int = 0, cached_tokens: int = 0,
     ) -> Actions:
         """A request of an admitted session finished (success, error or client gone)."""
         actions = Actions()
         rec = self.sessions.get(session)
         if rec is None or rec.state is not SessionState.ADMITTED:
             return actions
+        # Its tenant's fair share: the tokens it was served (uncached prompt + completion).
+        served = max(0, (prompt_tokens or 0) - cached_tokens) + completion_tokens
+        self.queue.charge(rec.tenant, session, served)
         if prompt_chars is not None and prompt_tokens is not None:
             self.estimator.observe(session, prompt_chars, prompt_tokens)
         if prompt_tokens is not None:
@@ -298,6 +307,7 @@ class AdmissionCore(WorkerFit):
     def _end(self, now: float, session: str, reason: EndReason, actions: Actions) -> bool:
         rec = self.sessions.end(now, session, reason)
         self._settle(session)
+        self.queue.forget(session)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
         if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:
             self.overlaps.session_lived(now - rec.admitted_at)

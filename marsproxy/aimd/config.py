@@ -212,6 +212,80 @@ class AdmissionTuning(_Section):
         return self
 
 
+class ServiceClasses(_Section):
+    """``admission.classes:`` — service classes: who is admitted ahead, and each class's wait."""
+
+    order: tuple[str, ...] = Field(
+        ("interactive", "batch"),
+        description="Class names, first admitted first: a waiting session of a class goes"
+        " ahead of every session of the classes after it, and one that does not fit holds the"
+        " capacity against them (the later classes fill what is left and yield first).",
+    )
+    default: str = Field(
+        "interactive",
+        description="Class of a session whose request names none (header x-session-class) and"
+        " whose API key has no entry in by_tenant.",
+    )
+    weights: dict[str, float] = Field(
+        {"interactive": 4.0, "batch": 1.0},
+        description="Share of the admission queue (queue_max) per class while several classes"
+        " wait: a class over weight / Σ weights of the waiting classes gets 429"
+        " class_over_share. Missing: 1.",
+    )
+    queue_deadline_s: dict[str, float] = Field(
+        {"batch": 3600.0},
+        description="Longest wait in the queue per class (s); missing: admission.queue_deadline_s.",
+    )
+    reserve_frac: float = Field(
+        0.0, ge=0, lt=1,
+        description="Share of each worker's KV blocks that only the first class may fill: a"
+        " session of a later class is admitted only where its first prompt fits with this much"
+        " left over, so that an arriving interactive session finds room at once.",
+    )
+    by_tenant: dict[str, str] = Field(
+        {},
+        description="Tenant id (a hash of the API key: docs/admission.md, 'Service classes and"
+        " tenant shares') → its class: the class it gets by default and the highest it may ask"
+        " for by header.",
+    )
+
+    @model_validator(mode="after")
+    def _known(self) -> ServiceClasses:
+        problems = []
+        if not self.order or len(set(self.order)) != len(self.order):
+            problems.append(f"order must name distinct classes, got {list(self.order)}")
+        names = set(self.order)
+        odd = sorted(n for n in names if not n or n != n.strip().lower())
+        if odd:
+            problems.append(f"class names are lower case, without spaces around: {odd}")
+        if self.default not in names:
+            problems.append(f"default {self.default!r} is not in order")
+        for what, keys in (("weights", self.weights), ("queue_deadline_s", self.queue_deadline_s),
+                           ("by_tenant", set(self.by_tenant.values()))):
+            unknown = sorted(set(keys) - names)
+            if unknown:
+                problems.append(f"{what} names unknown classes {unknown}")
+        bad = [k for k, v in [*self.weights.items(), *self.queue_deadline_s.items()] if v <= 0]
+        if bad:
+            problems.append(f"weights and deadlines must be > 0: {sorted(bad)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def rank(self, cls: str) -> int:
+        """0 for the first class in ``order``; unknown names rank with the default."""
+        try:
+            return self.order.index(cls)
+        except ValueError:
+            return self.order.index(self.default)
+
+    def weight(self, cls: str) -> float:
+        return self.weights.get(cls, 1.0)
+
+    def deadline_s(self, cls: str, fallback: float) -> float:
+        return self.queue_deadline_s.get(cls, fallback)
+
+
 class AdmissionConfig(_Section):
     """``admission:`` — the session window per worker, the KV reserve and the admission queue."""
 
@@ -255,6 +329,17 @@ class AdmissionConfig(_Section):
         description="Floor of the idle timeout (s); also used while no tool history exists.",
     )
     idle_timeout_max_s: float = Field(1800.0, gt=0, description="Cap of the idle timeout (s).")
+    classes: ServiceClasses = Field(
+        ServiceClasses(), description="Service classes (docs/admission.md)."
+    )
+    tenant_weights: dict[str, float] = Field(
+        {},
+        description="Tenant id → weight of its fair share (missing: 1). Waiting sessions are"
+        " ordered by their tenant's served tokens (uncached prompt + completion) over its"
+        " weight, so under contention each tenant's share follows its weight; alone, a tenant"
+        " takes everything. A tenant over its weighted share of queue_max among the waiting"
+        " tenants gets 429 tenant_over_share.",
+    )
     tuning: AdmissionTuning = Field(
         AdmissionTuning(),
         description="Internals of the window, the KV fit and the queue order.",
@@ -279,6 +364,13 @@ class AdmissionConfig(_Section):
                 f"need tuning.aging_margin_s < queue_deadline_s, got "
                 f"{self.tuning.aging_margin_s} and {self.queue_deadline_s}"
             )
+        short = sorted(c for c, d in self.classes.queue_deadline_s.items()
+                       if d <= self.tuning.aging_margin_s)
+        if short:
+            problems.append(f"need tuning.aging_margin_s < classes.queue_deadline_s of {short}")
+        bad = sorted(t for t, w in self.tenant_weights.items() if w <= 0)
+        if bad:
+            problems.append(f"tenant_weights must be > 0: {bad}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

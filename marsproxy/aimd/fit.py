@@ -213,7 +213,7 @@ class WorkerFit:
                 healthy=s.healthy, stale=s.stale, budget_blocks=_smaller(free, peak),
                 free_blocks=self._free(w), retained_blocks=s.retained_blocks,
                 peak_room_blocks=peak,
-                block_size=s.block_size or DEFAULT_BLOCK_SIZE,
+                block_size=s.block_size or DEFAULT_BLOCK_SIZE, total_blocks=s.total_blocks,
                 long_admitted=self.sessions.long_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),

@@ -41,6 +41,8 @@ class QueueEntry:
     """Arrival tie-breaker, set by the queue."""
     long: bool = False
     """First prompt above ``long_prompt_tokens``; set by the queue."""
+    cls: str = ""
+    """Service class (``admission.classes``); empty: the default class, set by the queue."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:
@@ -124,6 +126,13 @@ class OrderIndex:
         return (self._by_seq[int(k[-1])] for k in self._arrival)
 
     # -- order --------------------------------------------------------------------------------
+    def promoted(self, max_bypass: int) -> list[QueueEntry]:
+        """Entries bypassed ``max_bypass`` times, in deadline order."""
+        return sorted(
+            itertools.takewhile(lambda e: self.bypasses(e) >= max_bypass, self._by_seq.values()),
+            key=_deadline_key,
+        )
+
     def urgent(
         self, now: float, margin_s: float, max_bypass: int, rate: float | None = None
     ) -> Iterator[QueueEntry]:
@@ -134,10 +143,7 @@ class OrderIndex:
         whose slack, less ``margin_s``, no longer covers admitting it and all before it at
         ``rate`` per second), plus the entries bypassed ``max_bypass`` times.
         """
-        promoted = sorted(
-            itertools.takewhile(lambda e: self.bypasses(e) >= max_bypass, self._by_seq.values()),
-            key=_deadline_key,
-        )
+        promoted = self.promoted(max_bypass)
         seen: set[int] = set()
         for e in heapq.merge(self._critical(now, margin_s, rate), promoted, key=_deadline_key):
             if e.seq not in seen:

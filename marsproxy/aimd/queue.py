@@ -15,132 +15,118 @@ within the margin of its deadline, or bypassed too often, and does not fit stops
 capacity frees up for it instead of going to those behind it. When nothing fits and nothing
 runs anywhere, the oldest session is admitted anyway: waiting could never end otherwise.
 
+Service classes (``admission.classes``) come before all that: a pass walks the classes in
+their configured order, each as above, and a session of one class that does not fit holds the
+capacity against the classes after it. Within a class the tenants take turns by their virtual
+token counters (``shares.py``), each offering its sessions in the load's order.
+
 Pure code: no I/O; ``now`` is a parameter.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from marsproxy.aimd.config import AdmissionConfig
-from marsproxy.aimd.order_index import OrderIndex, OrderMode, QueueEntry
+from marsproxy.aimd.lanes import Lanes, Urgency
+from marsproxy.aimd.order_index import OrderMode, QueueEntry
 from marsproxy.aimd.rate import AdmissionRate, retry_after_s
+from marsproxy.aimd.rooms import (
+    Admission,
+    Offer,
+    Room,
+    Tally,
+    WorkerView,
+    max_tokens,
+    take,
+)
+from marsproxy.aimd.shares import TenantShares
 from marsproxy.core.kv import blocks_for_tokens, fits
 
 __all__ = ["Admission", "AdmissionQueue", "OrderMode", "QueueEntry", "WorkerView"]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """What the load balancer needs to know about one worker."""
-
-    name: str
-    admitted: int
-    limit: int
-    """The controller's effective limit."""
-    healthy: bool = True
-    stale: bool = False
-    budget_blocks: int | None = None
-    """core.kv.kv_budget; ``None``: the worker reports no block counts."""
-    free_blocks: int | None = None
-    retained_blocks: int = 0
-    peak_room_blocks: int | None = None
-    """First-prompt blocks a new session's forecast peak leaves room for (``None``: off); the
-    budget includes it already, the long-session pack is bounded by it too."""
-    block_size: int = 16
-    long_admitted: int = 0
-    kv_overloaded: bool = False
-    cpu_overloaded: bool = False
-    idle_s: float | None = None
-    """How long the worker has run nothing while its sessions sit in tool phases (``None``:
-    something runs there, or nothing is admitted)."""
-    free_budget_blocks: int | None = None
-    """The budget without the forecast-peak fit: free blocks now (idle admissions)."""
-    idle_limit: int = 0
-    """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
-    bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
-    held: int | None = None
-    """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
-    the load placement balances; ``None``: as admitted."""
-
-    @property
-    def placeable(self) -> bool:
-        # A stale worker cannot be seen, so nothing new goes there (fail closed).
-        return self.healthy and not self.stale
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    entry: QueueEntry
-    worker: str
-    forced: bool = False
-    """Admitted by the no-deadlock rule, without fitting."""
-    idle: bool = False
-    """Admitted onto an idle worker past the forecast-peak fit (``admission.tuning.idle_admit``)."""
-
-
-@dataclass(slots=True)
-class _Room:
-    # One worker's capacity during one pass, shrinking as sessions are placed.
-    view: WorkerView
-    index: int
-    slots: int
-    budget: int | None
-    pack: int | None
-    long_admitted: int
-    placed: int = 0
-
-    def rank(self) -> tuple[int, int]:
-        # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
-        # worker order: with equal loads, as round robin spreads sessions without a proxy.
-        load = self.view.admitted if self.view.held is None else self.view.held
-        return (-(load + self.placed), -self.index)
-
-
-@dataclass(slots=True)
-class _Tally:
-    slots: int  # free slots left in this pass, all workers together
-    shorts: int  # short sessions still waiting
-    bound: float | None  # no prompt larger than this fits anywhere (None: no limit known)
-
-
 class AdmissionQueue:
     def __init__(self, cfg: AdmissionConfig) -> None:
         self.cfg = cfg
-        self._index = OrderIndex()
+        self.classes = cfg.classes
+        self.shares = TenantShares(cfg.tenant_weights)
+        self._index = Lanes(self.classes.rank, self.classes.weight, self.shares.weight)
+        self.refusal = ""
+        """Why the last :meth:`push` refused: queue_full, class_over_share, tenant_over_share."""
         self._seq = 0
         self._rate = AdmissionRate(cfg.tuning.rate_halflife_s)
         self.mode = OrderMode.ARRIVAL
         """The mode of the last pass (also used for reported positions)."""
 
     # -- membership -------------------------------------------------------------------------
-    def entry(self, session: str, tenant: str, now: float, est_tokens: int) -> QueueEntry:
-        """A new entry with the configured deadline."""
-        return QueueEntry(session, tenant, now, est_tokens, now + self.cfg.queue_deadline_s)
+    def entry(
+        self, session: str, tenant: str, now: float, est_tokens: int, cls: str | None = None
+    ) -> QueueEntry:
+        """A new entry of class ``cls`` (``None`` or unknown: the default) with its class's
+        deadline."""
+        c = cls if cls in self.classes.order else self.classes.default
+        deadline = self.classes.deadline_s(c, self.cfg.queue_deadline_s)
+        return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c)
 
     def push(self, entry: QueueEntry) -> bool:
-        """Queue ``entry``; False when the queue is full (→ 429)."""
+        """Queue ``entry``; False (→ 429, :attr:`refusal` says why) when the queue is full, or
+        when the entry's class or tenant holds its weighted share of ``queue_max`` while others
+        wait too."""
         if entry.session in self._index:
             raise ValueError(f"session {entry.session!r} is already queued")
-        if len(self._index) >= self.cfg.queue_max:
+        if not entry.cls:
+            entry.cls = self.classes.default
+        self.refusal = self._over(entry)
+        if self.refusal:
             return False
         self._seq += 1
         entry.seq = self._seq
         entry.long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
+        if not self._index.per_tenant[entry.tenant]:
+            self.shares.activate(entry.tenant)
         self._index.add(entry)
         return True
 
+    def _over(self, e: QueueEntry) -> str:
+        cap = self.cfg.queue_max
+        if len(self._index) >= cap:
+            return "queue_full"
+        lanes = self._index
+        mine = lanes.waiting(e.cls)
+        w = self.classes.weight(e.cls)
+        if mine and mine >= _share(cap, w, lanes.class_weights):
+            return "class_over_share"
+        mine = lanes.per_tenant[e.tenant]
+        w = self.shares.weight(e.tenant)
+        if mine and mine >= _share(cap, w, lanes.tenant_weights):
+            return "tenant_over_share"
+        return ""
+
     def remove(self, session: str) -> QueueEntry | None:
         """Take a session out (its client left, or it was deleted)."""
-        return self._index.discard(session)
+        e = self._index.discard(session)
+        self.shares.settle(self._index.per_tenant)
+        return e
 
     def expire(self, now: float) -> list[QueueEntry]:
         """Take out every session whose deadline has passed (→ 503)."""
         gone = self._index.due(now)
         for e in gone:
             self._index.discard(e.session)
+        if gone:
+            self.shares.settle(self._index.per_tenant)
         return gone
+
+    # -- shares -----------------------------------------------------------------------------
+    def charge(self, tenant: str, session: str, tokens: int) -> None:
+        """A response of an admitted session ended: its uncached prompt + completion tokens."""
+        self.shares.charge(tenant, session, tokens)
+
+    def forget(self, session: str) -> None:
+        """The session ended: drop its admission credit."""
+        self.shares.forget(session)
 
     def __contains__(self, session: object) -> bool:
         return session in self._index
@@ -175,8 +161,18 @@ class AdmissionQueue:
         """Waiting sessions, first to be admitted first."""
         m = self.mode if mode is None else mode
         t = self.cfg.tuning
-        return self._index.ordered(now, m, t.aging_margin_s, t.max_bypass,
-                                   self._rate.per_second(now))
+        urgency = Urgency(now, t.aging_margin_s, t.max_bypass, self._rate.per_second(now))
+        tags = self.shares.snapshot(self._index.per_tenant)
+        out: list[QueueEntry] = []
+        for cls in self._index.classes():
+            merge = self._index.fair(cls, m, tags, self._cost, urgency)
+            for e, _ in merge:
+                out.append(e)
+                merge.admitted(e)
+        return out
+
+    def _cost(self, e: QueueEntry) -> float:
+        return self.shares.cost(e.tenant, e.est_tokens)
 
     def positions(self, now: float) -> list[tuple[str, int]]:
         """(session, 0-based position) in the order of the last pass, for the admin API."""
@@ -197,36 +193,45 @@ class AdmissionQueue:
             out.extend(self._idle_admits(now, rooms, out))
         for a in out:
             self._index.discard(a.entry.session)
+            self.shares.admitted(a.entry.tenant, a.entry.session, a.entry.est_tokens)
         if out:
-            self._index.note_admitted(a.entry for a in out)
+            self._index.note_admitted([a.entry for a in out])
+            self.shares.settle(self._index.per_tenant)
         self._rate.record(now, len(out))
         return out
 
-    def _room(self, w: WorkerView, index: int) -> _Room:
+    def _room(self, w: WorkerView, index: int) -> Room:
         pack = None
         if w.free_blocks is not None:
             pack = int(self.cfg.tuning.long_pack_frac * w.free_blocks) - w.retained_blocks
             if w.peak_room_blocks is not None:
                 pack = min(pack, w.peak_room_blocks)
-        return _Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
+        return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
                      w.long_admitted)
 
-    def _pass(self, now: float, rooms: list[_Room]) -> list[Admission]:
-        # Urgent ones first (in deadline order), then the rest in the mode's order.
+    def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
+        # Class by class, the tenants in turn, each with its urgent sessions first (deadline
+        # order), then the mode's order. A class that leaves a session unplaced holds the rest.
         shorts = self._index.shorts
-        tally = _Tally(sum(r.slots for r in rooms), shorts, self._max_tokens(rooms, shorts > 0))
+        tally = Tally(sum(r.slots for r in rooms), shorts, max_tokens(rooms, shorts > 0))
         out: list[Admission] = []
-        held: set[int] = set()
-        rate = self._rate.per_second(now)
         t = self.cfg.tuning
-        for e in self._index.urgent(now, t.aging_margin_s, t.max_bypass, rate):
-            held.add(e.seq)
-            if not self._offer(e, rooms, tally, out, now, urgent=True):
-                return out
-        rest = self._index.in_mode(self.mode, held)
-        for e in rest:
-            if not self._offer(e, rooms, tally, out, now, urgent=False):
-                break
+        urgency = Urgency(now, t.aging_margin_s, t.max_bypass, self._rate.per_second(now))
+        tags = self.shares.snapshot(self._index.per_tenant)
+        for cls in self._index.classes():
+            blocked = False
+            merge = self._index.fair(cls, self.mode, tags, self._cost, urgency)
+            for e, urgent in merge:
+                got = self._offer(e, rooms, tally, out, now, urgent=urgent)
+                if got is Offer.STOP:
+                    return out
+                if got is Offer.PLACED:
+                    merge.admitted(e)
+                elif got is Offer.SKIP:
+                    merge.drop(e.tenant)
+                blocked = blocked or got in (Offer.HELD, Offer.SKIP)
+            if blocked:
+                break  # the classes after this one yield the capacity it waits for
         return out
 
     def _holds(self, e: QueueEntry, now: float) -> bool:
@@ -236,55 +241,48 @@ class AdmissionQueue:
                 or self._index.bypasses(e) >= self.cfg.tuning.max_bypass)
 
     def _offer(
-        self, e: QueueEntry, rooms: list[_Room], tally: _Tally, out: list[Admission],
+        self, e: QueueEntry, rooms: list[Room], tally: Tally, out: list[Admission],
         now: float, *, urgent: bool,
-    ) -> bool:
-        """Place ``e`` if it fits; False when the pass should stop."""
+    ) -> Offer:
+        """Place ``e`` if it fits, or say how the pass goes on."""
         if tally.slots <= 0:
-            return False
+            return Offer.STOP
         if tally.bound is not None and e.est_tokens > tally.bound:
             room, capped = None, False  # too large for every room: no need to look
         else:
             room, capped = self._place(e, rooms, tally.shorts > 0)
         if room is None:
             if capped:
-                return True  # only the long cap stood in the way: others may go
+                return Offer.PASSED  # only the long cap stood in the way: others may go
             if urgent and self._holds(e, now):
-                return False  # hold the capacity for it rather than hand it to those behind
+                return Offer.STOP  # hold the capacity for it rather than hand it to others
             if tally.bound is not None and tally.bound < self._index.smallest_tokens():
-                return False  # not even the smallest waiting session fits anywhere
-            # Shortest first: everything behind is larger and cannot fit either.
-            return urgent or self.mode is not OrderMode.SHORTEST_FIRST
-        self._take(room, e)
+                return Offer.STOP  # not even the smallest waiting session fits anywhere
+            if not urgent and self.mode is OrderMode.SHORTEST_FIRST:
+                return Offer.SKIP  # its tenant's later sessions are larger: none fits either
+            return Offer.HELD
+        take(room, e)
         tally.slots -= 1
         tally.shorts -= 0 if e.long else 1
-        tally.bound = self._max_tokens(rooms, tally.shorts > 0)
+        tally.bound = max_tokens(rooms, tally.shorts > 0)
         out.append(Admission(e, room.view.name))
-        return True
+        return Offer.PLACED
 
-    def _max_tokens(self, rooms: list[_Room], shorts_wait: bool) -> float | None:
-        """The largest prompt any room could take now (``None``: no limit known)."""
-        best = 0.0
-        for r in rooms:
-            if r.slots <= 0:
-                continue
-            cap = r.budget if shorts_wait or r.pack is None else max(r.pack, r.budget or 0)
-            if cap is None:
-                return None
-            best = max(best, cap * r.view.block_size)
-        return best
-
-    def _place(self, e: QueueEntry, rooms: list[_Room], shorts_wait: bool) -> tuple[
-        _Room | None, bool
+    def _place(self, e: QueueEntry, rooms: list[Room], shorts_wait: bool) -> tuple[
+        Room | None, bool
     ]:
         """The room for ``e`` (fewest sessions first) and whether only the long cap stood in
         the way."""
-        best: _Room | None = None
+        best: Room | None = None
         capped = False
+        later = self.classes.rank(e.cls) > 0
         for r in rooms:
             if r.slots <= 0:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
+            if later and r.view.total_blocks:
+                # The first class's reserve: the later ones leave it free.
+                blocks += math.ceil(self.classes.reserve_frac * r.view.total_blocks)
             if e.long and shorts_wait:
                 if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
                     capped = capped or fits(blocks, r.budget)
@@ -299,19 +297,7 @@ class AdmissionQueue:
                 best = r
         return best, capped and best is None
 
-    @staticmethod
-    def _take(room: _Room, e: QueueEntry) -> None:
-        blocks = blocks_for_tokens(e.est_tokens, room.view.block_size)
-        room.slots -= 1
-        room.placed += 1
-        if room.budget is not None:
-            room.budget -= blocks
-        if room.pack is not None:
-            room.pack -= blocks
-        if e.long:
-            room.long_admitted += 1
-
-    def _idle_admits(self, now: float, rooms: list[_Room], taken: list[Admission]) -> list[
+    def _idle_admits(self, now: float, rooms: list[Room], taken: list[Admission]) -> list[
         Admission
     ]:
         """One session for each worker idle for ``idle_admit_after_s`` that this pass gave
@@ -340,22 +326,36 @@ class AdmissionQueue:
                     break  # due now: nobody behind it takes the room it waits for
         return out
 
-    def _no_deadlock(self, rooms: list[_Room]) -> list[Admission]:
+    def _no_deadlock(self, rooms: list[Room]) -> list[Admission]:
         free = [r for r in rooms if r.slots > 0]
-        oldest = next(iter(self._index.ordered_by_arrival()), None)
+        oldest = self._index.oldest()
         if not free or oldest is None:
             return []
-        room = max(free, key=_Room.rank)
+        room = max(free, key=Room.rank)
         return [Admission(oldest, room.view.name, forced=True)]
 
     # -- Retry-After ------------------------------------------------------------------------
     def admission_rate(self, now: float) -> float | None:
         return self._rate.per_second(now)
 
-    def retry_after(self, now: float, ahead: int | None = None) -> int:
-        """Seconds a client should wait: sessions ahead / observed admission rate, clamped."""
+    def retry_after(self, now: float, ahead: int | None = None, *,
+                    tenant: str | None = None) -> int:
+        """Seconds a client should wait: sessions ahead / observed admission rate, clamped.
+        With ``tenant``: its own waiting sessions over its weighted share of the rate."""
         n = len(self._index) if ahead is None else ahead
+        rate = self._rate.per_second(now)
+        if tenant is not None:
+            per = self._index.per_tenant
+            n = per[tenant] if ahead is None else ahead
+            w = self.shares.weight(tenant)
+            total = self._index.tenant_weights + (0.0 if per[tenant] else w)
+            rate = None if rate is None else rate * w / max(w, total)
         return retry_after_s(
-            n, self._rate.per_second(now), self.cfg.tuning.retry_after_min_s,
-            self.cfg.tuning.retry_after_max_s,
+            n, rate, self.cfg.tuning.retry_after_min_s, self.cfg.tuning.retry_after_max_s,
         )
+
+
+def _share(cap: int, weight: float, total: float) -> int:
+    """The most sessions a waiting claimant (a class, a tenant) may hold: its weighted part of
+    ``cap``, ``total`` being the weights of all that wait, itself included (alone: all)."""
+    return cap if total <= weight * (1 + 1e-9) else max(1, math.ceil(cap * weight / total))

@@ -1,4 +1,5 @@
-"""Who is asking: tenant, explicit session id, final flag, and the history used for chaining.
+"""Who is asking: tenant, service class, explicit session id, final flag, and the history used
+for chaining.
 
 One resolver for the whole project. The order: configured headers, then body
 ``session_params.session_id``, the session inside Claude Code's ``metadata.user_id``,
@@ -40,6 +41,36 @@ def tenant_of(authorization: str | None) -> str:
     # surrogateescape: a header with bytes that are not UTF-8 still hashes (to itself).
     raw = authorization.encode("utf-8", "surrogateescape")
     return hashlib.blake2b(raw, digest_size=6).hexdigest()
+
+
+CLASS_HEADER = "x-session-class"
+"""The request header that names a session's service class (``admission.classes``)."""
+
+
+class UnknownClass(ValueError):
+    """The class header names no configured class (→ 400 unknown_session_class)."""
+
+
+def session_class(
+    headers: Mapping[str, str], *, order: Sequence[str], default: str,
+    tenant_class: str | None = None,
+) -> str:
+    """The service class of a new session: the header's (case-insensitive), else the tenant's
+    (``tenant_class``, from ``admission.classes.by_tenant``), else ``default``.
+
+    ``order`` lists the classes first admitted first; a tenant's class is also the highest it
+    may ask for: a header naming an earlier class gets the tenant's instead. Raises
+    :class:`UnknownClass` for a name not in ``order``.
+    """
+    base = tenant_class if tenant_class is not None and tenant_class in order else default
+    raw = (headers.get(CLASS_HEADER) or "").strip().lower()
+    if not raw:
+        return base
+    if raw not in order:
+        raise UnknownClass(f"{CLASS_HEADER}: unknown class {raw[:64]!r}; known: {', '.join(order)}")
+    if tenant_class is not None and order.index(raw) < order.index(base):
+        return base  # the operator's word caps the client's
+    return raw
 
 
 @dataclass(frozen=True)

@@ -177,15 +177,16 @@ class ControlPlane:
 
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
-        final: bool = False,
+        final: bool = False, cls: str | None = None,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
-        prompt's size when known, else estimated from ``chars``."""
+        prompt's size when known, else estimated from ``chars``; ``cls``: a new session's
+        service class (``None``: the default)."""
         core = self.admission
         for w in self.workers:  # the ledger as it is now, not as of the last tick
             core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
-        d = core.on_request(now, key, tenant, est, final=final)
+        d = core.on_request(now, key, tenant, est, final=final, cls=cls)
         out = Outcome()
         self._absorb(now, d.actions, out)  # others admitted in the same pass go first
         if d.kind is DecisionKind.WAIT:
@@ -302,7 +303,7 @@ class ControlPlane:
             self._absorb(now, self.admission.on_response_end(
                 now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
                 usual_tool_s=usual if usual is not None else usual_tool_s,
-                completion_tokens=completion_tokens), out)
+                completion_tokens=completion_tokens, cached_tokens=cached_tokens), out)
         return CallEnd(result, released, out)
 
     def session_end(self, now: float, key: str, reason: EndReason) -> Outcome:

@@ -92,7 +92,8 @@ def decode_batch(payload: bytes) -> EventBatch:
     """A batch from its msgpack payload; :class:`WireError` when it is not one."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as exc:  # TypeError: a map keyed by an array
         raise WireError(f"payload is not msgpack: {exc}") from exc
     if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
         raise WireError("payload is not a [ts, events, ...] array")

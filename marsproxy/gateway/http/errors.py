@@ -10,6 +10,9 @@ from aiohttp import web
 
 log = logging.getLogger("marsproxy.gateway")
 
+REASON_HEADER = "x-marsproxy-reason"
+"""Every error response names its reason here: the error body's ``code``, machine-readable."""
+
 # status → OpenAI error type
 _TYPES = {
     400: "invalid_request_error",
@@ -40,13 +43,14 @@ def error_response(
     code: str,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    """An OpenAI-shaped error; every one is logged once, saying what was wrong."""
+    """An OpenAI-shaped error, its code also in ``x-marsproxy-reason``; every one is logged
+    once, saying what was wrong."""
     log.warning("%d %s: %s", status, code, message)
     return web.Response(
         status=status,
         body=json.dumps(error_body(message, status=status, code=code)).encode(),
         content_type="application/json",
-        headers=headers,
+        headers={REASON_HEADER: code, **(headers or {})},
     )
 
 

@@ -20,7 +20,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from marsproxy.config import WorkerConfig
-from marsproxy.core.identity import Route, explicit_session_id, history_of, is_final, tenant_of
+from marsproxy.core.identity import (
+    Route,
+    UnknownClass,
+    explicit_session_id,
+    history_of,
+    is_final,
+    session_class,
+    tenant_of,
+)
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
@@ -76,6 +84,12 @@ class Relay:
             return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
         # Anthropic-style clients send their key as x-api-key instead of Authorization.
         tenant = tenant_of(request.headers.get("Authorization") or request.headers.get("x-api-key"))
+        classes = cfg.admission.classes
+        try:
+            cls = session_class(request.headers, order=classes.order, default=classes.default,
+                                tenant_class=classes.by_tenant.get(tenant))
+        except UnknownClass as exc:
+            return error(clock, out, 400, "unknown_session_class", str(exc))
         explicit = explicit_session_id(
             request.headers,
             body.obj,
@@ -103,7 +117,7 @@ class Relay:
         out.turn = gw.request_arrived(turn)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.healthy():
-            refused = await self._admit(turn, tenant, raw, final, clock, out)
+            refused = await self._admit(turn, tenant, raw, final, clock, out, cls)
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
@@ -134,13 +148,14 @@ class Relay:
         return out.prepared
 
     async def _admit(
-        self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome
+        self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome,
+        cls: str,
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         t, chars = time.perf_counter(), len(raw)
         try:
-            verdict = await gw.admit(turn.session, tenant, chars, final, raw)
+            verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise

@@ -38,7 +38,7 @@ from marsproxy.core.events import SessionAdmitted
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
-from marsproxy.gateway.shells.admission_types import Granted, Refused, Verdict
+from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
@@ -183,12 +183,13 @@ class AdmissionShell:
     # -- the request path -----------------------------------------------------------------
     async def admit(
         self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None,
-        tokens: int | None = None,
+        tokens: int | None = None, cls: str | None = None,
     ) -> Verdict:
         """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
 
         ``body`` (the raw request) is only read to count a new session's first prompt with
-        ``/tokenize`` when ``admission.tokenize`` is on; ``tokens``: its size when known.
+        ``/tokenize`` when ``admission.tokenize`` is on; ``tokens``: its size when known;
+        ``cls``: its service class (the x-session-class header's, or the tenant's).
         """
         core = self.core
         if core.sessions.get(key) is None:
@@ -205,7 +206,7 @@ class AdmissionShell:
         if self.plane.wants_tick(key):  # the first requests after start: scrape at once
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final)
+                                 final=final, cls=cls)
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)
@@ -370,7 +371,8 @@ class AdmissionShell:
 
     def _rejected(self, reason: str, retry: int | None) -> Refused:
         self.metrics.rejections.labels(reason).inc()
-        return Refused(429, reason, retry or 1, "admission queue full; retry later")
+        message = QUEUE_REFUSALS.get(reason, QUEUE_REFUSALS["queue_full"])
+        return Refused(429, reason, retry or 1, message)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

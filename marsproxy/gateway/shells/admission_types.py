@@ -14,6 +14,15 @@ END_REASONS: dict[str, EndReason] = {
     "deleted": EndReason.DELETED,
 }
 
+# What a 429 from the admission queue says (the reason is its code and x-marsproxy-reason).
+QUEUE_REFUSALS = {
+    "queue_full": "admission queue full; retry later",
+    "class_over_share": "this service class holds its share of the admission queue while"
+    " others wait; retry later",
+    "tenant_over_share": "this API key holds its share of the admission queue while others"
+    " wait; retry later",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Granted:

@@ -161,12 +161,13 @@ class Gateway:
 
     # -- the request's decisions ---------------------------------------------------------------
     async def admit(self, key: str, tenant: str, chars: int, final: bool,
-                    body: bytes | None = None, tokens: int | None = None) -> Verdict:
+                    body: bytes | None = None, tokens: int | None = None,
+                    cls: str | None = None) -> Verdict:
         """The worker for a request of ``key`` (held until admitted), or its refusal."""
         if self.admission is not None:
-            return await self.admission.admit(key, tenant, chars, final, body, tokens)
+            return await self.admission.admit(key, tenant, chars, final, body, tokens, cls)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final)
+                                 final=final, cls=cls)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
             return Granted(ans.worker, 0.0)
         return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")

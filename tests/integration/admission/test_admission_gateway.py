@@ -56,6 +56,7 @@ async def test_queue_full_is_429_with_retry_after(make_stack: _Factory) -> None:
     assert status == 429
     assert int(headers["Retry-After"]) >= 1
     assert body["error"]["code"] == "queue_full" and body["error"]["type"] == "rate_limit_error"
+    assert headers["x-marsproxy-reason"] == "queue_full"
     async with s.http.get(s.url("/metrics")) as r:
         text = await r.text()
     assert 'marsproxy_rejections_total{reason="queue_full"} 1.0' in text
@@ -69,7 +70,7 @@ async def test_queue_deadline_is_503_with_retry_after(make_stack: _Factory) -> N
     status, headers, body = await asyncio.wait_for(s.chat("late"), 10)
     assert status == 503
     assert int(headers["Retry-After"]) >= 1
-    assert body["error"]["code"] == "queue_deadline"
+    assert body["error"]["code"] == headers["x-marsproxy-reason"] == "queue_deadline"
     assert await s.queue_length() == 0
     assert (await s.chat("holder"))[0] == 200  # the holder's continuations still go through
 

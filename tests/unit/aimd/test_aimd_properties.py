@@ -132,6 +132,7 @@ def test_admission_invariants(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
         t += dt
         before = {w: c.sessions.admitted_on(w) for w in WORKERS}
         admitted: list[str] = []
+        idle_on: set[str] = set()  # workers that took an idle admission (one past the limit)
         if op[0] == "req":
             s = f"s{op[1]}"
             rec = c.sessions.get(s)
@@ -141,6 +142,8 @@ def test_admission_invariants(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
                 ledger.enter(s)
                 if d.kind is DecisionKind.ADMITTED:
                     admitted.append(s)
+                    if d.idle and d.worker is not None:
+                        idle_on.add(d.worker)
             if rec is not None and rec.state is SessionState.ADMITTED:
                 assert d.kind is DecisionKind.ADMITTED  # continuations are never held
             actions = d.actions
@@ -172,16 +175,21 @@ def test_admission_invariants(ops: list[tuple[float, tuple[Any, ...]]]) -> None:
         else:
             actions = c.tick(t, op[1])
         admitted += [a.entry.session for a in actions.admitted]
+        idle_on |= {a.worker for a in actions.admitted if a.idle}
         for s in admitted:
             ledger.leave(s)
         for e in actions.expired:
             ledger.leave(e.session)
         # Admissions only into free slots: nobody is pushed over a worker's effective limit
-        # (an adopted session already holds a slot: it is not a new admission).
+        # (an adopted session already holds a slot: it is not a new admission), except an
+        # idle admission, which may go to the worker's idle limit.
         for w in WORKERS:
             now_on = c.sessions.admitted_on(w)
             if now_on > before[w] and op[0] != "adopt":
-                assert now_on <= c.controllers[w].effective_limit, (w, now_on)
+                ctl = c.controllers[w]
+                bound = max(ctl.effective_limit, ctl.idle_limit) if w in idle_on \
+                    else ctl.effective_limit
+                assert now_on <= bound, (w, now_on)
             holders = {r.key for r in c.sessions
                        if r.state is SessionState.ADMITTED and r.worker == w}
             assert set(c.sessions.sessions_on(w)) == holders

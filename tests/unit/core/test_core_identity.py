@@ -1,10 +1,19 @@
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from multidict import CIMultiDict
 
 from marsproxy.config import DEFAULT_SESSION_HEADERS
-from marsproxy.core.identity import ExplicitId, explicit_session_id, history_of, is_final, tenant_of
+from marsproxy.core.identity import (
+    ExplicitId,
+    UnknownClass,
+    explicit_session_id,
+    history_of,
+    is_final,
+    session_class,
+    tenant_of,
+)
 
 
 def _resolve(
@@ -122,3 +131,23 @@ def test_completion_prompts() -> None:
     k = history_of("completions", {"prompt": [1, 2, 3]})
     assert k is not None and (k.kind, k.length) == ("tokens", 3)
     assert history_of("completions", {"prompt": ["a", "b"]}) is None
+
+
+# -- service classes -------------------------------------------------------------------------
+
+def test_session_class_from_header_tenant_or_default() -> None:
+    order = ("interactive", "batch")
+    assert session_class({}, order=order, default="interactive") == "interactive"
+    assert session_class({"x-session-class": " Batch "}, order=order,
+                         default="interactive") == "batch"
+    assert session_class({}, order=order, default="interactive", tenant_class="batch") == "batch"
+    # A tenant's class is also the highest it may ask for; lower ones it may pick.
+    assert session_class({"x-session-class": "interactive"}, order=order, default="interactive",
+                         tenant_class="batch") == "batch"
+    assert session_class({"x-session-class": "batch"}, order=order, default="interactive",
+                         tenant_class="interactive") == "batch"
+
+
+def test_an_unknown_session_class_is_an_error() -> None:
+    with pytest.raises(UnknownClass, match="unknown class 'gold'"):
+        session_class({"x-session-class": "gold"}, order=("interactive",), default="interactive")

@@ -1,0 +1,128 @@
+"""What one admission pass works with: the workers' views, their shrinking rooms, and what a
+pass hands out.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from marsproxy.aimd.order_index import QueueEntry
+from marsproxy.core.kv import blocks_for_tokens
+
+__all__ = ["Admission", "Offer", "Room", "Tally", "WorkerView", "max_tokens", "take"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What the load balancer needs to know about one worker."""
+
+    name: str
+    admitted: int
+    limit: int
+    """The controller's effective limit."""
+    healthy: bool = True
+    stale: bool = False
+    budget_blocks: int | None = None
+    """core.kv.kv_budget; ``None``: the worker reports no block counts."""
+    free_blocks: int | None = None
+    retained_blocks: int = 0
+    peak_room_blocks: int | None = None
+    """First-prompt blocks a new session's forecast peak leaves room for (``None``: off); the
+    budget includes it already, the long-session pack is bounded by it too."""
+    block_size: int = 16
+    total_blocks: int | None = None
+    """The worker's KV blocks (``None``: not reported): the classes' reserve is a share of it."""
+    long_admitted: int = 0
+    kv_overloaded: bool = False
+    cpu_overloaded: bool = False
+    idle_s: float | None = None
+    """How long the worker has run nothing while its sessions sit in tool phases (``None``:
+    something runs there, or nothing is admitted)."""
+    free_budget_blocks: int | None = None
+    """The budget without the forecast-peak fit: free blocks now (idle admissions)."""
+    idle_limit: int = 0
+    """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
+    bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
+    held: int | None = None
+    """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
+    the load placement balances; ``None``: as admitted."""
+
+    @property
+    def placeable(self) -> bool:
+        # A stale worker cannot be seen, so nothing new goes there (fail closed).
+        return self.healthy and not self.stale
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    entry: QueueEntry
+    worker: str
+    forced: bool = False
+    """Admitted by the no-deadlock rule, without fitting."""
+    idle: bool = False
+    """Admitted onto an idle worker past the forecast-peak fit (``admission.tuning.idle_admit``)."""
+
+
+@dataclass(slots=True)
+class Room:
+    # One worker's capacity during one pass, shrinking as sessions are placed.
+    view: WorkerView
+    index: int
+    slots: int
+    budget: int | None
+    pack: int | None
+    long_admitted: int
+    placed: int = 0
+
+    def rank(self) -> tuple[int, int]:
+        # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
+        # worker order: with equal loads, as round robin spreads sessions without a proxy.
+        load = self.view.admitted if self.view.held is None else self.view.held
+        return (-(load + self.placed), -self.index)
+
+
+class Offer(Enum):
+    PLACED = 1
+    PASSED = 2  # not placed; go on with the next session
+    HELD = 3  # not placed and holding capacity against the classes after its own
+    SKIP = 4  # not placed, nor anything after it in its tenant's lane (shortest first)
+    STOP = 5  # the pass is over
+
+
+@dataclass(slots=True)
+class Tally:
+    slots: int  # free slots left in this pass, all workers together
+    shorts: int  # short sessions still waiting
+    bound: float | None  # no prompt larger than this fits anywhere (None: no limit known)
+
+
+
+
+def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
+    """The largest prompt any room could take now (``None``: no limit known)."""
+    best = 0.0
+    for r in rooms:
+        if r.slots <= 0:
+            continue
+        cap = r.budget if shorts_wait or r.pack is None else max(r.pack, r.budget or 0)
+        if cap is None:
+            return None
+        best = max(best, cap * r.view.block_size)
+    return best
+
+
+
+def take(room: Room, e: QueueEntry) -> None:
+    blocks = blocks_for_tokens(e.est_tokens, room.view.block_size)
+    room.slots -= 1
+    room.placed += 1
+    if room.budget is not None:
+        room.budget -= blocks
+    if room.pack is not None:
+        room.pack -= blocks
+    if e.long:
+        room.long_admitted += 1
+
