@@ -110,6 +110,22 @@ class KVEventsConfig(_Section):
     rate_window_s: float = Field(
         10.0, gt=0, description="Window of the events/s figure in the state document."
     )
+    tokenize: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: tokenize each scheduled chat/completions prompt on a worker with"
+        " kv_events (its /tokenize) to predict cached tokens, place new sessions by prefix and"
+        " verify retention; never: none of that (the index is observed only).",
+    )
+    tokenize_timeout_s: float = Field(
+        1.0, gt=0,
+        description="Longest wait for /tokenize; a prompt not tokenized in time is relayed"
+        " without prediction or prefix placement.",
+    )
+    ledger_grace_s: float = Field(
+        1.0, ge=0,
+        description="A retention reservation younger than this is not corrected by the index"
+        " (its call's last blocks may still be on their way).",
+    )
 
 
 class ProbesConfig(_Section):
