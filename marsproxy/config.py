@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_moves import retired_keys
 from marsproxy.config_section import Section as _Section
@@ -246,6 +246,7 @@ class MarsConfig(_Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     admission: AdmissionConfig = AdmissionConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    placement: PlacementConfig = PlacementConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()

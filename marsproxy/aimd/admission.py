@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.controller import AimdController
 from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
+from marsproxy.aimd.prefix import prefer_prefix
 from marsproxy.aimd.queue import Admission, AdmissionQueue
 from marsproxy.core.events import (
     Event,
@@ -86,7 +87,8 @@ class Decision:
 
 
 class AdmissionCore(WorkerFit):
-    def __init__(self, cfg: AdmissionConfig, workers: Sequence[str]) -> None:
+    def __init__(self, cfg: AdmissionConfig, workers: Sequence[str],
+                 placement: PlacementConfig | None = None) -> None:
         if not workers:
             raise ValueError("at least one worker is needed")
         self.cfg = cfg
@@ -106,14 +108,19 @@ class AdmissionCore(WorkerFit):
         # yet: its free-block gauge cannot show them, so the budget must.
         self._pending: dict[str, tuple[str, int]] = {}
         self._pending_on: dict[str, int] = dict.fromkeys(self.workers, 0)
+        self.placement = placement or PlacementConfig()
+        # Resident prefix tokens of a waiting session's first prompt per worker with a KV
+        # index (prefix placement, aimd/prefix.py); kept until it is admitted or gone.
+        self._prefix: dict[str, Mapping[str, int]] = {}
 
     # -- requests -----------------------------------------------------------------------------
     def on_request(
         self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False,
-        cls: str | None = None,
+        cls: str | None = None, prefix: Mapping[str, int] | None = None,
     ) -> Decision:
         """A request arrives: serve it now, hold it, or reject it; ``cls``: a new session's
-        service class (``None``: the default)."""
+        service class (``None``: the default); ``prefix``: resident prefix tokens of its
+        prompt per worker with a KV index (placement of a new session)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
             released = not rec.kv_held
@@ -125,9 +132,12 @@ class AdmissionCore(WorkerFit):
             self.sessions.add_waiter(session, final)
             return Decision(DecisionKind.WAIT, reason="queued")
         if not self.cfg.enabled:
-            return self._admit_unconditionally(now, session, tenant, est_tokens, final)
+            return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
+        if prefix:
+            self._prefix[session] = prefix
         entry = self.queue.entry(session, tenant, now, est_tokens, cls)
         if not self.queue.push(entry):
+            self._prefix.pop(session, None)
             # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
             # for its own sessions at its share of the admission rate.
             reason = self.queue.refusal
@@ -191,14 +201,21 @@ class AdmissionCore(WorkerFit):
                 best = (rank, v.name)
         if best is None:
             return None
-        self._settle(session)
-        self.sessions.move(session, best[1])
-        self.peaks.move(session, best[1])
-        block_size = self._signals[best[1]].block_size or DEFAULT_BLOCK_SIZE
-        blocks = blocks_for_tokens(rec.est_tokens, block_size)
-        self._pending[session] = (best[1], blocks)
-        self._pending_on[best[1]] += blocks
+        self._move(session, best[1], rec.est_tokens)
         return best[1]
+
+    def _move(self, session: str, worker: str, est_tokens: int) -> None:
+        """An admitted session not served yet goes to ``worker`` (its promise with it)."""
+        self._settle(session)
+        self.sessions.move(session, worker)
+        self.peaks.move(session, worker)
+        self._promise(session, worker, est_tokens)
+
+    def _promise(self, session: str, worker: str, est_tokens: int) -> None:
+        block_size = self._signals[worker].block_size or DEFAULT_BLOCK_SIZE
+        blocks = blocks_for_tokens(est_tokens, block_size)
+        self._pending[session] = (worker, blocks)
+        self._pending_on[worker] += blocks
 
     def on_response_end(
         self, now: float, session: str, *, prompt_chars: int | None = None,
@@ -273,24 +290,42 @@ class AdmissionCore(WorkerFit):
     def _admit_pass(self, now: float, actions: Actions) -> None:
         if not len(self.queue):
             return
-        for a in self.queue.select(now, self._views(now)):
-            rec = self.sessions.admit(now, a.entry.session, a.worker)
+        taken = self.queue.select(now, self._views(now))
+        for a in taken:
+            self.sessions.admit(now, a.entry.session, a.worker)
             self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
-            block_size = self._signals[a.worker].block_size or DEFAULT_BLOCK_SIZE
-            blocks = blocks_for_tokens(a.entry.est_tokens, block_size)
-            self._pending[a.entry.session] = (a.worker, blocks)
-            self._pending_on[a.worker] += blocks
+            self._promise(a.entry.session, a.worker, a.entry.est_tokens)
+        for a in taken:  # all of the pass counted: a move sees every slot it took
+            a = self._by_prefix(a)
+            rec = self.sessions.get(a.entry.session)
+            queued_at = now if rec is None else rec.queued_at
             actions.admitted.append(a)
             actions.events.append(SessionAdmitted(ts=now, session=a.entry.session,
-                                                  worker=a.worker, wait_s=now - rec.queued_at))
+                                                  worker=a.worker, wait_s=now - queued_at))
+
+    def _by_prefix(self, a: Admission) -> Admission:
+        """Prefix placement (``aimd/prefix.py``) of a session the queue just admitted."""
+        prefix = self._prefix.pop(a.entry.session, None)
+        if prefix is None or a.forced or a.idle:
+            return a
+        target = prefer_prefix(self.placement, self._views(), prefix, a.worker,
+                               a.entry.est_tokens, counted=True)
+        if target is None:
+            return a
+        self._move(a.entry.session, target, a.entry.est_tokens)
+        return replace(a, worker=target)
 
     def _admit_unconditionally(
-        self, now: float, session: str, tenant: str, est_tokens: int, final: bool
+        self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
+        prefix: Mapping[str, int] | None,
     ) -> Decision:
         # Admission control off: the fewest sessions among placeable workers, ties in worker
-        # order, as the queue places; the window is ignored.
+        # order, as the queue places; the window is ignored (also by prefix placement).
         views = [v for v in self._views() if v.placeable] or self._views()
         best = min(views, key=lambda v: v.held if v.held is not None else v.admitted)
+        moved = prefer_prefix(self.placement, views, prefix, best.name, est_tokens,
+                              counted=False, slots=False)
+        best = next(v for v in views if v.name == (moved or best.name))
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, best.name)
@@ -308,6 +343,7 @@ class AdmissionCore(WorkerFit):
         rec = self.sessions.end(now, session, reason)
         self._settle(session)
         self.queue.forget(session)
+        self._prefix.pop(session, None)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
         if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:
             self.overlaps.session_lived(now - rec.admitted_at)

@@ -7,6 +7,8 @@ the deployments marsproxy was measured on and rarely need a change.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from marsproxy.config_section import Section as _Section
@@ -374,3 +376,25 @@ class AdmissionConfig(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+class PlacementConfig(_Section):
+    """``placement:`` — which worker a new session goes to (docs/kv-events.md#placement)."""
+
+    policy: Literal["prefix", "least_loaded"] = Field(
+        "prefix",
+        description="prefix: a new session goes to the worker whose KV cache holds the longest"
+        " prefix of its first prompt (workers with kv_events only; the others and a prompt no"
+        " worker holds are placed least loaded), within max_load_gap; least_loaded: the fewest"
+        " sessions, as without KV events.",
+    )
+    max_load_gap: int = Field(
+        2, ge=0,
+        description="Load guard: a worker with a longer prefix takes a new session only while"
+        " it holds at most this many sessions more than the least loaded placeable worker.",
+    )
+    min_prefix_tokens: int = Field(
+        1, ge=1,
+        description="Resident prefix tokens a worker must hold beyond the least-loaded choice"
+        " for prefix placement to prefer it (whole blocks; 1: any block).",
+    )

@@ -13,6 +13,7 @@ Pure code: no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from marsproxy.aimd.config import AdmissionConfig
@@ -55,6 +56,9 @@ class WorkerSignals:
     tool_wait_ema_s: float = 0.0
     psi_some_avg10: float | None = None
     tool_cpus: float = 0.0
+    session_blocks: Mapping[str, int] | None = None
+    """Resident blocks per session from the worker's KV index (``None``: no usable index):
+    the forecast-peak fit counts these instead of the measured overlap."""
 
 
 class WorkerFit:
@@ -108,17 +112,23 @@ class WorkerFit:
         """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
         that its forecast peak fits beside the forecasts of the sessions admitted there
         (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
-        forecasts' sum, when the caller has it."""
+        forecasts' sum, when the caller has it. A worker with a KV index counts each session's
+        resident blocks plus its forecast growth instead, without the overlap's overcommit."""
         s = self._signals[worker]
         if not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
             return None
         held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
         if held < self.cfg.tuning.peak_free_sessions:
             return None
+        bs = s.block_size or DEFAULT_BLOCK_SIZE
+        if s.session_blocks is not None:  # KV events: what each session really holds
+            resident = self.peaks.resident_committed_tokens(worker, s.session_blocks, bs,
+                                                             s.sessions_elsewhere)
+            return self.peaks.room_blocks(resident, s.total_blocks, bs,
+                                          self.cfg.kv_reserve_frac, self.overlaps.floor)
         if committed_tokens is None:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-        return self.peaks.room_blocks(committed_tokens, s.total_blocks,
-                                      s.block_size or DEFAULT_BLOCK_SIZE,
+        return self.peaks.room_blocks(committed_tokens, s.total_blocks, bs,
                                       self.cfg.kv_reserve_frac,
                                       self.peak_factor(worker, committed_tokens))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -128,6 +129,29 @@ class PeakForecast:
             else:
                 typical = 0.0  # nothing known yet: the free-block budget still applies
             total += math.ceil(elsewhere * typical)
+        return total
+
+    def resident_committed_tokens(
+        self, worker: str, blocks_of: Mapping[str, int], block_size: int, elsewhere: int = 0,
+    ) -> int:
+        """:meth:`committed_tokens` from a worker's KV index: each held session counts its
+        resident blocks (``blocks_of``, by session) plus its forecast growth (forecast peak
+        less its context so far); one whose first prompt was not served yet, its forecast.
+        Blocks two sessions share (a common system prompt) count once, for whichever session
+        stored them. ``elsewhere`` sessions of other replicas count at this worker's mean."""
+        g = self.growth()
+        total = n = 0
+        for key, s in self._sessions.items():
+            if s.worker != worker or not s.held:
+                continue
+            peak = max(s.context, math.ceil(s.first * g))
+            n += 1
+            if not s.observed:
+                total += peak
+            else:
+                total += blocks_of.get(key, 0) * block_size + peak - s.context
+        if elsewhere > 0 and n:
+            total += math.ceil(elsewhere * total / n)
         return total
 
     def room_blocks(

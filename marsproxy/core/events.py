@@ -93,6 +93,28 @@ class RetentionDecision(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionVerified(Event):
+    """A retained session resumed: how much of its prefix its worker still held (KV events)."""
+
+    type: ClassVar[str] = "retention_verified"
+    outcome: str = ""
+    """``kept``, ``partly_kept`` or ``lost``."""
+    reserved_tokens: int = 0
+    """The prefix the ledger retained for it (its blocks, in tokens)."""
+    resident_tokens: int = 0
+    """Leading tokens of the resumed call's prompt the worker's KV index found resident."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCorrected(Event):
+    """The engine evicted part of a retained prefix: the ledger keeps only what is left."""
+
+    type: ClassVar[str] = "retention_corrected"
+    reserved_blocks: int = 0
+    resident_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class WindowChange(Event):
     type: ClassVar[str] = "window_change"
     old: float = 0.0
@@ -138,6 +160,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolStart,
         ToolEnd,
         RetentionDecision,
+        RetentionVerified,
+        RetentionCorrected,
         WindowChange,
         PressureSample,
         Rejected,

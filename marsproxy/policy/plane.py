@@ -22,95 +22,23 @@ Pure code: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event
 from marsproxy.core.lifecycle import EndReason, SessionState
+from marsproxy.policy.kv_facts import correct_ledger, verify_retention
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation, admission_signals, scheduler_facts
+from marsproxy.policy.outcome import Answer, CallEnd, Ended, Outcome, Pending, Phase
 from marsproxy.probes.cpu import CpuPressure
 from marsproxy.probes.tool_phases import ToolPhaseTracker
 from marsproxy.probes.tool_signal import ToolCpuSignal, tool_plane
 from marsproxy.sched.core import SchedulerCore
-from marsproxy.sched.ledger import Reservation
-from marsproxy.sched.tickets import EndResult, Ticket, TickResult
+from marsproxy.sched.tickets import Ticket, TickResult
 
-
-class Phase(StrEnum):
-    WAITING = "waiting"
-    PENDING = "pending"
-    IN_CALL = "in_call"
-    DORMANT = "dormant"
-    ENDED = "ended"
-
-
-@dataclass(slots=True)
-class Pending:
-    """Admitted here, waiting for the window store to confirm its slot."""
-
-    worker: str
-    since: float
-    """Arrival of its first request (control clock): its queue deadline and store score."""
-    idle: bool = False
-    """An idle admission: confirmed against the idle limit, on this worker only."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    session: str
-    reason: EndReason
-    worker: str | None
-    """It held a confirmed slot on this worker: release it."""
-    pending: Pending | None
-    """It was waiting for the store: withdraw the ask (and any slot granted unseen)."""
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What the driver carries out, in this order."""
-
-    proposed: list[str] = field(default_factory=list)
-    """Sessions now pending: ask the store to confirm them (oldest first)."""
-    expired: list[Expiry] = field(default_factory=list)
-    """Waiting requests to answer with an error."""
-    ended: list[Ended] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    returned: list[Reservation] = field(default_factory=list)
-    """KV reservations given back because their session ended."""
-
-    def __bool__(self) -> bool:
-        return bool(self.proposed or self.expired or self.ended or self.events)
-
-    def extend(self, more: Outcome) -> None:
-        self.proposed += more.proposed
-        self.expired += more.expired
-        self.ended += more.ended
-        self.events += more.events
-        self.returned += more.returned
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The plane's answer to a request."""
-
-    kind: DecisionKind
-    worker: str | None = None
-    status: int = 0
-    retry_after_s: int | None = None
-    reason: str = ""
-    outcome: Outcome = field(default_factory=Outcome)
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnd:
-    result: EndResult | None
-    """The scheduler's account of the call (``None``: nothing was scheduled)."""
-    released: list[Ticket]
-    """Gated calls the freed room lets go now."""
-    outcome: Outcome
+# What the plane hands back: importable from here with the plane that makes it.
+__all__ = ["Answer", "CallEnd", "ControlPlane", "Ended", "Outcome", "Pending", "Phase"]
 
 
 class ControlPlane:
@@ -121,7 +49,7 @@ class ControlPlane:
     ) -> None:
         self.cfg = cfg
         self.workers = tuple(workers)
-        self.admission = AdmissionCore(cfg.admission, self.workers)
+        self.admission = AdmissionCore(cfg.admission, self.workers, cfg.placement)
         self.estimator = self.admission.estimator  # the one prompt estimator
         s = cfg.scheduler
         self.scheduler = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
@@ -138,6 +66,9 @@ class ControlPlane:
         self._arrival: dict[str, float] = {}  # waiting in the core since
         self._pending: dict[str, Pending] = {}
         self._held: dict[str, str] = {}  # confirmed session → worker
+        self.kv_events: list[Event] = []
+        """Retention verified and corrected (KV events): the driver takes and publishes them."""
+        self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -177,16 +108,17 @@ class ControlPlane:
 
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
-        final: bool = False, cls: str | None = None,
+        final: bool = False, cls: str | None = None, prefix: Mapping[str, int] | None = None,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
         prompt's size when known, else estimated from ``chars``; ``cls``: a new session's
-        service class (``None``: the default)."""
+        service class (``None``: the default); ``prefix``: leading tokens of its prompt
+        resident per worker with a KV index (prefix placement)."""
         core = self.admission
         for w in self.workers:  # the ledger as it is now, not as of the last tick
             core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
-        d = core.on_request(now, key, tenant, est, final=final, cls=cls)
+        d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix)
         out = Outcome()
         self._absorb(now, d.actions, out)  # others admitted in the same pass go first
         if d.kind is DecisionKind.WAIT:
@@ -256,13 +188,16 @@ class ControlPlane:
     # -- calls ----------------------------------------------------------------------------------
     def call_start(
         self, now: float, key: str, worker: str, *, chars: int = 0, tokens: int | None = None,
-        max_new_tokens: int = 0, gate: bool = False,
+        max_new_tokens: int = 0, gate: bool = False, resident_tokens: int | None = None,
     ) -> Ticket | None:
         """A call of ``key`` goes to ``worker``: its level, and whether it waits in the gate
         (then :meth:`release` says when it goes; ``gate``: it waits there even on a priority
-        worker). ``None``: nothing is scheduled (passive)."""
+        worker). ``None``: nothing is scheduled (passive). ``resident_tokens``: leading tokens
+        of its prompt resident there (KV events): a retained prefix is verified
+        (``retention_verified``)."""
         if self.passive:
             return None
+        self._verify(now, key, worker, resident_tokens)
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
                                   predicted_tool_s=self.tracker.predicted_duration(key),
@@ -344,11 +279,24 @@ class ControlPlane:
         """The scheduler's step: fresh facts, reservation expiries and drops, releases."""
         self.observed.update(observed)
         for w in self.workers:
-            self.scheduler.set_facts(w, scheduler_facts(self.observed[w]))
+            obs = self.observed[w]
+            self.scheduler.set_facts(w, scheduler_facts(obs))
+            if obs.session_blocks is not None:  # what the engine evicted of retained prefixes
+                self.kv_events += correct_ledger(now, self.scheduler.ledger, w,
+                                                 obs.session_blocks, self._ledger_grace_s)
         res = self.scheduler.tick(now)
         return res, self.scheduler.release(now)
 
     # -- internals ------------------------------------------------------------------------------
+    def _verify(self, now: float, key: str, worker: str, resident: int | None) -> None:
+        r = self.scheduler.ledger.reservation(key)
+        bs = self.observed[worker].block_size
+        if r is None or resident is None or r.worker != worker or not bs:
+            return
+        ev = verify_retention(now, r, resident, bs)
+        self.kv_events.append(ev)
+        self._note(now, "verified", key, worker, ev.outcome)
+
     def _note(self, now: float, kind: str, key: str, *detail: object) -> None:
         if self.log is not None:
             self.log.add(now, kind, key, *detail)

@@ -96,6 +96,17 @@ class KVEventsConfig(_Section):
         " so the workers' KV events name the session: auto (when some worker has kv_events),"
         " always, never. A client's own session_id is replaced.",
     )
+    tokenize: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: tokenize each scheduled chat/completions prompt on a worker with"
+        " kv_events (its /tokenize) to predict cached tokens, place new sessions by prefix and"
+        " verify retention; never: none of that (the index is observed only).",
+    )
+
+
+class KVEventsTuning(_Section):
+    """``probes.tuning.kv_events:`` — the KV event subscriber's internals."""
+
     replay_timeout_s: float = Field(
         2.0, gt=0,
         description="Longest wait for a replay's next frame; then the gap is given up (resync).",
@@ -110,6 +121,22 @@ class KVEventsConfig(_Section):
     rate_window_s: float = Field(
         10.0, gt=0, description="Window of the events/s figure in the state document."
     )
+    tokenize_timeout_s: float = Field(
+        1.0, gt=0,
+        description="Longest wait for /tokenize; a prompt not tokenized in time is relayed"
+        " without prediction or prefix placement.",
+    )
+    ledger_grace_s: float = Field(
+        1.0, ge=0,
+        description="A retention reservation younger than this is not corrected by the index"
+        " (its call's last blocks may still be on their way).",
+    )
+
+
+class ProbesTuning(_Section):
+    """``probes.tuning:`` — the probes' internals."""
+
+    kv_events: KVEventsTuning = KVEventsTuning()
 
 
 class ProbesConfig(_Section):
@@ -119,3 +146,7 @@ class ProbesConfig(_Section):
     nvml: NvmlProbeConfig = NvmlProbeConfig()
     cpu: CpuProbeConfig = CpuProbeConfig()
     kv_events: KVEventsConfig = KVEventsConfig()
+    tuning: ProbesTuning = Field(
+        ProbesTuning(),
+        description="The probes' internals (the KV event subscriber's timeouts and buffers).",
+    )

@@ -51,6 +51,14 @@ def chain_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
     return keys
 
 
+def prediction_outcome(predicted: int, actual: int, block_size: int) -> str:
+    """How a prediction of ``cached_tokens`` compares with what the engine reported:
+    ``exact``, ``within_block`` (off by at most one block) or ``off``."""
+    if predicted == actual:
+        return "exact"
+    return "within_block" if abs(predicted - actual) <= block_size else "off"
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """What the caller must do after feeding the index: ask for a replay from ``replay_from``
@@ -290,6 +298,10 @@ class KVIndex:
     def session_blocks(self, session: str, medium: str = MEDIUM_GPU) -> int:
         """Resident blocks in ``medium`` last stored or reported by ``session``'s requests."""
         return self._sessions.get(medium, Counter()).get(session, 0)
+
+    def session_block_counts(self, medium: str = MEDIUM_GPU) -> dict[str, int]:
+        """Resident blocks in ``medium`` per session (sessions with none are absent)."""
+        return dict(self._sessions.get(medium, {}))
 
     def blocks(self, medium: str = MEDIUM_GPU) -> int:
         return len(self._blocks.get(medium, {}))

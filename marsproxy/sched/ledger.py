@@ -10,7 +10,7 @@ Pure code: no I/O, no clock; ``now`` is a parameter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,15 @@ class KvLedger:
     def release_on_return(self, session: str) -> Reservation | None:
         """The session came back: its prefix is in use again, so it needs no reservation."""
         return self._by_session.pop(session, None)
+
+    def correct(self, session: str, blocks: int) -> Reservation | None:
+        """The engine evicted part of ``session``'s retained prefix: keep ``blocks`` reserved
+        (fewer only; returns the corrected reservation, or None when nothing changed)."""
+        r = self._by_session.get(session)
+        if r is None or blocks >= r.blocks:
+            return None
+        self._by_session[session] = r = replace(r, blocks=max(0, blocks))
+        return r
 
     def expire(self, now: float) -> list[Reservation]:
         """Drops reservations whose TTL has ended (at ``expires_at`` exactly, too)."""

@@ -203,6 +203,6 @@ def test_the_docs_state_the_operator_and_tuning_key_counts() -> None:
     assert stated, "docs/configuration.md must state the key counts"
     assert (int(stated[1]), int(stated[2])) == (len(keys) - len(tuned), len(tuned))
     assert [s for s, _ in tuning_sections()] == [
-        "tools.tuning", "admission.tuning", "scheduler.tuning"]
+        "probes.tuning", "tools.tuning", "admission.tuning", "scheduler.tuning"]
     for section, _ in tuning_sections():
         assert f"`{section}.*`" in doc

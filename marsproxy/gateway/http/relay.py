@@ -115,47 +115,65 @@ class Relay:
         if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
             body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
+        ids = await self._token_ids(route, body.obj, turn.session)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.healthy():
-            refused = await self._admit(turn, tenant, raw, final, clock, out, cls)
+            prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
+            refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix)
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
-        prepared = await self._schedule(turn, route, body.obj, body.raw, clock, out)
+        prepared = await self._schedule(turn, route, body.obj, body.raw, clock, out, ids)
         return await self._relay(request, route, prepared, strip, turn, clock, out)
+
+    async def _token_ids(self, route: Route, obj: dict[str, Any], key: str) -> list[int] | None:
+        """The prompt's token ids while some worker's KV index can use them (kv_use.py)."""
+        kv = self.gw.kv_use
+        if kv is None or not kv.active():
+            return None
+        placed = self.gw.placement.worker_of(key)
+        return await kv.token_ids(route, obj, None if placed is None
+                                  else self.gw.workers[placed].label)
 
     async def _schedule(
         self, turn: Turn, route: Route, obj: dict[str, Any], raw: bytes, clock: Clock,
-        out: Outcome,
+        out: Outcome, ids: list[int] | None = None,
     ) -> Prepared:
         """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
-        then the body and hint headers that go upstream."""
+        then the body and hint headers that go upstream. ``ids``: the prompt's token ids
+        (KV events: its resident prefix there, and the prediction of its cached tokens)."""
         gw = self.gw
         url = gw.placement.assign(turn.session, gw.healthy())
         if url is None:  # no healthy worker: the upstream step answers 503 at once
             return Prepared(None, raw, {}, "none")
+        label, kv = gw.workers[url].label, gw.kv_use
+        resident = None if kv is None else kv.resident(label, ids)
         t = time.perf_counter()
         try:
             # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate.
             out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw,
-                                                      body_priority=route != "messages")
+                                                      body_priority=route != "messages",
+                                                      resident_tokens=resident)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise
         ticket = out.prepared.ticket
         if ticket is not None:  # held: the wait in the gated queue; the rest is the proxy's
             clock.held_s += min(time.perf_counter() - t, ticket.waited_s())
+        if kv is not None:  # just before dispatch: what the engine should find cached
+            out.kv_prediction = kv.predict(label, ids)
         return out.prepared
 
     async def _admit(
         self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome,
-        cls: str,
+        cls: str, prefix: dict[str, int] | None = None,
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         t, chars = time.perf_counter(), len(raw)
         try:
-            verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls)
+            verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls,
+                                     prefix=prefix)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise
@@ -177,6 +195,10 @@ class Relay:
         if out.usage is not None:
             gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
             gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
+        p = out.kv_prediction
+        if (gw.kv_use is not None and p is not None and out.ok and out.usage is not None
+                and out.worker is not None and out.worker.label == p.worker):
+            gw.kv_use.compare(p, out.usage.cached_tokens)
         if turn is None:
             return
         if out.prepared is not None or out.admitted:

@@ -26,7 +26,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from marsproxy.config import MarsConfig, WorkerConfig
-from marsproxy.probes.config import KVEventsConfig, KVEventsSourceConfig
+from marsproxy.probes.config import KVEventsSourceConfig, KVEventsTuning
 from marsproxy.probes.kv_index import MEDIUM_GPU, KVIndex
 from marsproxy.probes.kv_wire import WireError, decode_batch, replay_request, seq_of
 from marsproxy.telemetry.kv_index import KVIndexWorkerState
@@ -43,7 +43,7 @@ def sets_session_id(cfg: MarsConfig) -> bool:
 class _Source:
     """One worker's subscription: its index and what the state document shows of the link."""
 
-    def __init__(self, worker: WorkerConfig, src: KVEventsSourceConfig, cfg: KVEventsConfig):
+    def __init__(self, worker: WorkerConfig, src: KVEventsSourceConfig, cfg: KVEventsTuning):
         self.label = worker.label
         self.src = src
         self.index = KVIndex(replay=src.replay_endpoint is not None,
@@ -64,9 +64,10 @@ class _Source:
 class KVEventsShell:
     def __init__(self, cfg: MarsConfig, wall: Callable[[], float] = time.time) -> None:
         self.cfg = cfg.probes.kv_events
+        self.tuning = cfg.probes.tuning.kv_events
         self.wall = wall
         self.sources: dict[str, _Source] = {
-            w.label: _Source(w, w.kv_events, self.cfg) for w in cfg.workers if w.kv_events
+            w.label: _Source(w, w.kv_events, self.tuning) for w in cfg.workers if w.kv_events
         }
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -140,7 +141,7 @@ class KVEventsShell:
     async def _subscribe(self, s: _Source) -> None:
         assert self._ctx is not None
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RECONNECT_IVL, int(self.cfg.reconnect_s * 1000))
+        sub.setsockopt(zmq.RECONNECT_IVL, int(self.tuning.reconnect_s * 1000))
         sub.setsockopt(zmq.SUBSCRIBE, s.src.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(s.src.endpoint)
@@ -209,7 +210,7 @@ class KVEventsShell:
             while True:
                 try:
                     frames = await asyncio.wait_for(dealer.recv_multipart(),
-                                                    self.cfg.replay_timeout_s)
+                                                    self.tuning.replay_timeout_s)
                 except TimeoutError:
                     log.warning("KV events of %s: replay from %d timed out", s.label, start)
                     return

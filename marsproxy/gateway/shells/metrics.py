@@ -158,12 +158,37 @@ class GatewayMetrics:
             " reason (expired, pressure, session_end).",
             ["worker", "reason"],
         )
+        # The workers' KV indexes in use (docs/kv-events.md).
+        self.kv_predictions = Tally(
+            "marsproxy_kv_predictions",
+            "Predictions of a call's cached_tokens from its worker's KV index, against the"
+            " usage it reported: exact, within_block (off by at most one block) or off.",
+            ["worker", "outcome"],
+        )
+        self.kv_tokenize = Tally(
+            "marsproxy_kv_tokenize", "Prompts tokenized for the KV index (ok, failed).",
+            ["result"])
+        self.kv_tokenize_seconds = Tally(
+            "marsproxy_kv_tokenize_seconds", "Time spent waiting for /tokenize.", [])
+        self.retention_verified = Tally(
+            "marsproxy_retention_verified",
+            "Retained prefixes at their session's resume, by what the worker's KV index found:"
+            " kept, partly_kept, lost.",
+            ["worker", "outcome"],
+        )
+        self.retention_corrected = Tally(
+            "marsproxy_retention_corrected",
+            "Retention reservations shrunk because the engine evicted part of the prefix.",
+            ["worker"],
+        )
         # Counters the scheduler and admission update per request: tallies too.
         TallyCollector(
             [self.session_duration, self.admission_wait, self.dispatch_wait,
              self.upstream_errors, self.rejections, self.refused, self.continuations,
              self.resumes,
-             self.resume_tokens, self.retention_decisions, self.ledger_released]
+             self.resume_tokens, self.retention_decisions, self.ledger_released,
+             self.kv_predictions, self.kv_tokenize, self.kv_tokenize_seconds,
+             self.retention_verified, self.retention_corrected]
         ).register(r)
         # The bounded label sets of the scheduler's counters exist from the start, at zero,
         # so a dashboard's ratios of them have data before the first warm resume.

@@ -19,6 +19,7 @@ from marsproxy.core.events import Dispatch, FirstToken, LlmEnd, Rejected
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.errors import error_response
 from marsproxy.gateway.http.sse import Usage
+from marsproxy.gateway.shells.kv_use import Prediction
 from marsproxy.gateway.shells.scheduler import Prepared
 from marsproxy.gateway.shells.service import Gateway
 
@@ -98,6 +99,7 @@ class Outcome:
         self.admitted = False  # admission let it through (its end is reported to the core)
         self.prompt_chars = 0
         self.prepared: Prepared | None = None  # how the scheduler sent it (level, hint)
+        self.kv_prediction: Prediction | None = None  # its cached tokens as the index predicted
 
 
 def error(

@@ -12,6 +12,7 @@ declared ``priority: auto`` are probed once at start (see :mod:`marsproxy.sched.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.core.events import RetentionVerified
 from marsproxy.gateway.http.bodies import splice_new_key
 from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.shells.metrics import GatewayMetrics
@@ -122,6 +124,7 @@ class SchedulerShell:
 
     def tick(self) -> None:
         res, released = self.plane.sched_tick(self.now(), self.observe())
+        self.kv_facts()
         self._count_released(res.expired, "expired")
         self._count_released(res.dropped, "pressure")
         self._wake(released)
@@ -130,12 +133,14 @@ class SchedulerShell:
     async def prepare(
         self, session: str, url: str, body: dict[str, Any], raw: bytes,
         tokens: int | None = None, body_priority: bool = True,
+        resident_tokens: int | None = None,
     ) -> Prepared:
         """Schedule one continuation for the worker at ``url``: its level, a wait in the gated
         queue if the worker's gate is closed, then the body and headers that go upstream;
         ``tokens``: the prompt's size when known (else estimated from the body's length);
         ``body_priority``: the route reads a body ``priority`` (vLLM's /v1/messages does not:
-        such calls are released by the dispatch gate on every worker instead)."""
+        such calls are released by the dispatch gate on every worker instead);
+        ``resident_tokens``: its prefix resident there (KV events)."""
         if self.passive:
             return Prepared(None, raw, {}, "none")
         label = self.label_of[url]
@@ -143,8 +148,9 @@ class SchedulerShell:
         max_new = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         t = self.plane.call_start(self.now(), session, label, chars=chars, tokens=tokens,
                                   max_new_tokens=max_new if isinstance(max_new, int) else 0,
-                                  gate=not body_priority)
+                                  gate=not body_priority, resident_tokens=resident_tokens)
         assert t is not None  # not passive
+        self.kv_facts()
         self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
         if t.gated:
             self._wake(self.core.release(self.now(), [label]))
@@ -152,6 +158,18 @@ class SchedulerShell:
                 await self._wait(t)
             self.metrics.dispatch_wait.observe(t.waited_s())
         return self._hints(t, body, raw, chars)
+
+    def kv_facts(self) -> None:
+        """Publish and count what the plane verified and corrected by the KV index."""
+        events, self.plane.kv_events = self.plane.kv_events, []
+        wall = self.telemetry.wall() - self.now()
+        for ev in events:
+            w = ev.worker or ""
+            if isinstance(ev, RetentionVerified):
+                self.metrics.retention_verified.labels(w, ev.outcome).inc()
+            else:
+                self.metrics.retention_corrected.labels(w).inc()
+            self.telemetry.publish(dataclasses.replace(ev, ts=ev.ts + wall))
 
     async def _wait(self, t: Ticket) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

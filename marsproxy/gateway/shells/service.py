@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from marsproxy.gateway.http.upstream import Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Refused, Verdict
 from marsproxy.gateway.shells.kv_events import KVEventsShell
+from marsproxy.gateway.shells.kv_use import KVUse
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.scheduler import Prepared, SchedulerShell
@@ -89,6 +91,9 @@ class Gateway:
         self.kv_events = (
             KVEventsShell(cfg) if any(w.kv_events for w in cfg.workers) else None
         )
+        self.kv_use = (None if self.kv_events is None else
+                       KVUse(cfg, self.kv_events, self.metrics, lambda: self.upstream.session,
+                             lambda label: self.plane.observed[label].block_size))
         self.requests_per_worker: Counter[str] = Counter()
         self.in_flight_by_worker: Counter[str] = Counter()  # by url
         self._expiry: asyncio.Task[None] | None = None
@@ -143,7 +148,13 @@ class Gateway:
             self.sessions.expire(self.now())
 
     def _probed(self) -> dict[str, WorkerObservation]:
-        return observations(self.cfg.workers, self.telemetry, self.health)
+        obs = observations(self.cfg.workers, self.telemetry, self.health)
+        if self.kv_use is not None:  # each session's resident blocks, where an index is usable
+            for label, o in obs.items():
+                blocks = self.kv_use.session_blocks(label)
+                if blocks is not None:
+                    obs[label] = dataclasses.replace(o, session_blocks=blocks)
+        return obs
 
     async def _plane_loop(self) -> None:
         # Admission off: the plane still ticks (KV holds and idle timeouts steer placement).
@@ -162,12 +173,14 @@ class Gateway:
     # -- the request's decisions ---------------------------------------------------------------
     async def admit(self, key: str, tenant: str, chars: int, final: bool,
                     body: bytes | None = None, tokens: int | None = None,
-                    cls: str | None = None) -> Verdict:
-        """The worker for a request of ``key`` (held until admitted), or its refusal."""
+                    cls: str | None = None, prefix: dict[str, int] | None = None) -> Verdict:
+        """The worker for a request of ``key`` (held until admitted), or its refusal;
+        ``prefix``: its prompt's resident prefix per indexed worker (prefix placement)."""
         if self.admission is not None:
-            return await self.admission.admit(key, tenant, chars, final, body, tokens, cls)
+            return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
+                                              prefix)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final, cls=cls)
+                                 final=final, cls=cls, prefix=prefix)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
             return Granted(ans.worker, 0.0)
         return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")
