@@ -8,7 +8,7 @@ comes back; it decides nothing itself.
 
 A session's phases (:class:`Phase`): *waiting* in the admission queue, *pending* (admitted
 here, its slot not yet confirmed by the window store), *in a call*, *dormant* (between calls),
-*ended*. Store answers enter as :meth:`confirm`, :meth:`store_closed` and :meth:`lost`; timer
+*ended*. Store answers enter as :meth:`confirm`, :meth:`withdraw` and :meth:`lost`; timer
 expiries (idle timeouts, KV holds, queue deadlines, pending deadlines) are decided in
 :meth:`tick`.
 
