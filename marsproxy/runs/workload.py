@@ -10,9 +10,9 @@ A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benc
 - ``token_scale`` multiplies every token count afterwards (inputs and outputs), ``tool_time_scale``
   every tool time; ``max_turns`` caps the LLM calls per session;
 - arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts;
-- ``prefix_groups``: sessions in that many groups (session ``i`` in group ``i % prefix_groups``)
-  whose first prompts share ``prefix_tokens`` tokens (one repository's context, a long task
-  description): every prompt of a session grows by them, after the common system prompt and
+- ``prefix_groups``: sessions in that many groups (each drawn at random, seeded, so that no
+  group lines up with a round robin over workers) whose first prompts share ``prefix_tokens``
+  tokens (one repository's context, a long task description): every prompt of a session grows by them, after the common system prompt and
   before the session's own tokens (what prefix placement is for; docs/kv-events.md).
 
 The same spec and trace give the same workload, bit for bit (tested).
@@ -166,10 +166,11 @@ def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Worklo
     times = arrival_times(spec.arrivals, len(chosen), random.Random(f"arrivals:{spec.seed}"))
     seen: dict[str, int] = {}
     sessions = []
-    for i, (tr, at) in enumerate(zip(chosen, times, strict=True)):
+    groups = random.Random(f"groups:{spec.seed}")
+    for tr, at in zip(chosen, times, strict=True):
         n = seen.get(tr.id, 0)
         seen[tr.id] = n + 1
         sid = tr.id if n == 0 else f"{tr.id}~{n}"
-        group = i % spec.prefix_groups if spec.prefix_groups else None
+        group = groups.randrange(spec.prefix_groups) if spec.prefix_groups else None
         sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak), group))
     return Workload(spec, tuple(sessions))
