@@ -12,8 +12,9 @@ A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benc
 - arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts;
 - ``prefix_groups``: sessions in that many groups (each drawn at random, seeded, so that no
   group lines up with a round robin over workers) whose first prompts share ``prefix_tokens``
-  tokens (one repository's context, a long task description): every prompt of a session grows by them, after the common system prompt and
-  before the session's own tokens (what prefix placement is for; docs/kv-events.md).
+  tokens (one repository's context, a long task description): every prompt of a session grows
+  by them, after the common system prompt and before the session's own tokens (what prefix
+  placement is for; docs/kv-events.md).
 
 The same spec and trace give the same workload, bit for bit (tested).
 """
