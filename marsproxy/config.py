@@ -254,7 +254,8 @@ class MarsConfig(_Section):
         "mars",
         description="Named preset applied beneath the file (marsproxy/data/policies/<name>.yaml,"
         " also at configs/policies/): mars, fcfs, autellix, continuum, mars-no-admission,"
-        " mars-no-priority, mars-no-retention. Keys set in the file, env or flags win.",
+        " mars-no-priority, mars-no-retention, mars-least-loaded. Keys set in the file, env or"
+        " flags win.",
     )
 
     @field_validator("workers", mode="before")

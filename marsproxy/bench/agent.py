@@ -186,10 +186,14 @@ async def replay_plan(
     turns = plan.turns
     result = SessionResult(session_id=plan.id, started=time.perf_counter())
     first = turns[0].input_tokens
+    own = filler(max(1, first - opts.system_prompt_tokens - plan.shared_tokens), rng,
+                 opts.chars_per_token)
+    if plan.group is not None:  # the text its group shares comes first (runs/workload.py)
+        own = filler(plan.shared_tokens, random.Random(f"group:{plan.group}"),
+                     opts.chars_per_token) + own
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": shared_system_prompt},
-        {"role": "user", "content": filler(max(1, first - opts.system_prompt_tokens), rng,
-                                           opts.chars_per_token)},
+        {"role": "user", "content": own},
     ]
     sent_tokens = first
     for i, turn in enumerate(turns):

@@ -136,9 +136,10 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
     if setup.vllm_urls:
         # Real workers outlive the policies: start each one from an empty prefix cache.
         extra["prefix_cache_reset"] = asyncio.run(_reset_workers(list(setup.vllm_urls)))
-    with start_workers(setup, priority, out) as workers, contextlib.ExitStack() as stack:
-        proxy = None if cfg is None else stack.enter_context(
-            start_proxy(policy, workers, setup, out, priority=priority and not setup.vllm_urls))
+    kv: dict[str, dict[str, str]] = {}
+    with start_workers(setup, priority, out, kv) as workers, contextlib.ExitStack() as stack:
+        proxy = None if cfg is None else stack.enter_context(start_proxy(
+            policy, workers, setup, out, priority=priority and not setup.vllm_urls, kv=kv))
         # direct: each agent is configured with one worker URL, round robin (as the sim does).
         targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)
@@ -182,6 +183,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="CPUs the proxy assumes for tools (0: this host's)")
     e.add_argument("--min-tool-cpu", type=float, default=0.05,
                    help="tool phases shorter than this (s) are waits, not a CPU-burning process")
+    e.add_argument("--kv-events", action="store_true",
+                   help="emulated workers publish KV events (--kv-events-config) and the proxy"
+                   " subscribes to them (prefix placement, resident-block fit, retention)")
     e.add_argument("--no-tool-events", action="store_true",
                    help="agents do not report tool_start/tool_end; the proxy infers them")
     e.add_argument("--state-every", type=float, default=1.0, metavar="S",
@@ -219,6 +223,7 @@ def main(args: argparse.Namespace) -> int:
             vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
+            kv_events=args.kv_events,
             min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
             system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets,
             # A call may wait out the queue deadline, then run: the agent waits for both.
@@ -249,6 +254,7 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,
+        "kv_events": args.kv_events, "prefix_groups": args.prefix_groups,
         "queue deadline": options.deadline_meta(sets, options.DEFAULT_QUEUE_DEADLINE_S,
                                                 "a day, longer than the run"),
         "agent call timeout_s": setup.request_timeout_s,

@@ -4,6 +4,7 @@ proxy processes of one policy's run, each up until its block ends."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -45,6 +46,8 @@ class LiveSetup:
     state_every_s: float = 1.0
     """Read the proxy's ``GET /mars/v1/state`` this often during a run (0: never)."""
     sets: dict[str, Any] = field(default_factory=dict)
+    kv_events: bool = False
+    """Emulated workers publish KV events (``--kv-events-config``) and the proxy subscribes."""
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, num_blocks=self.num_blocks)
@@ -71,8 +74,20 @@ def run_process(args: list[str], log: Path, url: str, timeout_s: float) -> Itera
                 proc.wait()
 
 
+def _kv_events(args: list[str], kv: dict[str, dict[str, str]], url: str) -> None:
+    """Publish KV events on two free ports; ``kv[url]``: the proxy's ``kv_events`` entry."""
+    pub, replay = free_port(), free_port()
+    args += ["--kv-events-config", json.dumps({
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"})]
+    kv[url] = {"endpoint": f"tcp://127.0.0.1:{pub}",
+               "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv"}
+
+
 @contextlib.contextmanager
-def start_workers(setup: LiveSetup, priority: bool, logs: Path) -> Iterator[list[str]]:
+def start_workers(setup: LiveSetup, priority: bool, logs: Path,
+                  kv: dict[str, dict[str, str]] | None = None) -> Iterator[list[str]]:
+    """``kv``: filled with each worker's ``kv_events`` entry (with ``setup.kv_events``)."""
     if setup.vllm_urls:
         yield list(setup.vllm_urls)
         return
@@ -86,6 +101,8 @@ def start_workers(setup: LiveSetup, priority: bool, logs: Path) -> Iterator[list
             if setup.num_blocks is not None:
                 args += ["--num-blocks", str(setup.num_blocks)]
             url = f"http://127.0.0.1:{port}"
+            if setup.kv_events and kv is not None:
+                _kv_events(args, kv, url)
             stack.enter_context(run_process(args, logs / f"worker{i}.log", f"{url}/health",
                                          setup.start_timeout_s))
             urls.append(url)
@@ -106,9 +123,14 @@ def _worker_entries(workers: list[str], setup: LiveSetup, priority: bool) -> lis
 
 @contextlib.contextmanager
 def start_proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
-           priority: bool = False) -> Iterator[str]:
+                priority: bool = False, kv: dict[str, dict[str, str]] | None = None,
+                ) -> Iterator[str]:
     port = free_port()
-    tree: dict[str, Any] = {**setup.sets, "workers": _worker_entries(workers, setup, priority)}
+    entries = _worker_entries(workers, setup, priority)
+    if kv:
+        entries = [{**(e if isinstance(e, dict) else {"url": e}), "kv_events": kv[w]}
+                   for e, w in zip(entries, workers, strict=True)]
+    tree: dict[str, Any] = {**setup.sets, "workers": entries}
     if setup.vllm is not None:
         # The proxy estimates a new session's first prompt from its characters.
         tree.setdefault("admission", {}).setdefault("tuning", {}).setdefault(

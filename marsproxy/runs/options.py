@@ -67,6 +67,11 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     g.add_argument("--max-context", type=int, default=None,
                    help="largest prompt in tokens (default: the engine's context less 1024 for"
                    " the reply)")
+    g.add_argument("--prefix-groups", type=int, default=0, metavar="N",
+                   help="sessions in N groups whose first prompts share --prefix-tokens tokens"
+                   " (session i in group i mod N; 0: no shared prefixes beyond the system prompt)")
+    g.add_argument("--prefix-tokens", type=int, default=4096, metavar="T",
+                   help="tokens each group shares at the start of its sessions' prompts")
     q = p.add_argument_group("policies")
     q.add_argument(
         "--policies", default=",".join(DEFAULT_POLICIES),
@@ -150,6 +155,7 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
                     regime_peak_tokens=None if regime == "trace" else REGIMES[regime],
                     token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
                     max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
+                    prefix_groups=args.prefix_groups, prefix_tokens=args.prefix_tokens,
                 )
                 out.append(Case(regime, arrivals.label(), spec,
                                 seed if len(seed_list) > 1 else None))

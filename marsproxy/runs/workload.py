@@ -9,7 +9,12 @@ A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benc
   many tokens; a session whose peak would pass ``max_context_tokens`` is scaled less;
 - ``token_scale`` multiplies every token count afterwards (inputs and outputs), ``tool_time_scale``
   every tool time; ``max_turns`` caps the LLM calls per session;
-- arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts.
+- arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts;
+- ``prefix_groups``: sessions in that many groups (each drawn at random, seeded, so that no
+  group lines up with a round robin over workers) whose first prompts share ``prefix_tokens``
+  tokens (one repository's context, a long task description): every prompt of a session grows
+  by them, after the common system prompt and before the session's own tokens (what prefix
+  placement is for; docs/kv-events.md).
 
 The same spec and trace give the same workload, bit for bit (tested).
 """
@@ -44,6 +49,10 @@ class PlannedSession:
     trace_id: str
     arrival_s: float
     turns: tuple[PlannedTurn, ...]
+    group: int | None = None
+    """The shared first-prompt group (``WorkloadSpec.prefix_groups``); None: none."""
+    shared_tokens: int = 0
+    """Tokens of the group's shared prefix at the start of every prompt."""
 
     @property
     def peak_tokens(self) -> int:
@@ -65,6 +74,8 @@ class WorkloadSpec:
     max_turns: int | None = None
     min_input_tokens: int = 16
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
+    prefix_groups: int = 0
+    prefix_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -75,6 +86,10 @@ class WorkloadSpec:
             raise ValueError("max_turns must be >= 1")
         if self.regime_peak_tokens is not None and self.regime_peak_tokens < 1:
             raise ValueError("regime_peak_tokens must be >= 1")
+        if self.prefix_groups < 0 or self.prefix_tokens < 1:
+            raise ValueError("prefix_groups must be >= 0 and prefix_tokens >= 1")
+        if self.prefix_groups and self.prefix_tokens >= self.max_context_tokens:
+            raise ValueError("prefix_tokens must be below max_context_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +133,14 @@ def _input_scale(trace: SessionTrace, spec: WorkloadSpec, median_peak: float) ->
     if spec.regime_peak_tokens is not None:
         scale *= spec.regime_peak_tokens / median_peak
     peak = max(t.input_tokens for t in trace.turns)
+    room = spec.max_context_tokens - (spec.prefix_tokens if spec.prefix_groups else 0)
     # No prompt may pass the context limit; this session grows less than the others.
-    return min(scale, spec.max_context_tokens / max(1, peak))
+    return min(scale, room / max(1, peak))
 
 
 def _plan(trace: SessionTrace, sid: str, arrival: float, spec: WorkloadSpec,
-          in_scale: float) -> PlannedSession:
+          in_scale: float, group: int | None = None) -> PlannedSession:
+    shared = 0 if group is None else spec.prefix_tokens
     turns: list[PlannedTurn] = []
     last = len(trace.turns) - 1
     prev = 0
@@ -134,12 +151,12 @@ def _plan(trace: SessionTrace, sid: str, arrival: float, spec: WorkloadSpec,
         prev = tokens
         tool = None if i == last or t.tool_s is None else t.tool_s * spec.tool_time_scale
         turns.append(PlannedTurn(
-            input_tokens=tokens,
+            input_tokens=tokens + shared,
             output_tokens=max(1, round(t.output_tokens * spec.token_scale)),
             tool_s=tool,
             tool=t.tool,
         ))
-    return PlannedSession(sid, trace.id, arrival, tuple(turns))
+    return PlannedSession(sid, trace.id, arrival, tuple(turns), group, shared)
 
 
 def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Workload:
@@ -150,9 +167,11 @@ def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Worklo
     times = arrival_times(spec.arrivals, len(chosen), random.Random(f"arrivals:{spec.seed}"))
     seen: dict[str, int] = {}
     sessions = []
+    groups = random.Random(f"groups:{spec.seed}")
     for tr, at in zip(chosen, times, strict=True):
         n = seen.get(tr.id, 0)
         seen[tr.id] = n + 1
         sid = tr.id if n == 0 else f"{tr.id}~{n}"
-        sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak)))
+        group = groups.randrange(spec.prefix_groups) if spec.prefix_groups else None
+        sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak), group))
     return Workload(spec, tuple(sessions))

@@ -1,7 +1,8 @@
 """The simulated agents: one per planned session, and the token ids of their prompts.
 
-Prompts are append-only, as the live benchmark sends them: a shared system prompt, then the
-session's own tokens (a unique first one, so prefixes diverge), every reply included.
+Prompts are append-only, as the live benchmark sends them: a shared system prompt, the prefix
+its group shares (``PlannedSession.group``, if any), then the session's own tokens (a unique
+first one, so prefixes diverge), every reply included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from marsproxy.runs.workload import PlannedSession
 _SYSTEM_BASE = 100  # token ids of the shared system prompt start here
 _SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
 _FILL = 7  # the rest of a session's new tokens (the hash chain keeps them apart)
+_GROUP_BASE = 20_000_000  # a group's shared prefix: its own run of ids per group
+_GROUP_STRIDE = 1_000_000
 
 
 @dataclass(slots=True)
@@ -28,6 +31,7 @@ class Agent:
     context: int = 0  # tokens in KV after the previous call: its prompt and reply
     call: int | None = None  # the scheduler core's ticket of the call in the gate or running
     tokens: list[int] = field(default_factory=list)
+    prompted: int = -1  # the turn whose prompt ``tokens`` holds (-1: none yet)
     sent_s: float = 0.0
     first_token_s: float | None = None
     done: bool = False
@@ -39,10 +43,19 @@ class Prompts:
         self._reply: list[int] = []
 
     def next(self, agent: Agent) -> list[int]:
-        """The agent's prompt for its current turn: its history grown to the planned size."""
-        turn = agent.plan.turns[agent.turn]
+        """The agent's prompt for its current turn: its history grown to the planned size (the
+        same list when asked again in the same turn)."""
+        if agent.prompted == agent.turn and agent.tokens:
+            return agent.tokens
+        agent.prompted = agent.turn
+        plan = agent.plan
+        turn = plan.turns[agent.turn]
         if not agent.tokens:
-            agent.tokens = [*self._system, _SESSION_BASE + agent.seq]
+            agent.tokens = [*self._system]
+            if plan.group is not None:
+                start = _GROUP_BASE + plan.group * _GROUP_STRIDE
+                agent.tokens.extend(range(start, start + plan.shared_tokens))
+            agent.tokens.append(_SESSION_BASE + agent.seq)
         grow = max(1, turn.input_tokens - len(agent.tokens))
         agent.tokens.extend(itertools.repeat(_FILL, grow))
         return agent.tokens

@@ -180,7 +180,8 @@ class Simulation:
         sid = agent.plan.id
         if self.proxy.plane.wants_tick(sid):  # as the gateway: the engines are seen at once
             self._carry(now, self.proxy.tick(now))
-        ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final)
+        ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final,
+                                 lambda: self.prompts.next(agent))
         if ans.kind is DecisionKind.REJECT:
             self._carry(now, ans.outcome)
             self._fail(now, agent, ans.status or 429, ans.reason)
@@ -198,7 +199,7 @@ class Simulation:
         agent.worker = worker
         tokens = self.prompts.next(agent)
         t = None if self.proxy is None else self.proxy.call_start(
-            now, agent.plan.id, worker, len(tokens), agent.plan.turns[agent.turn].output_tokens)
+            now, agent.plan.id, worker, tokens, agent.plan.turns[agent.turn].output_tokens)
         if t is None:
             self._send(now, agent, worker, 0)
             return
@@ -228,8 +229,8 @@ class Simulation:
         rid = f"{agent.plan.id}#{agent.turn}"
         turn = agent.plan.turns[agent.turn]
         try:
-            self.engines[worker].add_request(rid, agent.tokens, turn.output_tokens,
-                                             ignore_eos=True, priority=priority, now=now)
+            self.engines[worker].add_request(rid, agent.tokens, turn.output_tokens, ignore_eos=True,
+                                             priority=priority, now=now, session_id=agent.plan.id)
         except RequestError as exc:
             t = None if agent.call is None else self._tickets.pop(agent.call, None)
             if self.proxy is not None and t is not None:
@@ -351,6 +352,8 @@ class Simulation:
     def _on_step_done(self, now: float, payload: tuple[str, StepResult]) -> None:
         worker, result = payload
         self._busy[worker] = False
+        if self.proxy is not None and self.proxy.kv is not None:  # its KV events are out
+            self.proxy.kv.step_done(worker, now)
         for rid in result.first_token:
             self._by_request[rid].first_token_s = now
         for fin in result.finished:

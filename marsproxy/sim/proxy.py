@@ -12,7 +12,7 @@ through the gateway's shells and compares the two decision logs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +22,11 @@ from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation
-from marsproxy.policy.plane import Answer, CallEnd, ControlPlane, Outcome
+from marsproxy.policy.plane import Answer, CallEnd, ControlPlane, Outcome, Phase
 from marsproxy.probes.cpu import CpuPressure
 from marsproxy.sched.tickets import Ticket
 from marsproxy.sim.cpu import ProcessorSharing
+from marsproxy.sim.kv_view import KVView
 from marsproxy.sim.prefill import PrefillRate
 from marsproxy.sim.setup import SimSetup
 from marsproxy.telemetry.admission_state import core_state
@@ -63,22 +64,31 @@ class SimProxy:
         self.states: list[dict[str, Any]] = []
         self._next_state_s = 0.0
         self._ticks = 0
+        self.kv = KVView(engines) if setup.kv_events else None
 
     def _in(self, name: str, now: float, **args: Any) -> None:
         if self.inputs is not None:
             self.inputs.append(Input(name, now, args))
 
     # -- what the agents do -----------------------------------------------------------------
-    def request(self, now: float, key: str, tokens: int, final: bool) -> Answer:
-        self._in("request", now, key=key, tokens=tokens, final=final)
-        return self.plane.request(now, key, TENANT, tokens=tokens, final=final)
+    def request(self, now: float, key: str, tokens: int, final: bool,
+                ids: Callable[[], Sequence[int]]) -> Answer:
+        """``ids``: the prompt's token ids (asked only for a new session's first prompt, with
+        KV events: its resident prefix per worker)."""
+        prefix = None
+        if self.kv is not None and self.plane.phase(key) is Phase.ENDED:
+            prefix = self.kv.prefix(ids())
+        self._in("request", now, key=key, tokens=tokens, final=final, prefix=prefix)
+        return self.plane.request(now, key, TENANT, tokens=tokens, final=final, prefix=prefix)
 
-    def call_start(self, now: float, key: str, worker: str, tokens: int,
+    def call_start(self, now: float, key: str, worker: str, ids: Sequence[int],
                    max_new_tokens: int) -> Ticket | None:
-        self._in("call_start", now, key=key, worker=worker, tokens=tokens,
-                 max_new_tokens=max_new_tokens)
-        return self.plane.call_start(now, key, worker, tokens=tokens,
-                                     max_new_tokens=max_new_tokens)
+        """``ids``: the call's prompt (with KV events: its prefix resident on ``worker``)."""
+        resident = None if self.kv is None else self.kv.resident(worker, ids)
+        self._in("call_start", now, key=key, worker=worker, tokens=len(ids),
+                 max_new_tokens=max_new_tokens, resident_tokens=resident)
+        return self.plane.call_start(now, key, worker, tokens=len(ids),
+                                     max_new_tokens=max_new_tokens, resident_tokens=resident)
 
     def call_end(self, now: float, key: str, ticket: Ticket | None, *, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, engine_s: float,
@@ -125,6 +135,7 @@ class SimProxy:
             preemptions_total=float(eng.num_preemptions),
             prefill_tokens_per_s=self.prefill[w].sample(), sampled_at=now,
             max_num_seqs=prof.max_num_seqs,
+            session_blocks=None if self.kv is None else self.kv.session_blocks(w),
         ) for w, eng in self.engines.items()}
 
     def cpu_reading(self, now: float) -> CpuPressure:

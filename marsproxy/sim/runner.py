@@ -91,6 +91,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " dispatch gate")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
+    e.add_argument("--kv-events", action="store_true",
+                   help="workers publish KV events: the proxy places new sessions by resident"
+                   " prefix (placement.policy), budgets admission by resident blocks and"
+                   " verifies retention, as with vLLM's --kv-events-config")
     k = p.add_argument_group("invariants")
     k.add_argument("--sweep", type=int, default=None, metavar="N",
                    help="instead of the workloads above: check the admission invariants"
@@ -126,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
                      report_tools=not args.infer_tools, worker_mode=args.worker_mode,
                      time_scale=args.time_scale, call_overhead_s=args.call_overhead,
-                     state_every_s=args.state_every,
+                     state_every_s=args.state_every, kv_events=args.kv_events,
                      horizon_s=args.horizon)
     run = SimRun(cases, pols, setup, sets)
     t0 = time.perf_counter()
@@ -145,6 +149,8 @@ def main(args: argparse.Namespace) -> int:
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
             "overrides": sets, "agents report tool events": not args.infer_tools,
+            "kv_events": args.kv_events, "prefix_groups": args.prefix_groups,
+            "prefix_tokens": args.prefix_tokens,
             "horizon_s": args.horizon,
             "queue deadline": options.deadline_meta(sets, args.horizon, "the horizon"),
             "wall_s": round(time.perf_counter() - t0, 1),

@@ -43,3 +43,7 @@ class SimSetup:
     """Keep a state snapshot (the admission core's part of ``/mars/v1/state`` and each
     engine's counts) at the first control tick this many virtual seconds after the last one,
     as ``bench live`` polls the proxy's state; 0: none."""
+    kv_events: bool = False
+    """Workers publish KV events: the plane hears what the gateway's KV indexes would tell it
+    (resident prefixes for placement and retention, resident blocks per session;
+    :mod:`marsproxy.sim.kv_view`). Off: the plane hears none of it, as without events."""

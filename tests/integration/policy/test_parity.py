@@ -7,6 +7,11 @@ clock, scripted probes): admission through ``Gateway.admit`` and the store's con
 levels through the scheduler shell's ``prepare``, call ends through ``Gateway.call_ended``,
 ticks through both shells' tick methods. The two decision logs (admissions, placements, levels,
 retention, window levels, refusals, ends) must be equal, entry for entry.
+
+With KV events (``SimSetup.kv_events``) the simulation's indexes also give resident prefixes
+and resident blocks per session; the replay hands them over where the relay does: a new
+session's prefix to ``Gateway.admit``, a call's resident tokens to ``SchedulerShell.prepare``,
+the blocks per session in the observations the shells' ticks read.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ class _Clock:
 
 
 def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[str],
-              mode: str, blocks: int) -> tuple[Any, list[Input], DecisionLog]:
+              mode: str, blocks: int, groups: int = 0) -> tuple[Any, list[Input], DecisionLog]:
+    """``groups``: sessions in that many groups sharing a first prompt, with KV events."""
     wl = build_workload(load_trace(), WorkloadSpec(
         sessions=sessions, seed=seed, token_scale=0.05, tool_time_scale=0.05, max_turns=4,
-        max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 2.0)))
+        max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 2.0), prefix_groups=groups,
+        prefix_tokens=400))
     urls = [f"http://127.0.0.1:{9 + i}" for i in range(workers)]
     cfg = options.proxy_config(policy, options.parse_sets(sets), urls)
     # The simulator names its workers w0, w1, ...: the gateway's labels must match.
@@ -53,7 +60,8 @@ def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[st
         WorkerConfig(url=u, name=f"w{i}", priority=mode == "priority")
         for i, u in enumerate(urls)]})
     setup = SimSetup(profile=get_profile("tiny", num_blocks=blocks), workers=workers,
-                     tool_cpus=2, system_prompt_tokens=60, worker_mode=mode)  # type: ignore[arg-type]
+                     tool_cpus=2, system_prompt_tokens=60, worker_mode=mode,  # type: ignore[arg-type]
+                     kv_events=groups > 0)
     log = DecisionLog()
     sim = Simulation(wl, policy, setup, cfg, log=log, record=True)
     res = sim.run()
@@ -80,7 +88,8 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
             a = inp.args
             if inp.kind == "request":
                 admits[a["key"]] = asyncio.ensure_future(gw.admit(
-                    a["key"], TENANT, 4 * a["tokens"], a["final"], tokens=a["tokens"]))
+                    a["key"], TENANT, 4 * a["tokens"], a["final"], tokens=a["tokens"],
+                    prefix=a["prefix"]))
             elif inp.kind == "call_start":
                 verdict = admits.pop(a["key"])
                 assert verdict.done(), f"{a['key']} not admitted by the gateway at {inp.now}"
@@ -88,7 +97,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 assert isinstance(v, Granted) and v.worker == a["worker"], (inp, v)
                 prepared[a["key"]] = asyncio.ensure_future(gw.scheduler.prepare(
                     a["key"], url[a["worker"]], {"max_tokens": a["max_new_tokens"]}, b"{}",
-                    tokens=a["tokens"]))  # a gated call waits for its release
+                    tokens=a["tokens"], resident_tokens=a["resident_tokens"]))  # gated: waits
             elif inp.kind == "call_end":
                 call = prepared.pop(a["key"])
                 assert call.done(), f"{a['key']}'s call not released by the gateway"
@@ -131,20 +140,30 @@ CASES = [
     pytest.param("mars", 2, 14, 6, [], "gated", 256, id="mars-gated"),
     pytest.param("mars-no-admission", 2, 12, 3, [], "priority", 256, id="admission-off"),
     pytest.param("fcfs", 2, 10, 4, [], "priority", 256, id="fcfs"),
+    # KV events: prefix placement, the resident-block fit, retention verified and corrected.
+    pytest.param("mars", 3, 18, 5, [], "priority", 160, 3, id="mars-kv-events"),
+    pytest.param("mars", 2, 14, 7, [], "gated", 128, 2, id="mars-kv-events-gated"),
 ]
 
 
-@pytest.mark.parametrize(("policy", "workers", "sessions", "seed", "sets", "mode", "blocks"),
-                         CASES)
+@pytest.mark.parametrize(("policy", "workers", "sessions", "seed", "sets", "mode", "blocks",
+                          "groups"), [c if len(c.values) == 8 else pytest.param(
+                              *c.values, 0, id=c.id) for c in CASES])
 async def test_gateway_and_simulator_decide_alike(
     policy: str, workers: int, sessions: int, seed: int, sets: list[str], mode: str,
-    blocks: int,
+    blocks: int, groups: int,
 ) -> None:
-    cfg, inputs, sim_log = _simulate(policy, workers, sessions, seed, sets, mode, blocks)
+    cfg, inputs, sim_log = _simulate(policy, workers, sessions, seed, sets, mode, blocks, groups)
     kinds = {e.kind for e in sim_log.entries}
     assert "admit" in kinds and "end" in kinds  # the run decided something worth comparing
     if policy == "mars":
         assert {"level", "retain"} <= kinds
+    if groups:  # the KV facts were there and used
+        assert any(i.args.get("prefix") for i in inputs)
+        assert any(i.args.get("resident_tokens") for i in inputs)
+        assert any(o.session_blocks for i in inputs if i.kind == "tick"
+                   for o in i.args["observed"].values())
+        assert "verified" in kinds
     gw_log = await _replay(cfg, inputs)
     for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
         assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"

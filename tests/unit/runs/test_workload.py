@@ -88,3 +88,22 @@ def test_any_trace_file_and_paper_scale_sampling() -> None:
     d = wl.describe()
     assert d["sessions"] == 300 and d["peak_p50"] == pytest.approx(131_072, rel=0.01)
     assert d["peak_max"] <= 250_000
+
+
+def test_shared_first_prompt_groups() -> None:
+    traces = load_trace()
+    spec = WorkloadSpec(sessions=10, seed=2, token_scale=0.2, max_context_tokens=6000,
+                        arrivals=ArrivalSpec("poisson", 1.0))
+    plain = build_workload(traces, spec)
+    grouped = build_workload(traces, dataclasses.replace(spec, prefix_groups=3,
+                                                         prefix_tokens=2000))
+    assert {s.group for s in grouped.sessions} == {0, 1, 2}
+    assert all(s.group is None and s.shared_tokens == 0 for s in plain.sessions)
+    for p, g in zip(plain.sessions, grouped.sessions, strict=True):
+        assert g.shared_tokens == 2000 and g.arrival_s == p.arrival_s
+        assert g.peak_tokens <= 6000  # the prefix counts against the context limit
+        if p.peak_tokens <= 4000:  # room enough: the same session behind the prefix
+            assert [t.input_tokens - 2000 for t in g.turns] == [
+                t.input_tokens for t in p.turns]
+    with pytest.raises(ValueError, match="prefix_tokens"):
+        WorkloadSpec(prefix_groups=2, prefix_tokens=8000, max_context_tokens=8000)
