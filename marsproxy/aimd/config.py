@@ -394,7 +394,7 @@ class PlacementConfig(_Section):
         " it holds at most this many sessions more than the least loaded placeable worker.",
     )
     min_prefix_tokens: int = Field(
-        1, ge=1,
+        256, ge=1,
         description="Resident prefix tokens a worker must hold beyond the least-loaded choice"
-        " for prefix placement to prefer it (whole blocks; 1: any block).",
+        " for prefix placement to prefer it (a shared system prompt is not worth a move).",
     )

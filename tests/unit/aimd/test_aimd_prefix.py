@@ -21,6 +21,7 @@ def sig(**kw: Any) -> WorkerSignals:
 
 
 def core(enabled: bool = True, **placement: Any) -> AdmissionCore:
+    placement.setdefault("min_prefix_tokens", 1)  # any block counts here, unless said
     c = AdmissionCore(AdmissionConfig(enabled=enabled, window_init=8, window_max=8), W,
                       PlacementConfig(**placement))
     c.tick(0.0, {w: sig() for w in W})
@@ -94,3 +95,11 @@ def test_the_fit_reads_resident_blocks_where_an_index_exists() -> None:
     assert without is not None and with_index is not None
     # Nothing served yet: the same forecasts, but no overlap overcommit on top.
     assert with_index <= without
+
+
+def test_by_default_a_short_shared_prefix_does_not_move_a_session() -> None:
+    # A system prompt cached on one worker is not worth a move; a long shared prompt is.
+    c = core(min_prefix_tokens=PlacementConfig().min_prefix_tokens)
+    assert admit(c, "a", {"w0": 0, "w1": 0, "w2": 0}) == "w0"
+    assert admit(c, "b", {"w0": 128, "w1": 0, "w2": 0}) == "w1"  # least loaded
+    assert admit(c, "c", {"w0": 0, "w1": 0, "w2": 4096}) == "w2"
