@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
 from marsproxy.runs.trace import SessionTrace
+from marsproxy.runs.trees import grow_trees
 
 # Regimes named as in the docs: median peak context of the workload, in tokens.
 REGIMES: dict[str, int] = {"8k": 8_192, "32k": 32_768, "64k": 65_536, "128k": 131_072}
@@ -44,6 +45,12 @@ class PlannedSession:
     trace_id: str
     arrival_s: float
     turns: tuple[PlannedTurn, ...]
+    parent: str | None = None
+    """Agent trees (``runs/trees.py``): the session that spawns this one (it has no arrival
+    of its own: it starts when its parent's tool phase does)."""
+    children: tuple[str, ...] = ()
+    spawn_at: int = -1
+    """The turn whose tool phase is the children's run (the parent waits on all of them)."""
 
     @property
     def peak_tokens(self) -> int:
@@ -65,6 +72,8 @@ class WorkloadSpec:
     max_turns: int | None = None
     min_input_tokens: int = 16
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
+    trees: tuple[int, int] | None = None
+    """Agent trees: each root spawns between these many children (``runs/trees.py``)."""
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -155,4 +164,6 @@ def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Worklo
         seen[tr.id] = n + 1
         sid = tr.id if n == 0 else f"{tr.id}~{n}"
         sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak)))
+    if spec.trees is not None:
+        sessions = grow_trees(sessions, spec.trees, random.Random(f"trees:{spec.seed}"))
     return Workload(spec, tuple(sessions))

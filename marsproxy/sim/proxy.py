@@ -69,9 +69,10 @@ class SimProxy:
             self.inputs.append(Input(name, now, args))
 
     # -- what the agents do -----------------------------------------------------------------
-    def request(self, now: float, key: str, tokens: int, final: bool) -> Answer:
-        self._in("request", now, key=key, tokens=tokens, final=final)
-        return self.plane.request(now, key, TENANT, tokens=tokens, final=final)
+    def request(self, now: float, key: str, tokens: int, final: bool,
+                parent: str | None = None) -> Answer:
+        self._in("request", now, key=key, tokens=tokens, final=final, parent=parent)
+        return self.plane.request(now, key, TENANT, tokens=tokens, final=final, parent=parent)
 
     def call_start(self, now: float, key: str, worker: str, tokens: int,
                    max_new_tokens: int) -> Ticket | None:

@@ -11,7 +11,7 @@ from marsproxy.policies import PolicyError, policy_names, policy_preset
 
 EXPECTED = {
     "mars", "fcfs", "autellix", "continuum",
-    "mars-no-admission", "mars-no-priority", "mars-no-retention",
+    "mars-no-admission", "mars-no-priority", "mars-no-retention", "mars-no-trees",
 }
 
 
@@ -32,6 +32,7 @@ def test_presets_differ_where_the_policies_differ() -> None:
     assert cfgs["mars-no-priority"].scheduler.priority_policy == "off"
     assert cfgs["mars-no-retention"].scheduler.retention_policy == "off"
     assert cfgs["mars-no-retention"].admission.enabled
+    assert cfgs["mars"].sessions.trees and not cfgs["mars-no-trees"].sessions.trees
 
 
 def test_default_policy_is_mars() -> None:
