@@ -133,10 +133,30 @@ DEFAULT_SESSION_HEADERS = (
 )
 
 
+DEFAULT_SUBAGENT_HEADERS = {
+    "x-claude-code-agent-id": "x-claude-code-parent-agent-id",
+    "thread-id": "x-codex-parent-thread-id",
+}
+
+
 class SessionsConfig(_Section):
     headers: tuple[str, ...] = Field(
         DEFAULT_SESSION_HEADERS, description="Headers that carry a session id; first match wins."
     )
+    subagent_headers: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_SUBAGENT_HEADERS),
+        description="Sub-agents of harnesses that keep their parent's session id: agent-id"
+        " header → parent-agent-id header. A request carrying both is the session"
+        " <session id>/agent/<agent id>, child of <session id>/agent/<parent id> when that"
+        " session is live, else of <session id> (docs/clients.md). {}: off.",
+    )
+    parent_headers: tuple[str, ...] = Field(
+        ("x-parent-session-id",),
+        description="Headers that name a new session's parent session (its id, same tenant);"
+        " first match wins.",
+    )
+    trees: bool = Field(True, description="Agent trees: children of admitted parents first, a"
+                        " waiting parent's KV hold released, levels inherited. false: flat.")
     body_fields: bool = Field(
         True,
         description="Also read session_params.session_id, prompt_cache_key and user from bodies.",
@@ -155,10 +175,15 @@ class SessionsConfig(_Section):
         100_000, ge=1, description="Most sessions remembered; the least recently seen go first."
     )
 
-    @field_validator("headers", "final_headers")
+    @field_validator("headers", "final_headers", "parent_headers")
     @classmethod
     def _lower(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(h.lower() for h in v)
+
+    @field_validator("subagent_headers")
+    @classmethod
+    def _lower_pairs(cls, v: dict[str, str]) -> dict[str, str]:
+        return {a.lower(): p.lower() for a, p in v.items()}
 
 
 class ToolsTuning(_Section):
@@ -254,8 +279,8 @@ class MarsConfig(_Section):
         "mars",
         description="Named preset applied beneath the file (marsproxy/data/policies/<name>.yaml,"
         " also at configs/policies/): mars, fcfs, autellix, continuum, mars-no-admission,"
-        " mars-no-priority, mars-no-retention, mars-least-loaded. Keys set in the file, env or"
-        " flags win.",
+        " mars-no-priority, mars-no-retention, mars-least-loaded, mars-no-trees. Keys set in the"
+        " file, env or flags win.",
     )
 
     @field_validator("workers", mode="before")

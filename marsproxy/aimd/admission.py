@@ -116,11 +116,12 @@ class AdmissionCore(WorkerFit):
     # -- requests -----------------------------------------------------------------------------
     def on_request(
         self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False,
-        cls: str | None = None, prefix: Mapping[str, int] | None = None,
+        cls: str | None = None, prefix: Mapping[str, int] | None = None, child: bool = False,
     ) -> Decision:
         """A request arrives: serve it now, hold it, or reject it; ``cls``: a new session's
         service class (``None``: the default); ``prefix``: resident prefix tokens of its
-        prompt per worker with a KV index (placement of a new session)."""
+        prompt per worker with a KV index (placement of a new session); ``child``: a new
+        session whose parent is admitted (it waits in the children's lane, first)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
             released = not rec.kv_held
@@ -135,7 +136,7 @@ class AdmissionCore(WorkerFit):
             return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
         if prefix:
             self._prefix[session] = prefix
-        entry = self.queue.entry(session, tenant, now, est_tokens, cls)
+        entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child)
         if not self.queue.push(entry):
             self._prefix.pop(session, None)
             # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
@@ -279,6 +280,15 @@ class AdmissionCore(WorkerFit):
                                                status=503))
         self._admit_pass(now, actions)
         return actions
+
+    def release_hold(self, session: str) -> bool:
+        """A dormant session waits on its children (agent trees): its KV hold ends now, so its
+        forecast stops counting in the KV fit until its next request. False: it was not
+        dormant within a hold."""
+        if not self.sessions.release_hold(session):
+            return False
+        self.peaks.release(session)
+        return True
 
     def set_retained(self, worker: str, blocks: int) -> None:
         """The scheduler's KV ledger changed: count it at once, not from the next tick on, so a

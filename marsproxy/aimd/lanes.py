@@ -7,6 +7,11 @@ first, then the load's order (arrival, or shortest first). :class:`FairMerge` wa
 tenants by their virtual token counters (``shares.py``): the tenant with the smallest counter
 offers its next session, and an admission raises its counter by the session's estimated cost.
 
+Agent trees: a child of an admitted parent waits in the children's lane (:data:`CHILDREN`), a
+pseudo-class walked before every configured class, so it is admitted ahead of new sessions and
+its parent's work is not held up behind them. Its own class still counts for its deadline and
+for the first class's KV reserve.
+
 Pure code: no I/O.
 """
 
@@ -19,7 +24,15 @@ from dataclasses import dataclass, field
 
 from marsproxy.aimd.order_index import OrderIndex, OrderMode, QueueEntry
 
-__all__ = ["FairMerge", "Lanes", "Urgency"]
+__all__ = ["CHILDREN", "FairMerge", "Lanes", "Urgency"]
+
+CHILDREN = "~children"
+"""The lane of children of admitted parents: walked first, whatever their class."""
+
+
+def lane_of(e: QueueEntry) -> str:
+    """The lane ``e`` waits in: the children's, or its class's."""
+    return CHILDREN if e.child else e.cls
 
 
 @dataclass(slots=True)
@@ -31,8 +44,8 @@ class _Class:
 class Lanes:
     def __init__(self, rank: Callable[[str], int], class_weight: Callable[[str], float],
                  tenant_weight: Callable[[str], float]) -> None:
-        self._rank = rank
-        self._class_weight = class_weight
+        self._class_rank = rank
+        self._weight_of = class_weight
         self._tenant_weight = tenant_weight
         self.class_weights = 0.0
         """Σ weights of the classes with sessions waiting."""
@@ -44,17 +57,24 @@ class Lanes:
         self.tokens = 0
         self.shorts = 0
 
+    def _rank(self, lane: str) -> int:
+        return -1 if lane == CHILDREN else self._class_rank(lane)
+
+    def _class_weight(self, lane: str) -> float:
+        return 0.0 if lane == CHILDREN else self._weight_of(lane)
+
     # -- membership ---------------------------------------------------------------------------
     def add(self, e: QueueEntry) -> None:
-        c = self._classes.get(e.cls)
+        key = lane_of(e)
+        c = self._classes.get(key)
         if c is None:
-            c = self._classes[e.cls] = _Class()
-            self.class_weights += self._class_weight(e.cls)
+            c = self._classes[key] = _Class()
+            self.class_weights += self._class_weight(key)
             # Keep the classes in rank order: the passes walk them first to last.
             self._classes = dict(sorted(self._classes.items(), key=lambda kv: self._rank(kv[0])))
         c.index.add(e)
         c.tenants.setdefault(e.tenant, OrderIndex()).add(e)
-        self._where[e.session] = e.cls
+        self._where[e.session] = key
         if not self.per_tenant[e.tenant]:
             self.tenant_weights += self._tenant_weight(e.tenant)
         self.per_tenant[e.tenant] += 1
@@ -113,7 +133,7 @@ class Lanes:
     # Bypasses count within a tenant's lane: a tenant's turn is no bypass of another's sessions
     # (counted across tenants, the sessions of a tenant over its share would all turn urgent).
     def bypasses(self, e: QueueEntry) -> int:
-        c = self._classes.get(e.cls)
+        c = self._classes.get(lane_of(e))
         lane = None if c is None else c.tenants.get(e.tenant)
         return 0 if lane is None else lane.bypasses(e)
 
@@ -121,7 +141,7 @@ class Lanes:
         """Record admissions (after discarding them) in their lanes' bypass counts."""
         by_lane: dict[tuple[str, str], list[QueueEntry]] = {}
         for e in entries:
-            by_lane.setdefault((e.cls, e.tenant), []).append(e)
+            by_lane.setdefault((lane_of(e), e.tenant), []).append(e)
         for (cls, tenant), some in by_lane.items():
             c = self._classes.get(cls)
             lane = None if c is None else c.tenants.get(tenant)

@@ -43,6 +43,9 @@ class QueueEntry:
     """First prompt above ``long_prompt_tokens``; set by the queue."""
     cls: str = ""
     """Service class (``admission.classes``); empty: the default class, set by the queue."""
+    child: bool = False
+    """A child of an admitted parent session (agent trees): it waits in the children's lane,
+    ahead of every class."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:

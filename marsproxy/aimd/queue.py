@@ -15,7 +15,8 @@ within the margin of its deadline, or bypassed too often, and does not fit stops
 capacity frees up for it instead of going to those behind it. When nothing fits and nothing
 runs anywhere, the oldest session is admitted anyway: waiting could never end otherwise.
 
-Service classes (``admission.classes``) come before all that: a pass walks the classes in
+Children of admitted parents (agent trees) come first of all, in a lane of their own
+(``lanes.py``). Service classes (``admission.classes``) come next: a pass walks the classes in
 their configured order, each as above, and a session of one class that does not fit holds the
 capacity against the classes after it. Within a class the tenants take turns by their virtual
 token counters (``shares.py``), each offering its sessions in the load's order.
@@ -62,13 +63,14 @@ class AdmissionQueue:
 
     # -- membership -------------------------------------------------------------------------
     def entry(
-        self, session: str, tenant: str, now: float, est_tokens: int, cls: str | None = None
+        self, session: str, tenant: str, now: float, est_tokens: int, cls: str | None = None,
+        *, child: bool = False,
     ) -> QueueEntry:
         """A new entry of class ``cls`` (``None`` or unknown: the default) with its class's
-        deadline."""
+        deadline; ``child``: a child of an admitted parent (the children's lane, first)."""
         c = cls if cls in self.classes.order else self.classes.default
         deadline = self.classes.deadline_s(c, self.cfg.queue_deadline_s)
-        return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c)
+        return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c, child=child)
 
     def push(self, entry: QueueEntry) -> bool:
         """Queue ``entry``; False (→ 429, :attr:`refusal` says why) when the queue is full, or

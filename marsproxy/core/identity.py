@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,6 +71,61 @@ def session_class(
     if tenant_class is not None and order.index(raw) < order.index(base):
         return base  # the operator's word caps the client's
     return raw
+
+
+@dataclass(frozen=True)
+class SubAgent:
+    """A sub-agent's request in its parent's session (``sessions.subagent_headers``)."""
+
+    agent: str
+    parent: str
+    """The parent agent's id (the root agent's own id is not sent by every harness)."""
+
+
+def subagent_of(headers: Mapping[str, str], pairs: Mapping[str, str]) -> SubAgent | None:
+    """The sub-agent a request comes from: the first (agent header, parent header) pair that
+    the request carries both of; ``None`` for a root agent's request."""
+    for agent_h, parent_h in pairs.items():
+        agent = (headers.get(agent_h) or "").strip()
+        parent = (headers.get(parent_h) or "").strip()
+        if agent and parent:
+            return SubAgent(agent, parent)
+    return None
+
+
+def subagent_id(session_id: str, agent: str) -> str:
+    """The session id of ``agent`` in ``session_id``: each sub-agent is a session of its own."""
+    return f"{session_id}/agent/{agent}"
+
+
+def parent_session(headers: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """The parent session id a request names (``sessions.parent_headers``), or ``None``."""
+    for name in names:
+        value = (headers.get(name) or "").strip()
+        if value:
+            return value
+    return None
+
+
+def tree_identity(
+    headers: Mapping[str, str], explicit: ExplicitId | None, *,
+    subagent_headers: Mapping[str, str], parent_headers: Sequence[str],
+    live: Callable[[str], bool],
+) -> tuple[ExplicitId | None, str | None]:
+    """A request's session id and its parent's (agent trees), both unscoped.
+
+    A sub-agent's request (its harness keeps the parent's session id, see
+    :func:`subagent_of`) is the session ``<id>/agent/<agent>``, child of
+    ``<id>/agent/<parent>`` when ``live`` says that one is a live session, else of the root
+    ``<id>``. Otherwise a parent header (``x-parent-session-id``) names the parent.
+    """
+    sub = None if explicit is None else subagent_of(headers, subagent_headers)
+    if explicit is None or sub is None:
+        return explicit, parent_session(headers, parent_headers)
+    root = explicit.value
+    parent = subagent_id(root, sub.parent)
+    own = ExplicitId(subagent_id(root, sub.agent), explicit.source, explicit.name)
+    return own, parent if live(parent) else root
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,18 @@ class SessionLifecycle:
             self._held(rec, -1)
         return out
 
+    def release_hold(self, key: str) -> bool:
+        """End a dormant session's KV hold before its deadline (it waits on its children);
+        False when it is not dormant, or its hold is over already."""
+        rec = self._records.get(key)
+        if (rec is None or rec.state is not SessionState.ADMITTED or rec.in_flight > 0
+                or not rec.kv_held or rec.worker is None):
+            return False
+        self._unhold(rec)
+        rec.kv_held = False
+        self._held(rec, -1)
+        return True
+
     def _unhold(self, rec: SessionRecord) -> None:
         if rec.hold_key is None:
             return

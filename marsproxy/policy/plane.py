@@ -31,6 +31,7 @@ from marsproxy.policy.kv_facts import correct_ledger, verify_retention
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation, admission_signals, scheduler_facts
 from marsproxy.policy.outcome import Answer, CallEnd, Ended, Outcome, Pending, Phase
+from marsproxy.policy.trees import Trees
 from marsproxy.probes.cpu import CpuPressure
 from marsproxy.probes.tool_phases import ToolPhaseTracker
 from marsproxy.probes.tool_signal import ToolCpuSignal, tool_plane
@@ -69,6 +70,9 @@ class ControlPlane:
         self.kv_events: list[Event] = []
         """Retention verified and corrected (KV events): the driver takes and publishes them."""
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
+        self.trees = Trees()
+        """Agent trees (parent → children): see ``policy/trees.py``."""
+        self.scheduler.parent_of = self.trees.parent_of
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -109,21 +113,26 @@ class ControlPlane:
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
         final: bool = False, cls: str | None = None, prefix: Mapping[str, int] | None = None,
+        parent: str | None = None,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
         prompt's size when known, else estimated from ``chars``; ``cls``: a new session's
         service class (``None``: the default); ``prefix``: leading tokens of its prompt
-        resident per worker with a KV index (prefix placement)."""
+        resident per worker with a KV index (prefix placement); ``parent``: the session a new
+        one names as its parent (agent trees)."""
         core = self.admission
+        child = parent is not None and self.cfg.sessions.trees and self._link(now, key, parent)
         for w in self.workers:  # the ledger as it is now, not as of the last tick
             core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
-        d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix)
+        d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
+                            child=child)
         out = Outcome()
         self._absorb(now, d.actions, out)  # others admitted in the same pass go first
         if d.kind is DecisionKind.WAIT:
             self._arrival.setdefault(key, now)
         elif d.kind is DecisionKind.REJECT:
+            self.trees.ended(key)
             self._note(now, "refuse", key, d.reason)
         elif d.worker is not None and d.reason == "admission_disabled":
             self._confirm(now, key, d.worker)  # no window: nothing for a store to confirm
@@ -239,6 +248,8 @@ class ControlPlane:
                 now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
                 usual_tool_s=usual if usual is not None else usual_tool_s,
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens), out)
+        if self.trees.has_children(key):
+            self._parent_waits(now, key)
         return CallEnd(result, released, out)
 
     def session_end(self, now: float, key: str, reason: EndReason) -> Outcome:
@@ -297,6 +308,29 @@ class ControlPlane:
         self.kv_events.append(ev)
         self._note(now, "verified", key, worker, ev.outcome)
 
+    def _link(self, now: float, key: str, parent: str) -> bool:
+        """A new session names ``parent``: link them; True when the parent is admitted (the
+        child goes in the children's lane, and the parent, dormant, waits on it)."""
+        if self.phase(key) is not Phase.ENDED or self.phase(parent) is Phase.ENDED:
+            return False  # not new, or a parent unknown here: a plain session
+        if not self.trees.link(key, parent):
+            return False
+        self._note(now, "child", key, parent)
+        if self.phase(parent) is Phase.WAITING:
+            return False
+        self._parent_waits(now, parent)
+        return True
+
+    def _parent_waits(self, now: float, parent: str) -> None:
+        # A dormant parent with live children waits on them: its KV hold ends now (forecast
+        # and retained prefix), so it does not hold room against them.
+        if self.phase(parent) is not Phase.DORMANT:
+            return
+        held = self.admission.release_hold(parent)
+        r = self.scheduler.ledger.release_on_return(parent)
+        if held or r is not None:
+            self._note(now, "tree_wait", parent, 0 if r is None else r.blocks)
+
     def _note(self, now: float, kind: str, key: str, *detail: object) -> None:
         if self.log is not None:
             self.log.add(now, kind, key, *detail)
@@ -320,6 +354,7 @@ class ControlPlane:
             out.expired.append(e)
         for key, reason in actions.ended:
             self._arrival.pop(key, None)
+            self.trees.ended(key)
             self._note(now, "end", key, str(reason))
             out.ended.append(Ended(key, reason, self._held.pop(key, None),
                                    self._pending.pop(key, None)))

@@ -25,7 +25,7 @@ from marsproxy.runs.workload import REGIMES, WorkloadSpec
 
 DIRECT = "direct"
 DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")
-ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention")
+ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention", "mars-no-trees")
 QUEUE_DEADLINE_KEY = "admission.queue_deadline_s"
 # A benchmark measures latency on every session, so a queued session waits rather than being
 # refused after the proxy's 300 s default deadline (an agent would retry after Retry-After).
@@ -64,6 +64,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     g.add_argument("--tool-time-scale", type=float, default=tool_time_scale,
                    help="multiplier on every tool time")
     g.add_argument("--max-turns", type=int, default=max_turns, help="LLM calls per session at most")
+    g.add_argument("--trees", default=None, metavar="MIN-MAX",
+                   help="agent trees: each root spawns MIN to MAX of the following sessions as"
+                   " sub-agents in a tool phase and waits on them (e.g. 2-4; default: flat)")
     g.add_argument("--max-context", type=int, default=None,
                    help="largest prompt in tokens (default: the engine's context less 1024 for"
                    " the reply)")
@@ -156,10 +159,22 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
                     token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
                     max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
                     prefix_groups=args.prefix_groups, prefix_tokens=args.prefix_tokens,
+                    trees=tree_range(getattr(args, "trees", None)),
                 )
                 out.append(Case(regime, arrivals.label(), spec,
                                 seed if len(seed_list) > 1 else None))
     return out
+
+
+def tree_range(text: str | None) -> tuple[int, int] | None:
+    """``--trees MIN-MAX`` (or one number) as a range of children per root."""
+    if not text:
+        return None
+    lo, _, hi = text.partition("-")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"--trees: expected MIN-MAX such as 2-4, got {text!r}") from None
 
 
 def queue_deadline(args: argparse.Namespace, default: float) -> float:

@@ -221,10 +221,28 @@ def table(group: Sequence[RunResult]) -> list[str]:
                      "session at the time it stopped (a lower bound), and a ratio followed by "
                      "(a % vs b %) compares runs that finished different sessions (a: this "
                      "policy's completion, b: the baseline's).")
+    lines += tree_table(summaries)
     pre = [f"{r.policy} {r.extra['stats']['preemptions']:.0f}" for r in group
            if "preemptions" in r.extra.get("stats", {})]
     if pre:
         lines.append(f"Engine preemptions: {', '.join(pre)}.")
+    return lines
+
+
+def tree_table(summaries: dict[str, Summary]) -> list[str]:
+    """Agent trees (``--trees``): tree completion time per policy, and for a policy ``P`` run
+    beside ``P-no-trees`` the ratio (the same sessions admitted flat), with both completions."""
+    if not any(s.trees for s in summaries.values()):
+        return []
+    lines = ["", "| policy | trees | tree mean s | trees done | tree mean ×flat |",
+             "|---|---|---|---|---|"]
+    for p, s in summaries.items():
+        flat = summaries.get(f"{p}-no-trees")
+        vs = "" if flat is None else (
+            f"{_f(_ratio(flat.tree_mean_s, s.tree_mean_s), 2)} "
+            f"({_pct(s.tree_completion)} vs {_pct(flat.tree_completion)})")
+        lines.append(f"| {p} | {s.trees} | {_ge(s.tree_completion)}{_f(s.tree_mean_s)} | "
+                     f"{_pct(s.tree_completion)} | {vs} |")
     return lines
 
 
@@ -247,7 +265,10 @@ def summary_lines(runs: Sequence[RunResult]) -> list[str]:
                 r["mean_vs_direct"], s.completion, r["mean_vs_direct" + BASE])
             out.append(f"{regime} {load} {p}: done {s.finished}/{s.sessions} "
                        f"({_pct(s.completion)}), refused {s.rejected}, failed {s.failed}; "
-                       f"mean {_ge(s.completion)}{_f(s.mean_s)} s{vs}")
+                       f"mean {_ge(s.completion)}{_f(s.mean_s)} s{vs}" + (
+                           f"; {s.trees} trees: mean {_ge(s.tree_completion)}"
+                           f"{_f(s.tree_mean_s)} s, {_pct(s.tree_completion)} done"
+                           if s.trees else ""))
     return out
 
 

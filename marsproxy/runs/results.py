@@ -75,6 +75,8 @@ class SessionOutcome:
     stopped_s: float | None = None
     """When a session that did not finish stopped: its refusal, its failed call, or the time
     the run gave it up (the simulator's horizon)."""
+    tree: str = ""
+    """Agent trees: the id of its tree's root (itself for a root), "" outside any tree."""
 
     @property
     def ok(self) -> bool:
@@ -172,6 +174,12 @@ class Summary:
     mean_finished_s: float
     """Mean e2e over finished sessions alone (not comparable across policies that finish
     different sessions)."""
+    trees: int = 0
+    """Agent trees in the workload (roots that spawned children)."""
+    tree_mean_s: float = math.nan
+    """Tree completion time: mean over roots of their counted e2e (children's runs in it)."""
+    tree_completion: float = math.nan
+    """Trees whose every session finished / trees."""
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -215,7 +223,19 @@ def summarize(outcomes: Sequence[SessionOutcome], factor: float = GOODPUT_FACTOR
         warm_resume_rate=warm / total if total else math.nan,
         slowdown_mean=_mean([o.counted_s / o.ideal_s for o in outcomes if o.ideal_s > 0]),
         mean_finished_s=_mean([o.e2e_s for o in done if o.e2e_s is not None]),
+        **_trees(outcomes),
     )
+
+
+def _trees(outcomes: Sequence[SessionOutcome]) -> dict[str, Any]:
+    members: dict[str, list[SessionOutcome]] = {}
+    for o in outcomes:
+        if o.tree:
+            members.setdefault(o.tree, []).append(o)
+    roots = [o for o in outcomes if o.tree and o.tree == o.id]
+    done = sum(all(m.ok for m in members[r.id]) for r in roots)
+    return {"trees": len(roots), "tree_mean_s": _mean([r.counted_s for r in roots]),
+            "tree_completion": done / len(roots) if roots else math.nan}
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
 from marsproxy.runs.trace import SessionTrace
+from marsproxy.runs.trees import grow_trees
 
 # Regimes named as in the docs: median peak context of the workload, in tokens.
 REGIMES: dict[str, int] = {"8k": 8_192, "32k": 32_768, "64k": 65_536, "128k": 131_072}
@@ -53,6 +54,12 @@ class PlannedSession:
     """The shared first-prompt group (``WorkloadSpec.prefix_groups``); None: none."""
     shared_tokens: int = 0
     """Tokens of the group's shared prefix at the start of every prompt."""
+    parent: str | None = None
+    """Agent trees (``runs/trees.py``): the session that spawns this one (it has no arrival
+    of its own: it starts when its parent's tool phase does)."""
+    children: tuple[str, ...] = ()
+    spawn_at: int = -1
+    """The turn whose tool phase is the children's run (the parent waits on all of them)."""
 
     @property
     def peak_tokens(self) -> int:
@@ -76,6 +83,8 @@ class WorkloadSpec:
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
     prefix_groups: int = 0
     prefix_tokens: int = 4096
+    trees: tuple[int, int] | None = None
+    """Agent trees: each root spawns between these many children (``runs/trees.py``)."""
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -174,4 +183,6 @@ def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Worklo
         sid = tr.id if n == 0 else f"{tr.id}~{n}"
         group = groups.randrange(spec.prefix_groups) if spec.prefix_groups else None
         sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak), group))
+    if spec.trees is not None:
+        sessions = grow_trees(sessions, spec.trees, random.Random(f"trees:{spec.seed}"))
     return Workload(spec, tuple(sessions))

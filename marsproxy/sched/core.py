@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,6 +66,8 @@ class SchedulerCore:
         self.dispatched_total: dict[str, int] = dict.fromkeys(workers, 0)
         self.backfilled_total = 0
         self.levels_total: dict[int, int] = dict.fromkeys(range(LOWEST + 1), 0)
+        self.parent_of: Callable[[str], str | None] = lambda _s: None
+        """A session's parent (agent trees; the plane sets it): see :meth:`_inherit`."""
 
     # -- configuration from the shell -----------------------------------------------------
     @property
@@ -106,7 +108,7 @@ class SchedulerCore:
         warm = held is not None and held.expires_at > now and held.worker == worker
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
         uncached = max(0, prompt_tokens - cached)
-        lvl, prio = self._level(sess, session, uncached)
+        lvl, prio = self._inherit(session, *self._level(sess, session, uncached))
         sess.level = lvl
         blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
                                    self.facts[worker].block_size or 16)
@@ -137,6 +139,20 @@ class SchedulerCore:
         if policy == "session_fcfs":
             return None, sess.ordinal
         return None, None
+
+    def _inherit(self, session: str, lvl: int | None, prio: int | None) -> tuple[
+            int | None, int | None]:
+        """Agent trees: a child runs at least at its parent's level (of the parent's latest
+        call; it waits on the child), and under ``session_fcfs`` in its parent's place."""
+        parent = self.parent_of(session)
+        p = None if parent is None else self._sessions.get(parent)
+        if p is None or prio is None:
+            return lvl, prio
+        if self.cfg.priority_policy == "session_fcfs":
+            return lvl, min(prio, p.ordinal)
+        if lvl is None or p.level is None:
+            return lvl, prio
+        return min(lvl, p.level), min(prio, p.level)
 
     def _retain_hint(
         self, worker: str, prompt_tokens: int, predicted_tool_s: float | None

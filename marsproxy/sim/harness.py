@@ -1,28 +1,16 @@
 """One policy on one workload, in virtual time: agents, the proxy's core, engines and tool CPUs.
 
-Drivers of the same pure code the gateway drives:
-- admission: :class:`marsproxy.aimd.admission.AdmissionCore` (``on_request``,
-  ``on_response_end``, ``tick`` every ``admission.control_interval_s``) with the policy preset's
-  config, fed the engines' KV state and the tool tracker's CPU signals, as the gateway's probes
-  would (sampled at each control tick);
-- tool phases: :class:`marsproxy.probes.tool_phases.ToolPhaseTracker` (explicit tool events
-  when the agent reports them, else inferred), for the backlog ratio and tool-time predictions;
-- scheduling: :class:`marsproxy.sched.core.SchedulerCore`, fed as the gateway's
-  ``SchedulerShell`` feeds it: ``arrive`` when an admitted call goes to its worker (then the
-  call goes at once with its level as the engine priority, or waits in the core's dispatch gate
-  on ``gated`` workers), ``end`` with the call's usage, ``tick`` every ``scheduler.tick_s`` with
-  the worker's facts (KV usage, block counts, the prefill speed a scraper would compute), and
-  ``session_ended``; the ledger's retained blocks go into the admission signals;
-- engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to back while it has work;
-- tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus - busy_cpus`` cores.
+Drivers of the same pure code the gateway drives, through :class:`marsproxy.sim.proxy.SimProxy`
+(the control plane: admission, tool phases, scheduling, fed the engines' state as the gateway's
+probes and shells feed it); engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to
+back while it has work; tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus -
+busy_cpus`` cores; agent trees: :class:`marsproxy.sim.trees.TreeRunner`.
 
 ``direct`` has no proxy: each session goes straight to one worker (round robin), FCFS.
 
-Agents replay sessions as the live benchmark does: append-only prompts (a shared system prompt,
-then the session's own tokens, every reply included), ``max_tokens`` = the planned output with
-``ignore_eos``, the final flag on the last call, a tool phase of the planned CPU seconds after
-every call but the last. A rejected call (429/503) ends the session as refused, at the time
-of the refusal; a session still running at ``horizon_s`` stops there, as failed.
+Agents replay sessions as the live benchmark does (prompts: :mod:`marsproxy.sim.agents`), the
+final flag on the last call, a tool phase after every call but the last. A refused call ends
+the session at that time; a session still running at ``horizon_s`` stops there, as failed.
 """
 
 from __future__ import annotations
@@ -41,6 +29,7 @@ from marsproxy.policy.plane import Outcome
 from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
 from marsproxy.runs.timeline import timeline
+from marsproxy.runs.trees import tree_of
 from marsproxy.runs.workload import Workload
 from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.tickets import Ticket
@@ -48,6 +37,7 @@ from marsproxy.sim.agents import Agent, Prompts
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.proxy import SimProxy
 from marsproxy.sim.setup import SimSetup
+from marsproxy.sim.trees import TreeRunner
 
 __all__ = ["SimSetup", "Simulation"]
 
@@ -92,6 +82,7 @@ class Simulation:
         self.stats: dict[str, int] = {"retained": 0, "not_retained": 0, "preemptions": 0,
                                       "gate_waits": 0, "max_tools": 0}
         self.prompts = Prompts(setup.system_prompt_tokens)
+        self.trees = TreeRunner(self._agents)  # children start when their parent spawns them
 
     @property
     def core(self) -> AdmissionCore | None:
@@ -122,9 +113,10 @@ class Simulation:
         for i, plan in enumerate(self.workload.sessions):
             llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
             agent = Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
-                                                   len(plan.turns)))
+                                                   len(plan.turns), tree=tree_of(plan)))
             self._agents[plan.id] = agent
-            self._push(plan.arrival_s, "arrive", agent)
+            if plan.parent is None:
+                self._push(plan.arrival_s, "arrive", agent)
         self._unfinished = len(self._agents)
         if self.proxy is not None:
             self._push(0.0, "tick")
@@ -181,7 +173,7 @@ class Simulation:
         if self.proxy.plane.wants_tick(sid):  # as the gateway: the engines are seen at once
             self._carry(now, self.proxy.tick(now))
         ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final,
-                                 lambda: self.prompts.next(agent))
+                                 lambda: self.prompts.next(agent), agent.plan.parent)
         if ans.kind is DecisionKind.REJECT:
             self._carry(now, ans.outcome)
             self._fail(now, agent, ans.status or 429, ans.reason)
@@ -262,6 +254,9 @@ class Simulation:
             self._untold += 1
         if self._progress is not None:
             self._progress(1)
+        parent = self.trees.done(agent)
+        if parent is not None:  # its last child is done: the parent's next call goes
+            self._resume(now, parent)
 
     def _forget(self, now: float, sid: str, reason: EndReason) -> None:
         if self.proxy is not None:
@@ -308,6 +303,11 @@ class Simulation:
                 self.proxy.tool(now, sid, "tool_start", turn.tool)
             else:
                 self.proxy.tool(now, sid, "response_ended")
+        kids = self.trees.spawn(agent, now)  # sub-agents: this tool phase is their run
+        for child in kids:
+            self._push(now, "arrive", child)
+        if kids:
+            return
         self.cpu.add(now, sid, turn.tool_s or 0.0)
         self.stats["max_tools"] = max(self.stats["max_tools"], self.cpu.running)
         self._schedule_cpu()
@@ -323,18 +323,22 @@ class Simulation:
         if version != self._cpu_version:
             return  # superseded by a later start or end
         for sid in self.cpu.pop_done(now):
-            agent = self._agents[sid]
-            if self.proxy is not None:
-                if self.setup.report_tools:
-                    self.proxy.tool(now, sid, "tool_end", agent.plan.turns[agent.turn].tool)
-                else:
-                    self.proxy.tool(now, sid, "request_started")
-            agent.turn += 1
-            if self.setup.call_overhead_s > 0:
-                self._push(now + self.setup.call_overhead_s, "send", agent)
-            else:
-                self._request(now, agent)
+            self._resume(now, self._agents[sid])
         self._schedule_cpu()
+
+    def _resume(self, now: float, agent: Agent) -> None:
+        """The agent's tool phase is over: its next call goes."""
+        if self.proxy is not None:
+            sid, tool = agent.plan.id, agent.plan.turns[agent.turn].tool
+            if self.setup.report_tools:
+                self.proxy.tool(now, sid, "tool_end", tool)
+            else:
+                self.proxy.tool(now, sid, "request_started")
+        agent.turn += 1
+        if self.setup.call_overhead_s > 0:
+            self._push(now + self.setup.call_overhead_s, "send", agent)
+        else:
+            self._request(now, agent)
 
     # -- engines -----------------------------------------------------------------------------
     def _kick(self, worker: str, now: float) -> None:

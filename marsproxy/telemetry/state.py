@@ -125,11 +125,15 @@ class SessionDetail(TypedDict):
     """MLFQ level of its latest call (``None``: no call yet, or no priority policy)."""
     retained_blocks: int
     """KV blocks the ledger holds for it through its tool phase (0: none)."""
+    parent: str | None
+    """The session it names as its parent (agent trees; ``None``: a root)."""
 
 
 class _SessionsBase(TypedDict):
     total: int
     by_state: dict[str, int]
+    trees: dict[str, list[str]]
+    """Agent trees: each parent with live children → those children (ids)."""
 
 
 class SessionsState(_SessionsBase, total=False):

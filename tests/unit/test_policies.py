@@ -12,6 +12,7 @@ from marsproxy.policies import PolicyError, policy_names, policy_preset
 EXPECTED = {
     "mars", "fcfs", "autellix", "continuum",
     "mars-no-admission", "mars-no-priority", "mars-no-retention", "mars-least-loaded",
+    "mars-no-trees",
 }
 
 
@@ -34,6 +35,7 @@ def test_presets_differ_where_the_policies_differ() -> None:
     assert cfgs["mars-no-retention"].admission.enabled
     assert cfgs["mars"].placement.policy == "prefix"
     assert cfgs["mars-least-loaded"].placement.policy == "least_loaded"
+    assert cfgs["mars"].sessions.trees and not cfgs["mars-no-trees"].sessions.trees
 
 
 def test_default_policy_is_mars() -> None:

@@ -210,7 +210,7 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
     rows: list[SessionDetail] = []
     keys = gw.sessions.keys()
     mono, wall = gw.now(), time.time()
-    sched = gw.scheduler.core
+    sched, trees = gw.scheduler.core, gw.plane.trees
     for i, key in enumerate(keys):
         sess = gw.sessions.get(key)
         if sess is None:
@@ -240,9 +240,16 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
                     "age_s": max(0.0, mono - gw.sessions.born(key, mono)),
                     "level": sched.level_of(key),
                     "retained_blocks": 0 if held is None else held.blocks,
+                    "parent": _unscoped(trees.parent_of(key)),
                 }
             )
-    out: SessionsState = {"total": len(keys), "by_state": counts}
+    forest = {unscoped_id(p): [unscoped_id(c) for c in kids]
+              for p, kids in trees.forest().items()}
+    out: SessionsState = {"total": len(keys), "by_state": counts, "trees": forest}
     if details:
         out["details"] = rows
     return out
+
+
+def _unscoped(key: str | None) -> str | None:
+    return None if key is None else unscoped_id(key)

@@ -28,6 +28,7 @@ from marsproxy.core.identity import (
     is_final,
     session_class,
     tenant_of,
+    tree_identity,
 )
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
@@ -96,6 +97,10 @@ class Relay:
             header_names=cfg.sessions.headers,
             body_fields=cfg.sessions.body_fields,
         )
+        explicit, parent = tree_identity(
+            request.headers, explicit, subagent_headers=cfg.sessions.subagent_headers,
+            parent_headers=cfg.sessions.parent_headers,
+            live=lambda sid: gw.sessions.get(f"{tenant}/id/{sid}") is not None)
         final = is_final(request.headers, cfg.sessions.final_headers)
         history = None
         if explicit is None and cfg.sessions.chain_matching:
@@ -119,7 +124,9 @@ class Relay:
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.healthy():
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
-            refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix)
+            parent_key = None if parent is None else f"{tenant}/id/{parent}"
+            refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix,
+                                        parent_key)
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
@@ -166,14 +173,14 @@ class Relay:
 
     async def _admit(
         self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome,
-        cls: str, prefix: dict[str, int] | None = None,
+        cls: str, prefix: dict[str, int] | None = None, parent: str | None = None,
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         t, chars = time.perf_counter(), len(raw)
         try:
             verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls,
-                                     prefix=prefix)
+                                     prefix=prefix, parent=parent)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise

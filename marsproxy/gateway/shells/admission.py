@@ -184,7 +184,7 @@ class AdmissionShell:
     async def admit(
         self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None,
         tokens: int | None = None, cls: str | None = None,
-        prefix: dict[str, int] | None = None,
+        prefix: dict[str, int] | None = None, parent: str | None = None,
     ) -> Verdict:
         """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
 
@@ -207,7 +207,7 @@ class AdmissionShell:
         if self.plane.wants_tick(key):  # the first requests after start: scrape at once
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final, cls=cls, prefix=prefix)
+                                 final=final, cls=cls, prefix=prefix, parent=parent)
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)

@@ -173,14 +173,16 @@ class Gateway:
     # -- the request's decisions ---------------------------------------------------------------
     async def admit(self, key: str, tenant: str, chars: int, final: bool,
                     body: bytes | None = None, tokens: int | None = None,
-                    cls: str | None = None, prefix: dict[str, int] | None = None) -> Verdict:
+                    cls: str | None = None, prefix: dict[str, int] | None = None,
+                    parent: str | None = None) -> Verdict:
         """The worker for a request of ``key`` (held until admitted), or its refusal;
-        ``prefix``: its prompt's resident prefix per indexed worker (prefix placement)."""
+        ``prefix``: its prompt's resident prefix per indexed worker (prefix placement);
+        ``parent``: the session a new one names as its parent (agent trees)."""
         if self.admission is not None:
             return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
-                                              prefix)
+                                              prefix, parent)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final, cls=cls, prefix=prefix)
+                                 final=final, cls=cls, prefix=prefix, parent=parent)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
             return Granted(ans.worker, 0.0)
         return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")

@@ -47,12 +47,14 @@ class _Clock:
 
 
 def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[str],
-              mode: str, blocks: int, groups: int = 0) -> tuple[Any, list[Input], DecisionLog]:
-    """``groups``: sessions in that many groups sharing a first prompt, with KV events."""
+              mode: str, blocks: int, groups: int = 0, trees: tuple[int, int] | None = None,
+              ) -> tuple[Any, list[Input], DecisionLog]:
+    """``groups``: sessions in that many groups sharing a first prompt, with KV events;
+    ``trees``: roots spawning that many children."""
     wl = build_workload(load_trace(), WorkloadSpec(
         sessions=sessions, seed=seed, token_scale=0.05, tool_time_scale=0.05, max_turns=4,
         max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 2.0), prefix_groups=groups,
-        prefix_tokens=400))
+        prefix_tokens=400, trees=trees))
     urls = [f"http://127.0.0.1:{9 + i}" for i in range(workers)]
     cfg = options.proxy_config(policy, options.parse_sets(sets), urls)
     # The simulator names its workers w0, w1, ...: the gateway's labels must match.
@@ -89,7 +91,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
             if inp.kind == "request":
                 admits[a["key"]] = asyncio.ensure_future(gw.admit(
                     a["key"], TENANT, 4 * a["tokens"], a["final"], tokens=a["tokens"],
-                    prefix=a["prefix"]))
+                    prefix=a["prefix"], parent=a.get("parent")))
             elif inp.kind == "call_start":
                 verdict = admits.pop(a["key"])
                 assert verdict.done(), f"{a['key']} not admitted by the gateway at {inp.now}"
@@ -164,6 +166,19 @@ async def test_gateway_and_simulator_decide_alike(
         assert any(o.session_blocks for i in inputs if i.kind == "tick"
                    for o in i.args["observed"].values())
         assert "verified" in kinds
+    gw_log = await _replay(cfg, inputs)
+    for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
+        assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"
+    assert len(gw_log.entries) == len(sim_log.entries)
+
+
+@pytest.mark.parametrize("mode", ["gated", "priority"])
+async def test_agent_trees_decide_alike(mode: str) -> None:
+    # Parents that spawn children in a tool phase: the children's lane,
+    # the waiting parents' released holds and the inherited levels, the same through both.
+    cfg, inputs, sim_log = _simulate("mars", 1, 16, 1, [], mode, 256, trees=(2, 4))
+    kinds = {e.kind for e in sim_log.entries}
+    assert {"child", "tree_wait", "admit", "level"} <= kinds
     gw_log = await _replay(cfg, inputs)
     for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
         assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"

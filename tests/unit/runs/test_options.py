@@ -26,7 +26,7 @@ def test_direct_is_always_first_and_all_adds_ablations() -> None:
     assert options.policies("direct") == ["direct"]
     everything = options.policies("all")
     assert everything[0] == "direct" and "mars-no-retention" in everything
-    assert len(everything) == len(set(everything)) == 8
+    assert len(everything) == len(set(everything)) == 9
     with pytest.raises(ValueError, match="unknown policy bogus"):
         options.policies("mars,bogus")
 
