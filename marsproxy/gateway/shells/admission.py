@@ -148,8 +148,10 @@ class AdmissionShell:
         out = Outcome()
         for worker, skey in self.store.drain_lost():
             out.extend(self.plane.lost(self.now(), self.replicas.core_key(skey), worker))
+        store = self.store  # fresh counts first: the plane counts other replicas' from them
+        self._store_admitted = await store.admitted_counts(list(self.urls))
         out.extend(self._plane_tick())
-        store, now_ms = self.store, wall_clock_ms()
+        now_ms = wall_clock_ms()
         if await store.try_lead(now_ms):
             records = {
                 w: WindowRecord(c.effective_limit, c.window, now_ms, idle_limit=c.idle_limit)
@@ -157,7 +159,6 @@ class AdmissionShell:
             }
             await store.publish_windows(records)
         self._windows = await store.read_windows()
-        self._store_admitted = await store.admitted_counts(list(self.urls))
         await self._carry(out)
 
     async def end_elsewhere(self, key: str) -> bool:
@@ -383,7 +384,10 @@ class AdmissionShell:
     # -- reading (for the state document) -------------------------------------------------
     def sessions_elsewhere(self, worker: str) -> int:
         """Leases on ``worker`` other replicas hold, as of the last look at the store: all
-        leases less the sessions this replica holds there (never negative)."""
+        leases less the sessions this replica holds there (never negative; none with the
+        in-process store, which no other replica shares)."""
+        if not self.replicas.on:
+            return 0
         return max(0, self._store_admitted.get(worker, 0) - self.plane.held_on(worker))
 
     def store_admitted(self, worker: str) -> int:

@@ -140,6 +140,9 @@ CASES = [
     pytest.param("mars", 1, 14, 1, [], "priority", 256, id="mars-1-worker"),
     pytest.param("mars", 2, 16, 2, WINDOW, "priority", 256, id="mars-2-workers-window"),
     pytest.param("mars", 2, 14, 6, [], "gated", 256, id="mars-gated"),
+    # KV-tight: sessions wait for the fit (a stale store count once read as another replica's)
+    pytest.param("mars", 1, 16, 3, [], "gated", 160, id="mars-kv-tight-gated"),
+    pytest.param("mars", 1, 16, 3, [], "priority", 128, id="mars-kv-tight"),
     pytest.param("mars-no-admission", 2, 12, 3, [], "priority", 256, id="admission-off"),
     pytest.param("fcfs", 2, 10, 4, [], "priority", 256, id="fcfs"),
     # KV events: prefix placement, the resident-block fit, retention verified and corrected.
