@@ -254,7 +254,7 @@ class AdmissionShell(StoreConfirmations):
         self.replicas.served(key, served_tokens)
         if out:
             self._carry_soon(out)
-        if not any(e.session == key for e in out.ended):
+        if self.replicas.on and not any(e.session == key for e in out.ended):
             self.replicas.save(key)  # another replica may serve its next request
 
     def session_forgotten(self, key: str, end: EndReason) -> Outcome:

@@ -173,8 +173,12 @@ class StoreConfirmations:
             return
         waited = max(0.0, self.now() - p.since)
         self.metrics.admission_wait.observe(waited)
-        self.telemetry.publish(SessionAdmitted(ts=self.telemetry.wall(), session=key,
-                                               worker=p.worker, wait_s=waited))
+        bus = self.telemetry.bus
+        if bus.subscribers:
+            self.telemetry.publish(SessionAdmitted(ts=self.telemetry.wall(), session=key,
+                                                   worker=p.worker, wait_s=waited))
+        else:
+            bus.skip()  # nobody to read it: not built
         self.held.grant(key, Granted(p.worker, waited))
         self.replicas.save(key)
 
