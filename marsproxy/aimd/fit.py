@@ -189,6 +189,10 @@ class WorkerFit:
     def views(self, now: float | None = None) -> list[WorkerView]:
         return self._views(now)
 
+    def all_stale(self) -> bool:
+        """Whether nothing is known of any worker (each view would read ``stale``)."""
+        return all(s.stale for s in self._signals.values())
+
     def _control_signals(self, w: str, committed_tokens: int) -> ControlSignals:
         s = self._signals[w]
         return ControlSignals(

@@ -112,6 +112,13 @@ class Lanes:
     def __len__(self) -> int:
         return len(self._where)
 
+    def only(self) -> QueueEntry:
+        """The one waiting session (the caller knows exactly one waits)."""
+        session, cls = next(iter(self._where.items()))
+        e = self._classes[cls].index.get(session)
+        assert e is not None
+        return e
+
     def __contains__(self, session: object) -> bool:
         return session in self._where
 

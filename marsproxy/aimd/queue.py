@@ -186,7 +186,11 @@ class AdmissionQueue:
         self.mode = self.choose_mode(workers)
         rooms = [self._room(w, i) for i, w in enumerate(workers) if w.placeable]
         out: list[Admission] = []
-        if len(self._index) and any(r.slots > 0 for r in rooms):
+        if len(self._index) == 1 and any(r.slots > 0 for r in rooms):
+            out = self._alone(rooms)  # the common case at light load: no order to walk
+            if not out and not any(w.admitted for w in workers):
+                out = self._no_deadlock(rooms)
+        elif len(self._index) and any(r.slots > 0 for r in rooms):
             out = self._pass(now, rooms)
             if not out and not any(w.admitted for w in workers):
                 out = self._no_deadlock(rooms)
@@ -235,6 +239,17 @@ class AdmissionQueue:
             if blocked:
                 break  # the classes after this one yield the capacity it waits for
         return out
+
+    def _alone(self, rooms: list[Room]) -> list[Admission]:
+        # One session waits: a pass would offer it first whatever the order, and its offer
+        # decides the pass (placed, or nothing is). The same bound and room as _offer's.
+        e = self._index.only()
+        shorts = self._index.shorts
+        bound = max_tokens(rooms, shorts > 0)
+        if bound is not None and e.est_tokens > bound:
+            return []
+        room, _ = self._place(e, rooms, shorts > 0)
+        return [] if room is None else [Admission(e, room.view.name)]
 
     def _holds(self, e: QueueEntry, now: float) -> bool:
         # Only a session about to miss its deadline, or bypassed too often, stops the others;

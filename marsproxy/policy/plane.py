@@ -108,7 +108,7 @@ class ControlPlane:
         """Whether a request of ``key`` should wait for a tick first: nothing is known of any
         worker yet (the first requests after start) and ``key`` holds no slot. The driver ticks
         with what it observes now instead of holding the request until the next tick."""
-        return self._held.get(key) is None and all(v.stale for v in self.admission.views())
+        return self._held.get(key) is None and self.admission.all_stale()
 
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,

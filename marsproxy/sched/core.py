@@ -207,7 +207,8 @@ class SchedulerCore:
     def _release_worker(self, now: float, w: str) -> list[Ticket]:
         out: list[Ticket] = []
         while self._queues[w] and self.in_flight(w) < self.cap(w):
-            order = self.queue(now, w)
+            q = self._queues[w]
+            order = list(q) if len(q) == 1 else self.queue(now, w)  # one: nothing to order
             head = order[0]
             if not self._fits(w, head):
                 # Dormant sessions' reservations go before running work is held back.

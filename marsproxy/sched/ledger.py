@@ -28,6 +28,20 @@ class KvLedger:
 
     def __init__(self) -> None:
         self._by_session: dict[str, Reservation] = {}
+        self._blocks: dict[str, int] = {}  # worker → blocks reserved there (kept as they go)
+
+    def _put(self, r: Reservation) -> None:
+        old = self._by_session.get(r.session)
+        if old is not None:  # replaced in place: the dict's order stays as it was
+            self._blocks[old.worker] -= old.blocks
+        self._by_session[r.session] = r
+        self._blocks[r.worker] = self._blocks.get(r.worker, 0) + r.blocks
+
+    def _pop(self, session: str) -> Reservation | None:
+        r = self._by_session.pop(session, None)
+        if r is not None:
+            self._blocks[r.worker] -= r.blocks
+        return r
 
     def reserve(
         self, session: str, worker: str, blocks: int, now: float, ttl_s: float, level: int
@@ -38,12 +52,12 @@ class KvLedger:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         r = Reservation(session, worker, blocks, level, now, now + ttl_s)
-        self._by_session[session] = r
+        self._put(r)
         return r
 
     def release_on_return(self, session: str) -> Reservation | None:
         """The session came back: its prefix is in use again, so it needs no reservation."""
-        return self._by_session.pop(session, None)
+        return self._pop(session)
 
     def correct(self, session: str, blocks: int) -> Reservation | None:
         """The engine evicted part of ``session``'s retained prefix: keep ``blocks`` reserved
@@ -51,19 +65,19 @@ class KvLedger:
         r = self._by_session.get(session)
         if r is None or blocks >= r.blocks:
             return None
-        self._by_session[session] = r = replace(r, blocks=max(0, blocks))
+        self._put(r := replace(r, blocks=max(0, blocks)))
         return r
 
     def expire(self, now: float) -> list[Reservation]:
         """Drops reservations whose TTL has ended (at ``expires_at`` exactly, too)."""
         gone = [r for r in self._by_session.values() if r.expires_at <= now]
         for r in gone:
-            del self._by_session[r.session]
+            self._pop(r.session)
         return gone
 
     def reserved_blocks(self, worker: str) -> int:
         """Blocks the admission budget must not promise on ``worker``."""
-        return sum(r.blocks for r in self._by_session.values() if r.worker == worker)
+        return self._blocks.get(worker, 0)
 
     def reservation(self, session: str) -> Reservation | None:
         return self._by_session.get(session)
@@ -92,7 +106,7 @@ class KvLedger:
         for r in order:
             if freed >= blocks_needed:
                 break
-            del self._by_session[r.session]
+            self._pop(r.session)
             dropped.append(r)
             freed += r.blocks
         return dropped

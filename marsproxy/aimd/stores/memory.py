@@ -147,6 +147,9 @@ class MemoryStore:
         return self.admit_sync(worker, session, 0, now_ms)
 
     async def release(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
+        return self.release_sync(worker, session, any_owner=any_owner)
+
+    def release_sync(self, worker: str, session: str, *, any_owner: bool = False) -> bool:
         lease = self._s.leases.get(worker, {}).get(session)
         if lease is not None and lease.owner != self._id and not any_owner:
             self._mine.discard((worker, session))
@@ -202,6 +205,9 @@ class MemoryStore:
         return len(self._live(worker))
 
     async def admitted_counts(self, workers: Sequence[str]) -> dict[str, int]:
+        return self.admitted_counts_sync(workers)
+
+    def admitted_counts_sync(self, workers: Sequence[str]) -> dict[str, int]:
         return {w: len(self._live(w)) for w in workers}
 
     async def admitted_sessions(self, worker: str) -> list[str]:

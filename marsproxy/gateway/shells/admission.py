@@ -31,26 +31,26 @@ from typing import Any
 
 import aiohttp
 
-from marsproxy.aimd.admission import AdmissionCore, DecisionKind
-from marsproxy.aimd.stores import WindowRecord, WindowStore, make_store, wall_clock_ms
+from marsproxy.aimd.admission import DecisionKind
+from marsproxy.aimd.stores import MemoryStore, WindowRecord, WindowStore, make_store, wall_clock_ms
 from marsproxy.config import MarsConfig
-from marsproxy.core.events import SessionAdmitted
 from marsproxy.core.lifecycle import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict
+from marsproxy.gateway.shells.confirm import StoreConfirmations
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.replicas import Replicas
 from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.policy.observe import WorkerObservation
-from marsproxy.policy.plane import ControlPlane, Ended, Outcome, Pending
+from marsproxy.policy.plane import ControlPlane, Ended, Outcome
 
 log = logging.getLogger("marsproxy.gateway.shells.admission")
 
 
-class AdmissionShell:
+class AdmissionShell(StoreConfirmations):
     def __init__(
         self,
         cfg: MarsConfig,
@@ -79,16 +79,13 @@ class AdmissionShell:
         self._windows: dict[str, WindowRecord] = {}  # as published by the leader
         self._store_admitted: dict[str, int] = dict.fromkeys(self.urls, 0)
         self._confirm_lock = asyncio.Lock()
+        self._memory = self.store if isinstance(self.store, MemoryStore) else None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self.replicas = Replicas(plane, self.store, telemetry.tracker, self._spawn, self.now)
         self.observe: Callable[[], dict[str, WorkerObservation]] = lambda: observations(
             cfg.workers, telemetry, health)
         """What the plane hears about the workers at a tick (the probes; a test may script it)."""
-
-    @property
-    def core(self) -> AdmissionCore:
-        return self.plane.admission
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,18 +165,6 @@ class AdmissionShell:
             self.session_forgotten(key, EndReason.DELETED)
             return True
         return await self.replicas.end_elsewhere(key)
-
-    def limit(self, worker: str, idle: bool = False) -> int:
-        """The limit the store enforces on ``worker``: the leader's if published, else ours;
-        ``idle``: for an idle admission (the core admitted it past the limit, see
-        ``AdmissionQueue._idle_admits``), the idle limit."""
-        rec = self._windows.get(worker)
-        c = self.core.controllers[worker]
-        if not idle:
-            return rec.limit if rec is not None else c.effective_limit
-        if rec is None:
-            return c.idle_limit
-        return rec.limit if rec.idle_limit is None else rec.idle_limit
 
     # -- the request path -----------------------------------------------------------------
     async def admit(
@@ -269,8 +254,8 @@ class AdmissionShell:
         decided of it (the end of a final call ends the session)."""
         self.replicas.served(key, served_tokens)
         if out:
-            self._spawn(self._carry(out))
-        if not any(e.session == key for e in out.ended):
+            self._carry_soon(out)
+        if self.replicas.on and not any(e.session == key for e in out.ended):
             self.replicas.save(key)  # another replica may serve its next request
 
     def session_forgotten(self, key: str, end: EndReason) -> Outcome:
@@ -280,18 +265,17 @@ class AdmissionShell:
         # The table publishes its own session_end for this one.
         out.events = [e for e in out.events if e.session != key]
         if out:
-            self._spawn(self._carry(out))
+            self._carry_soon(out)
         if end is EndReason.DELETED and not known and self.replicas.shared(key):
             self._spawn(self.end_elsewhere(key))  # it moved to another replica: end it there
         return out
 
     # -- carrying out ---------------------------------------------------------------------
     async def _carry(self, out: Outcome) -> None:
-        for e in out.expired:
-            self._refuse(e.session, Refused(
-                e.status, e.reason, e.retry_after_s,
-                "no admission slot within the queue deadline" if e.reason == "queue_deadline"
-                else "no healthy worker to admit the session"))
+        if self._memory is not None:
+            self._carry_now(out, self._memory)
+            return
+        self._refuse_expired(out)
         for ended in out.ended:
             await self._ended(ended)
         # Before the confirmations: session_queued comes first.
@@ -300,10 +284,7 @@ class AdmissionShell:
             await self._confirm_pending()
 
     async def _ended(self, e: Ended) -> None:
-        self._refuse(e.session, Refused(503, "session_ended", 1,
-                                        f"the session ended ({e.reason})"))
-        self.replicas.forget(e.session)
-        skey = self.replicas.store_key(e.session)
+        skey = self._ending(e)
         if e.pending is not None:
             self._spawn(self.store.dequeue(skey))
             # The store may have granted it while the answer was lost (a confirmation pass
@@ -314,67 +295,18 @@ class AdmissionShell:
             # here; an explicit DELETE ends it wherever it is.
             await self.store.release(e.worker, skey, any_owner=e.reason is EndReason.DELETED)
 
-    def _arrival_ms(self, p: Pending) -> int:
-        return self._wall_ms_at_zero + int(p.since * 1000)
-
-    async def _confirm_pending(self) -> None:
-        """Ask the store to confirm pending sessions, oldest first."""
-        async with self._confirm_lock:
-            if not self.plane.pending_count:
-                return
-            store, now_ms = self.store, wall_clock_ms()
-            self._store_admitted = await store.admitted_counts(list(self.urls))
-            room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
-            free = sum(room.values())
-            for key, p in self.plane.pending():
-                skey = self.replicas.store_key(key)
-                moved = self.plane.relocate(self.now(), key, room)
-                if moved is not None:
-                    log.debug("pending session %s moves to %s", key, moved)
-                # An idle admission is one slot past the limit, on its idle worker: checked
-                # against the idle limit, with one more rank than the free slots allow.
-                # The ask also puts it in the global queue when it is not there yet (its first
-                # ask, or after a Redis restart), in the same round trip.
-                ok = await store.admit_if_ranked(
-                    skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
-                    now_ms, float(self._arrival_ms(p)))
-                if self.plane.pending_of(key) is not p:  # ended while we asked: undo
-                    if ok:
-                        await store.release(p.worker, skey)
-                    await store.dequeue(skey)
-                    continue
-                if ok:
-                    free -= 1
-                    room[p.worker] -= 1
-                    self._confirmed(key)
-                elif store.mode == "closed":
-                    self._store_closed(key)
-
-    def _confirmed(self, key: str) -> None:
-        p = self.plane.confirm(self.now(), key)
-        if p is None:
-            return
-        waited = max(0.0, self.now() - p.since)
-        self.metrics.admission_wait.observe(waited)
-        self.telemetry.publish(SessionAdmitted(ts=self.telemetry.wall(), session=key,
-                                               worker=p.worker, wait_s=waited))
-        self.held.grant(key, Granted(p.worker, waited))
-        self.replicas.save(key)
-
-    def _store_closed(self, key: str) -> None:
-        # on_store_failure: closed — the shared state is unreachable, admit nothing new.
-        self._refuse(key, Refused(503, "store_unavailable", 1,
-                                  "admission state store unreachable (on_store_failure: closed)"))
-        self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
-
-    def _refuse(self, key: str, verdict: Refused) -> None:
-        if self.held.refuse(key, verdict):
-            self.metrics.rejections.labels(verdict.code).inc()
-
     def _rejected(self, reason: str, retry: int | None) -> Refused:
         self.metrics.rejections.labels(reason).inc()
         message = QUEUE_REFUSALS.get(reason, QUEUE_REFUSALS["queue_full"])
         return Refused(429, reason, retry or 1, message)
+
+    def _carry_soon(self, out: Outcome) -> None:
+        """Carry out ``out`` from synchronous code: at once on the in-memory store, else in a
+        task."""
+        if self._memory is not None:
+            self._carry_now(out, self._memory)
+        else:
+            self._spawn(self._carry(out))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -240,6 +240,10 @@ class Gateway:
         if served_s is not None:
             self.metrics.session_duration.labels(reason).observe(served_s)
         self.session_over(sess.key, END_REASONS.get(reason, Ending.EVICTED))
+        bus = self.telemetry.bus
+        if not bus.subscribers:
+            bus.skip()  # nobody to read it: not built
+            return
         worker = self.placement.worker_of(sess.key)
         self.telemetry.publish(
             SessionEnd(

@@ -79,6 +79,9 @@ class Telemetry:
                 continue
             if isinstance(ev, SessionEnd) and ev.reason in (EndReason.FINAL, EndReason.MOVED):
                 continue
+            if not self.bus.subscribers:
+                self.bus.skip()  # nobody to read it: not rebuilt
+                continue
             self.publish(replace(ev, ts=ev.ts + to_wall))
 
     # -- lifecycle ------------------------------------------------------------------------

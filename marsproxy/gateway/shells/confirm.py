@@ -1,0 +1,192 @@
+"""The admission shell's store side: pending sessions confirmed by the window store, and the
+plane's outcomes carried out against it.
+
+Two ways, one order of store calls. With a store that answers over the network (Redis) every
+call is awaited, and a lock keeps two confirmation passes from interleaving. The in-memory
+store (one replica) answers every call at once, so the shell calls it directly: a pass cannot
+interleave with another and needs no lock, and an outcome is carried out where the plane
+decided it (a final call's lease goes back before its response leaves, not in a task that runs
+after it). What a pass asks and in which order is the same both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.aimd.stores import MemoryStore, WindowRecord, WindowStore, wall_clock_ms
+from marsproxy.core.events import SessionAdmitted
+from marsproxy.core.lifecycle import EndReason
+from marsproxy.gateway.shells.admission_types import Granted, Refused
+from marsproxy.gateway.shells.held import HeldRequests
+from marsproxy.gateway.shells.metrics import GatewayMetrics
+from marsproxy.gateway.shells.replicas import Replicas
+from marsproxy.gateway.shells.telemetry import Telemetry
+from marsproxy.policy.plane import ControlPlane, Ended, Outcome, Pending
+
+log = logging.getLogger("marsproxy.gateway.shells.admission")
+
+
+class StoreConfirmations:
+    """The part of :class:`~marsproxy.gateway.shells.admission.AdmissionShell` that talks to
+    the window store about pending sessions (its base: the state is the shell's)."""
+
+    plane: ControlPlane
+    store: WindowStore
+    telemetry: Telemetry
+    metrics: GatewayMetrics
+    replicas: Replicas
+    held: HeldRequests
+    urls: dict[str, str]
+    now: Callable[[], float]
+    _windows: dict[str, WindowRecord]
+    _store_admitted: dict[str, int]
+    _confirm_lock: asyncio.Lock
+    _wall_ms_at_zero: int
+    _memory: MemoryStore | None
+    """The store, when it answers at once (carried out inline, see the module doc)."""
+
+    @property
+    def core(self) -> AdmissionCore:
+        return self.plane.admission
+
+    def limit(self, worker: str, idle: bool = False) -> int:
+        """The limit the store enforces on ``worker``: the leader's if published, else ours;
+        ``idle``: for an idle admission (the core admitted it past the limit, see
+        ``AdmissionQueue._idle_admits``), the idle limit."""
+        rec = self._windows.get(worker)
+        c = self.core.controllers[worker]
+        if not idle:
+            return rec.limit if rec is not None else c.effective_limit
+        if rec is None:
+            return c.idle_limit
+        return rec.limit if rec.idle_limit is None else rec.idle_limit
+
+    # -- carrying out ---------------------------------------------------------------------
+    def _refuse(self, key: str, verdict: Refused) -> None:
+        if self.held.refuse(key, verdict):
+            self.metrics.rejections.labels(verdict.code).inc()
+
+    def _spawn(self, coro: Any) -> None:
+        raise NotImplementedError
+
+    def _refuse_expired(self, out: Outcome) -> None:
+        for e in out.expired:
+            self._refuse(e.session, Refused(
+                e.status, e.reason, e.retry_after_s,
+                "no admission slot within the queue deadline" if e.reason == "queue_deadline"
+                else "no healthy worker to admit the session"))
+
+    def _carry_now(self, out: Outcome, store: MemoryStore) -> None:
+        """``_carry`` on the in-memory store: the same steps in the same order, at once. What
+        the awaiting path leaves to tasks (a pending session's dequeue and release) follows
+        the confirmation pass, as those tasks would."""
+        self._refuse_expired(out)
+        later: list[tuple[str, str]] = []
+        for e in out.ended:
+            skey = self._ending(e)
+            if e.pending is not None:
+                later.append((e.pending.worker, skey))
+            elif e.worker is not None:
+                store.release_sync(e.worker, skey, any_owner=e.reason is EndReason.DELETED)
+        self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
+        if self.plane.pending_count:
+            self._confirm_now(store)
+        for worker, skey in later:
+            store.dequeue_sync(skey)
+            store.release_sync(worker, skey)
+
+    def _ending(self, e: Ended) -> str:
+        """What a session's end means here before the store hears of it; its store key."""
+        self._refuse(e.session, Refused(503, "session_ended", 1,
+                                        f"the session ended ({e.reason})"))
+        self.replicas.forget(e.session)
+        return self.replicas.store_key(e.session)
+
+    # -- confirmations --------------------------------------------------------------------
+    def _arrival_ms(self, p: Pending) -> int:
+        return self._wall_ms_at_zero + int(p.since * 1000)
+
+    async def _confirm_pending(self) -> None:
+        """Ask the store to confirm pending sessions, oldest first."""
+        if self._memory is not None:
+            self._confirm_now(self._memory)
+            return
+        async with self._confirm_lock:
+            if not self.plane.pending_count:
+                return
+            store, now_ms = self.store, wall_clock_ms()
+            self._store_admitted = await store.admitted_counts(list(self.urls))
+            room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
+            free = sum(room.values())
+            for key, p in self.plane.pending():
+                skey = self._relocated(key, room)
+                # An idle admission is one slot past the limit, on its idle worker: checked
+                # against the idle limit, with one more rank than the free slots allow.
+                # The ask also puts it in the global queue when it is not there yet (its first
+                # ask, or after a Redis restart), in the same round trip.
+                ok = await store.admit_if_ranked(
+                    skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
+                    now_ms, float(self._arrival_ms(p)))
+                if self.plane.pending_of(key) is not p:  # ended while we asked: undo
+                    if ok:
+                        await store.release(p.worker, skey)
+                    await store.dequeue(skey)
+                    continue
+                if ok:
+                    free -= 1
+                    room[p.worker] -= 1
+                    self._confirmed(key)
+                elif store.mode == "closed":
+                    self._store_closed(key)
+
+    def _confirm_now(self, store: MemoryStore) -> None:
+        """``_confirm_pending`` on the in-memory store: nothing can end a pending session
+        while it asks, and the store is never closed."""
+        if not self.plane.pending_count:
+            return
+        now_ms = wall_clock_ms()
+        self._store_admitted = store.admitted_counts_sync(list(self.urls))
+        room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
+        free = sum(room.values())
+        for key, p in self.plane.pending():
+            skey = self._relocated(key, room)
+            if store.admit_ranked_sync(
+                    skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
+                    now_ms, float(self._arrival_ms(p))):
+                free -= 1
+                room[p.worker] -= 1
+                self._confirmed(key)
+
+    def _relocated(self, key: str, room: dict[str, int]) -> str:
+        moved = self.plane.relocate(self.now(), key, room)
+        if moved is not None:
+            log.debug("pending session %s moves to %s", key, moved)
+        return self.replicas.store_key(key)
+
+    def _confirmed(self, key: str) -> None:
+        p = self.plane.confirm(self.now(), key)
+        if p is None:
+            return
+        waited = max(0.0, self.now() - p.since)
+        self.metrics.admission_wait.observe(waited)
+        bus = self.telemetry.bus
+        if bus.subscribers:
+            self.telemetry.publish(SessionAdmitted(ts=self.telemetry.wall(), session=key,
+                                                   worker=p.worker, wait_s=waited))
+        else:
+            bus.skip()  # nobody to read it: not built
+        self.held.grant(key, Granted(p.worker, waited))
+        self.replicas.save(key)
+
+    def _store_closed(self, key: str) -> None:
+        # on_store_failure: closed — the shared state is unreachable, admit nothing new.
+        self._refuse(key, Refused(503, "store_unavailable", 1,
+                                  "admission state store unreachable (on_store_failure: closed)"))
+        self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
+
+    async def _carry(self, out: Outcome) -> None:
+        raise NotImplementedError
