@@ -113,7 +113,7 @@ class WorkerFit:
         that its forecast peak fits beside the forecasts of the sessions admitted there
         (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
         forecasts' sum, when the caller has it. A worker with a KV index counts each session's
-        resident blocks plus its forecast growth instead, without the overlap's overcommit."""
+        resident blocks plus its forecast growth instead."""
         s = self._signals[worker]
         if not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
             return None
@@ -124,8 +124,11 @@ class WorkerFit:
         if s.session_blocks is not None:  # KV events: what each session really holds
             resident = self.peaks.resident_committed_tokens(worker, s.session_blocks, bs,
                                                              s.sessions_elsewhere)
+            # The same overcommit as the estimate's: peaks that do not coincide (measured
+            # overlap, cheap preemption); without it the fit admitted less (twins 1.59× vs 1.69×).
             return self.peaks.room_blocks(resident, s.total_blocks, bs,
-                                          self.cfg.kv_reserve_frac, self.overlaps.floor)
+                                          self.cfg.kv_reserve_frac,
+                                          self.peak_factor(worker, resident))
         if committed_tokens is None:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return self.peaks.room_blocks(committed_tokens, s.total_blocks, bs,

@@ -92,9 +92,17 @@ def test_the_fit_reads_resident_blocks_where_an_index_exists() -> None:
     without = c.peak_room("w0")
     c.tick(0.2, {"w0": sig(total_blocks=1000, free_blocks=1000, session_blocks={})})
     with_index = c.peak_room("w0")
-    assert without is not None and with_index is not None
-    # Nothing served yet: the same forecasts, but no overlap overcommit on top.
-    assert with_index <= without
+    # Nothing served yet: the same forecasts and the same overcommit, so the same room.
+    assert without is not None and with_index == without
+    # Served sessions count what they hold: half their context evicted, more room.
+    for i in range(4):
+        c.on_response_end(0.3, f"s{i}", prompt_tokens=1600, completion_tokens=100)
+    c.tick(0.4, {"w0": sig(total_blocks=1000, free_blocks=1000, session_blocks={})})
+    evicted = c.peak_room("w0")
+    c.tick(0.6, {"w0": sig(total_blocks=1000, free_blocks=1000,
+                           session_blocks={f"s{i}": 106 for i in range(4)})})
+    resident = c.peak_room("w0")
+    assert evicted is not None and resident is not None and evicted > resident
 
 
 def test_by_default_a_short_shared_prefix_does_not_move_a_session() -> None:
