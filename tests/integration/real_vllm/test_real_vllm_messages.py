@@ -99,9 +99,11 @@ async def test_anthropic_sdk_through_the_proxy(proxy: Running) -> None:
         assert "content_block_start" in kinds and "content_block_stop" in kinds
         assert m2.usage.cache_read_input_tokens and m2.usage.cache_read_input_tokens >= 32
         assert _prompt(m2.usage) > _prompt(m1.usage)
-        # The proxy's view: one session (the header), prompts with their cached part.
+        # The proxy's view: the main agent's session (the header) and the sub-agent's own,
+        # linked to it; prompts with their cached part.
         e1, e2 = await _wait(events, 2)
-        assert e1["session"] == e2["session"] and e1["session"].endswith(f"/id/{sid}")
+        assert e1["session"].endswith(f"/id/{sid}")
+        assert e2["session"] == f"{e1['session']}/agent/{sub['x-claude-code-agent-id']}"
         assert (e1["prompt_tokens"], e1["completion_tokens"]) == (
             _prompt(m1.usage), m1.usage.output_tokens)
         assert (e2["prompt_tokens"], e2["cached_tokens"], e2["completion_tokens"]) == (
