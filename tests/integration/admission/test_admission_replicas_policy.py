@@ -105,8 +105,10 @@ async def test_the_light_tenant_goes_ahead_of_the_heavy_one_across_replicas(
         await _race(light, heavy)  # by served tokens, not by arrival
         assert (await _chat(b, "ln", key="light", final=True))[0] == 200
         assert (await asyncio.wait_for(heavy, 10))[0] == 200
-        got = await r.hgetall("mars:{tenants}:tenants")
-        assert len(got) == 2  # both tenants' counters are shared
+
+        async def both() -> bool:  # b sends the light tenant's charges at its next tick
+            return len(await r.hgetall("mars:{tenants}:tenants")) == 2
+        await b.until(both)
     finally:
         await r.aclose()
 
@@ -165,8 +167,8 @@ async def test_a_redis_outage_keeps_local_counters_and_leaks_no_slot(
     r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
     try:
         async def flushed() -> bool:  # the charges made while down reached the store
-            got = await r.hgetall("mars:{down}:tenants")
-            return float(got.get(_tenant_field(got, a), 0) or 0) > 0
+            got = await r.hgetall("mars:{down}:tenants")  # Redis restarted empty
+            return any(float(v) > 0 for v in got.values())
         await a.until(flushed)
         assert (await _chat(b, "sb", key="t2", final=True))[0] == 200
         assert (await asyncio.wait_for(new, 10))[0] == 200  # the freed slot goes to "na"
@@ -180,7 +182,3 @@ async def test_a_redis_outage_keeps_local_counters_and_leaks_no_slot(
     finally:
         await r.aclose()
 
-
-def _tenant_field(got: dict[str, str], _: Stack) -> str:
-    # Only a's tenant was charged while Redis was away (and after the restart, nothing else).
-    return next(iter(got), "")
