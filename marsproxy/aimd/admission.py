@@ -24,7 +24,7 @@ from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.prefix import prefer_prefix
-from marsproxy.aimd.queue import Admission, AdmissionQueue
+from marsproxy.aimd.queue import Admission, AdmissionQueue, QueueEntry
 from marsproxy.core.events import (
     Event,
     Rejected,
@@ -84,6 +84,8 @@ class Decision:
     confirm it against the idle limit."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""
+    entry: QueueEntry | None = None
+    """Admitted: the queue entry it was admitted as (its tenant, class and lane)."""
 
 
 class AdmissionCore(WorkerFit):
@@ -156,7 +158,7 @@ class AdmissionCore(WorkerFit):
             return Decision(DecisionKind.WAIT, reason="queued", actions=actions)
         actions.admitted.remove(mine)
         return Decision(DecisionKind.ADMITTED, worker=mine.worker, reason="admitted",
-                        idle=mine.idle, actions=actions)
+                        idle=mine.idle, actions=actions, entry=mine.entry)
 
     def on_adopt(
         self, now: float, session: str, tenant: str, worker: str, est_tokens: int, *,

@@ -33,6 +33,13 @@ class Pending:
     """Arrival of its first request (control clock): its queue deadline and store score."""
     idle: bool = False
     """An idle admission: confirmed against the idle limit, on this worker only."""
+    tenant: str = ""
+    cls: str = ""
+    """Its service class."""
+    child: bool = False
+    """A child of an admitted parent (the children's lane)."""
+    est_tokens: int = 0
+    """Its estimated first prompt (what its admission charges its tenant)."""
 
 
 @dataclass(frozen=True, slots=True)

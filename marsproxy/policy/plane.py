@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
+from marsproxy.aimd.order_index import QueueEntry
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event
 from marsproxy.core.lifecycle import EndReason, SessionState
@@ -31,6 +32,7 @@ from marsproxy.policy.kv_facts import correct_ledger, verify_retention
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation, admission_signals, scheduler_facts
 from marsproxy.policy.outcome import Answer, CallEnd, Ended, Outcome, Pending, Phase
+from marsproxy.policy.rank import RankKey, rank_keys
 from marsproxy.policy.trees import Trees
 from marsproxy.probes.cpu import CpuPressure
 from marsproxy.probes.tool_phases import ToolPhaseTracker
@@ -103,6 +105,13 @@ class ControlPlane:
     def pending_count(self) -> int:
         return len(self._pending)
 
+    def rank_keys(self, counters: Mapping[str, float]) -> dict[str, RankKey]:
+        """Each pending session's place in the store's global queue (``policy/rank.py``);
+        ``counters``: the tenants' virtual token counters as the replicas share them."""
+        shares = self.admission.queue.shares
+        return rank_keys(self.pending(), counters, self.cfg.admission.classes.rank,
+                         shares.cost)
+
     # -- requests -----------------------------------------------------------------------------
     def wants_tick(self, key: str) -> bool:
         """Whether a request of ``key`` should wait for a tick first: nothing is known of any
@@ -113,15 +122,19 @@ class ControlPlane:
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
         final: bool = False, cls: str | None = None, prefix: Mapping[str, int] | None = None,
-        parent: str | None = None,
+        parent: str | None = None, parent_elsewhere: bool = False,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
         prompt's size when known, else estimated from ``chars``; ``cls``: a new session's
         service class (``None``: the default); ``prefix``: leading tokens of its prompt
         resident per worker with a KV index (prefix placement); ``parent``: the session a new
-        one names as its parent (agent trees)."""
+        one names as its parent (agent trees); ``parent_elsewhere``: that parent is admitted on
+        another replica (its record is in the store): a child all the same."""
         core = self.admission
-        child = parent is not None and self.cfg.sessions.trees and self._link(now, key, parent)
+        child = parent is not None and self.cfg.sessions.trees and (
+            self._link(now, key, parent)
+            or (parent_elsewhere and self.phase(key) is Phase.ENDED
+                and self.phase(parent) is Phase.ENDED))
         for w in self.workers:  # the ledger as it is now, not as of the last tick
             core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
@@ -138,7 +151,7 @@ class ControlPlane:
             self._confirm(now, key, d.worker)  # no window: nothing for a store to confirm
         elif d.worker is not None and d.reason == "admitted":
             self._arrival.setdefault(key, now)
-            self._propose(key, d.worker, d.idle, out)
+            self._propose(key, d.worker, d.idle, out, d.entry)
         return Answer(d.kind, d.worker, d.status, d.retry_after_s, d.reason, out)
 
     def adopt(
@@ -339,15 +352,19 @@ class ControlPlane:
         self._held[key] = worker
         self._note(now, "admit", key, worker)
 
-    def _propose(self, key: str, worker: str, idle: bool, out: Outcome) -> None:
+    def _propose(self, key: str, worker: str, idle: bool, out: Outcome,
+                 e: QueueEntry | None) -> None:
         since = self._arrival.pop(key, None)
-        self._pending[key] = Pending(worker, since if since is not None else 0.0, idle)
+        p = Pending(worker, since if since is not None else 0.0, idle)
+        if e is not None:
+            p.tenant, p.cls, p.child, p.est_tokens = e.tenant, e.cls, e.child, e.est_tokens
+        self._pending[key] = p
         out.proposed.append(key)
 
     def _absorb(self, now: float, actions: Actions, out: Outcome) -> None:
         for a in actions.admitted:
             self._arrival.setdefault(a.entry.session, now)
-            self._propose(a.entry.session, a.worker, a.idle, out)
+            self._propose(a.entry.session, a.worker, a.idle, out, a.entry)
         for e in actions.expired:
             self._arrival.pop(e.session, None)
             self._note(now, "refuse", e.session, e.reason)

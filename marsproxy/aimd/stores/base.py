@@ -144,6 +144,11 @@ class WindowStore(Protocol):
         ``enqueue``), in the same step.
         """
 
+    async def exchange_counters(self, charges: Mapping[str, float]) -> dict[str, float] | None:
+        """Add ``charges`` (virtual tokens per tenant) to the shared tenant counters and read
+        them all back, in one round trip; ``None``: unreachable (whether the charges were added
+        is unknown: the caller keeps them for the next exchange)."""
+
     async def notify(self) -> None:
         """Wake every replica's waiters (they re-check the queue)."""
 

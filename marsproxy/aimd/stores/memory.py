@@ -41,6 +41,7 @@ class MemoryState:
     order: list[tuple[float, str]] = field(default_factory=list)  # sorted like a Redis ZSET
     replicas: dict[str, int] = field(default_factory=dict)  # replica → heartbeat expiry_ms
     sessions: dict[str, tuple[int, str]] = field(default_factory=dict)  # key → (expiry, json)
+    tenants: dict[str, float] = field(default_factory=dict)  # tenant → virtual token counter
     hub: WakeupHub = field(default_factory=WakeupHub)
 
 
@@ -292,6 +293,11 @@ class MemoryStore:
         return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms, score)
 
     # -- wake-ups -------------------------------------------------------------------------------
+    async def exchange_counters(self, charges: Mapping[str, float]) -> dict[str, float] | None:
+        for tenant, c in charges.items():
+            self._s.tenants[tenant] = self._s.tenants.get(tenant, 0.0) + c
+        return dict(self._s.tenants)
+
     async def notify(self) -> None:
         self._s.hub.fire()
 

@@ -45,6 +45,11 @@ class Keys:
         return f"{self.base}queue"
 
     @property
+    def tenants(self) -> str:
+        """Hash tenant → virtual token counter (served tokens / weight, all replicas)."""
+        return f"{self.base}tenants"
+
+    @property
     def replicas(self) -> str:
         return f"{self.base}replicas"
 

@@ -68,6 +68,21 @@ class RedisRecords:
                 self.link.fail(exc)
         return len(self.local.queue_items())
 
+    async def exchange_counters(self, charges: Mapping[str, float]) -> dict[str, float] | None:
+        # One round trip: the increments, then the sums (other replicas' included).
+        if not self.link.up:
+            return None
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant, c in charges.items():
+                    pipe.hincrbyfloat(self.keys.tenants, tenant, c)
+                pipe.hgetall(self.keys.tenants)
+                got = await self.link.io(pipe.execute())
+        except FAILURES as exc:
+            self.link.fail(exc)
+            return None
+        return {str(t): float(v) for t, v in got[-1].items()}
+
     async def save_session(self, key: str, record: Mapping[str, Any]) -> None:
         raw = json.dumps(record, separators=(",", ":"))
         self.local.save_raw(key, raw)  # the copy that serves this session while Redis is away

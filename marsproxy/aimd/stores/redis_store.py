@@ -346,8 +346,8 @@ class RedisStore(RedisRecords):
         score: float | None = None,
     ) -> bool:
         self.workers.add(worker)
-        if score is not None and self.local.rank_sync(session) is None:
-            self.local.enqueue_sync(session, score)  # the mirror, for resync and local mode
+        if score is not None:  # (re-)scored: the mirror, for resync and local mode
+            self.local.enqueue_sync(session, score)
             self.q_gone.discard(session)
         if self.link.up:
             keys = [*self._lease_keys(worker), self.keys.queue, self.keys.tomb(session)]

@@ -147,6 +147,8 @@ class AdmissionShell(StoreConfirmations):
             out.extend(self.plane.lost(self.now(), self.replicas.core_key(skey), worker))
         store = self.store  # fresh counts first: the plane counts other replicas' from them
         self._store_admitted = await store.admitted_counts(list(self.urls))
+        if self.replicas.on:  # the tenants' shared counters, before the queue's next passes
+            await self.replicas.exchange_counters()
         out.extend(self._plane_tick())
         now_ms = wall_clock_ms()
         if await store.try_lead(now_ms):
@@ -190,10 +192,12 @@ class AdmissionShell(StoreConfirmations):
                                                    self.acfg.tuning.tokenize_timeout_s)
                 if tokens is not None:  # as if the worker had reported it: exact
                     self.plane.estimator.observe(key, chars, tokens)
+        elsewhere = core.sessions.get(key) is None and await self.replicas.parent_elsewhere(parent)
         if self.plane.wants_tick(key):  # the first requests after start: scrape at once
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final, cls=cls, prefix=prefix, parent=parent)
+                                 final=final, cls=cls, prefix=prefix, parent=parent,
+                                 parent_elsewhere=elsewhere)
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)

@@ -108,6 +108,8 @@ class StoreConfirmations:
 
     # -- confirmations --------------------------------------------------------------------
     def _arrival_ms(self, p: Pending) -> int:
+        # The in-memory store (one replica) scores by arrival alone: one core's order is the
+        # policy already, and the simulator's runs stay as they were.
         return self._wall_ms_at_zero + int(p.since * 1000)
 
     async def _confirm_pending(self) -> None:
@@ -122,6 +124,8 @@ class StoreConfirmations:
             self._store_admitted = await store.admitted_counts(list(self.urls))
             room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
             free = sum(room.values())
+            # The policy's order across replicas (lane, class, tenant, arrival): policy/rank.py.
+            ranks = self.plane.rank_keys(self.replicas.counters())
             for key, p in self.plane.pending():
                 skey = self._relocated(key, room)
                 # An idle admission is one slot past the limit, on its idle worker: checked
@@ -130,7 +134,7 @@ class StoreConfirmations:
                 # ask, or after a Redis restart), in the same round trip.
                 ok = await store.admit_if_ranked(
                     skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
-                    now_ms, float(self._arrival_ms(p)))
+                    now_ms, ranks[key].score(self._arrival_ms(p)))
                 if self.plane.pending_of(key) is not p:  # ended while we asked: undo
                     if ok:
                         await store.release(p.worker, skey)

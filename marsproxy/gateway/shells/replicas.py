@@ -31,6 +31,9 @@ class Replicas:
         # estimate of a session adopted from another replica (this one has no history of it).
         self.attained: dict[str, int] = {}
         self._carried_tool_s: dict[str, float] = {}
+        # Tenant counters live in the store too: the admission queue keeps its charges for it.
+        self.shares = plane.admission.queue.shares
+        self.shares.shared = self.on
 
     @staticmethod
     def shared(key: str) -> bool:
@@ -60,6 +63,31 @@ class Replicas:
     def forget(self, key: str) -> None:
         self.attained.pop(key, None)
         self._carried_tool_s.pop(key, None)
+
+    def counters(self) -> dict[str, float]:
+        """The tenants' shared virtual token counters, as this replica last read them."""
+        return self.shares.counters()
+
+    async def exchange_counters(self) -> bool:
+        """Send this replica's tenant charges to the store and take in every replica's: one
+        round trip per control tick. Store away: the charges wait, the local counters carry
+        on alone (False)."""
+        sent = self.shares.take_charges()
+        got = await self.store.exchange_counters(sent)
+        if got is None:
+            self.shares.restore(sent)
+            return False
+        self.shares.sync(got, sent)
+        return True
+
+    async def parent_elsewhere(self, parent: str | None) -> bool:
+        """Whether ``parent``, unknown here, is a session admitted on another replica: its
+        record is in the store (agent trees across replicas)."""
+        if (parent is None or not self.on or not self.shared(parent)
+                or not self.plane.cfg.sessions.trees
+                or self.plane.admission.sessions.get(parent) is not None):
+            return False
+        return await self.store.load_session(self.store_key(parent)) is not None
 
     def save(self, key: str) -> None:
         if not self.on:

@@ -63,3 +63,42 @@ def test_virtual_time_never_goes_back() -> None:
     s.settle(["a"])
     s.settle(["b"])  # b's counter reads as the virtual time
     assert s.virtual_time == 100.0
+
+
+def test_charges_are_kept_for_the_store_only_when_shared() -> None:
+    s = TenantShares({"gold": 2.0})
+    s.charge("gold", "g1", 400)
+    assert s.take_charges() == {}  # one replica: nothing to send
+    s.shared = True
+    s.charge("gold", "g1", 400)
+    s.charge("plain", "p1", 100)
+    assert s.take_charges() == {"gold": 200.0, "plain": 100.0}
+    assert s.take_charges() == {}
+
+
+def test_sync_adds_what_other_replicas_charged_and_not_our_own() -> None:
+    s = TenantShares()
+    s.shared = True
+    s.sync({"a": 1000.0}, {})  # the first read is the baseline
+    base = s.tag("a")
+    s.charge("a", "s1", 300)
+    sent = s.take_charges()
+    # The store added ours (300) and another replica's (500) since the last read.
+    s.sync({"a": 1800.0}, sent)
+    assert s.tag("a") == base + 300 + 500
+    assert s.counters() == {"a": 1800.0}
+
+
+def test_charges_wait_while_the_store_is_away_and_a_lost_store_lowers_nothing() -> None:
+    s = TenantShares()
+    s.shared = True
+    s.sync({"a": 1000.0}, {})
+    s.charge("a", "s1", 300)
+    sent = s.take_charges()
+    s.restore(sent)  # unreachable: they go with the next exchange
+    assert s.counters() == {"a": 1300.0}
+    before = s.tag("a")
+    sent = s.take_charges()
+    s.sync({"a": 300.0}, sent)  # Redis restarted empty: only our resent charges are there
+    assert s.tag("a") == before
+    assert s.counters() == {"a": 300.0}

@@ -72,3 +72,16 @@ def test_admission_off_places_and_holds_at_once() -> None:
     ans = plane.request(0.0, "s", "t", chars=400)
     assert ans.kind is DecisionKind.ADMITTED and ans.outcome.proposed == []
     assert plane.held("s") == ans.worker and log.entries[0].kind == "admit"
+
+
+def test_a_parent_admitted_on_another_replica_makes_a_child_ranked_first() -> None:
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    plane.request(0.1, "plain", "t", chars=400, cls="batch")
+    plane.request(0.2, "kid", "t", chars=400, parent="elsewhere", parent_elsewhere=True)
+    plane.request(0.3, "orphan", "t", chars=400, parent="gone")  # unknown anywhere: plain
+    pending = dict(plane.pending())
+    assert pending["kid"].child and not pending["orphan"].child
+    assert pending["plain"].cls == "batch" and pending["plain"].tenant == "t"
+    keys = plane.rank_keys({"t": 0.0})
+    assert keys["kid"].band == 0 and keys["orphan"].band == 1 and keys["plain"].band == 2

@@ -140,3 +140,12 @@ def test_no_step_admits_beyond_the_limit(ops: list[tuple[str, int, int, int]]) -
             assert await store.queue_len() + len(left_queue) == 12
 
     asyncio.run(run())
+
+
+async def test_tenant_counters_add_up_across_stores_on_one_state() -> None:
+    state = MemoryState()
+    a = MemoryStore(StoreConfig(), state=state)
+    b = MemoryStore(StoreConfig(), state=state)
+    assert await a.exchange_counters({"t": 100.0}) == {"t": 100.0}
+    assert await b.exchange_counters({"t": 50.0, "u": 1.0}) == {"t": 150.0, "u": 1.0}
+    assert await a.exchange_counters({}) == {"t": 150.0, "u": 1.0}
