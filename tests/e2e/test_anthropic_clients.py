@@ -196,7 +196,8 @@ def test_streaming_with_a_sub_agent_header(stack: Stack) -> None:
                      "content_block_stop", "message_delta", "message_stop"]
     assert final.usage.output_tokens == 6 and final.stop_reason == "max_tokens"
     assert final.usage.input_tokens > 0  # a partial last block: the split is not all cached
-    (end,) = _ends(stack, sid, 1)
+    # A sub-agent is a session of its own, linked to the main agent's (docs/clients.md).
+    (end,) = _ends(stack, f"{sid}/agent/{agent}", 1)
     prompt = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) + (
         final.usage.cache_creation_input_tokens or 0)
     assert (end["prompt_tokens"], end["completion_tokens"]) == (prompt, 6)
