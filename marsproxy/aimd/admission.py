@@ -331,19 +331,22 @@ class AdmissionCore(WorkerFit):
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
         prefix: Mapping[str, int] | None,
     ) -> Decision:
-        # Admission control off: the fewest sessions among placeable workers, ties in worker
-        # order, as the queue places; the window is ignored (also by prefix placement).
-        views = [v for v in self._views() if v.placeable] or self._views()
-        best = min(views, key=lambda v: v.held if v.held is not None else v.admitted)
-        moved = prefer_prefix(self.placement, views, prefix, best.name, est_tokens,
-                              counted=False, slots=False)
-        best = next(v for v in views if v.name == (moved or best.name))
+        # Admission control off: the fewest sessions holding KV among placeable workers, ties
+        # in worker order, as the queue places; the window is ignored (also by prefix
+        # placement, the only reader of the full views here).
+        sig = self._signals
+        names = [w for w in self.workers if sig[w].healthy and not sig[w].stale]
+        worker = min(names or self.workers, key=self.sessions.held_on)
+        if prefix:
+            views = [v for v in self._views() if v.name in names] or self._views()
+            worker = prefer_prefix(self.placement, views, prefix, worker, est_tokens,
+                                   counted=False, slots=False) or worker
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
-        self.sessions.admit(now, session, best.name)
-        self.peaks.admit(session, best.name, est_tokens)
-        ev = SessionAdmitted(ts=now, session=session, worker=best.name, wait_s=0.0)
-        return Decision(DecisionKind.ADMITTED, worker=best.name, reason="admission_disabled",
+        self.sessions.admit(now, session, worker)
+        self.peaks.admit(session, worker, est_tokens)
+        ev = SessionAdmitted(ts=now, session=session, worker=worker, wait_s=0.0)
+        return Decision(DecisionKind.ADMITTED, worker=worker, reason="admission_disabled",
                         actions=Actions(events=[ev]))
 
     def _settle(self, session: str) -> None:

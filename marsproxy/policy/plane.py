@@ -135,8 +135,9 @@ class ControlPlane:
             self._link(now, key, parent)
             or (parent_elsewhere and self.phase(key) is Phase.ENDED
                 and self.phase(parent) is Phase.ENDED))
-        for w in self.workers:  # the ledger as it is now, not as of the last tick
-            core.set_retained(w, self.scheduler.retained_blocks(w))
+        if not self.passive:  # the ledger as it is now, not as of the last tick
+            for w in self.workers:
+                core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
                             child=child)
