@@ -4,7 +4,7 @@ Times are seconds from the start of the run (the first planned arrival is at 0):
 for the live benchmark, modelled seconds for the simulator.
 
 Every figure covers every session of the workload, so that policies are compared on the same
-sessions. Definitions (docs/benchmarks.md repeats them):
+sessions. Definitions (docs/methodology.md repeats them):
 - a session *finished* when every planned call got a full 200 answer; it was *refused* when a
   call got a 429 or 503 from the proxy (a full queue, the queue deadline; the replay stops
   there, as an agent that gives up would); it *failed* otherwise (an upstream error, a client

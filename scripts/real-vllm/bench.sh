@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The live benchmark against a real vLLM 0.32 (CPU build, medium model): direct, fcfs, autellix,
 # continuum and mars at a light and a heavy load, with the agents' tool phases as real CPU work
-# on this host. About 15-20 minutes on a quiet 2-core machine. docs/benchmarks.md, section 3.
+# on this host. About 15-20 minutes on a quiet 2-core machine. docs/methodology.md (real vLLM).
 #
 # Usage: scripts/real-vllm/bench.sh [OUT_DIR] [-- extra `marsproxy bench live` args]
 #        (default OUT_DIR: results/<UTC timestamp>-live-vllm)
