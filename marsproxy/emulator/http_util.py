@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
 
 from marsproxy.emulator.openai_api import ApiError
+from marsproxy.emulator.request import FinishedEvent
 from marsproxy.emulator.runner import TokenStream
 
 # How often a handler waiting for tokens checks whether its client is still connected.
@@ -63,3 +65,31 @@ async def wait_update(stream: TokenStream, request: web.Request) -> None:
 
 def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+Frames = Callable[[int, int, FinishedEvent | None], tuple[list[bytes], int]]
+"""``(sent, available, finished) -> (bytes to write, tokens sent after them)``."""
+
+
+async def pump(
+    resp: web.StreamResponse, request: web.Request, stream: TokenStream, frames: Frames
+) -> None:
+    """Write a stream's tokens as they come until it finishes, at most one write per
+    ``MIN_WRITE_INTERVAL_S`` (as vLLM's server batches what a step produced); ``frames`` turns
+    the tokens not sent yet (and the finish) into a route's events."""
+    sent = 0
+    loop = asyncio.get_running_loop()
+    next_write = 0.0
+    while True:
+        pause = next_write - loop.time()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        await wait_update(stream, request)
+        fin, avail = stream.finished, stream.available
+        parts, sent = frames(sent, avail, fin)
+        if parts:
+            await resp.write(b"".join(parts))
+            next_write = loop.time() + MIN_WRITE_INTERVAL_S
+        if fin is not None:
+            break
+    await resp.write_eof()

@@ -3,7 +3,6 @@ Anthropic Messages surface) over the emulated engine."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 
@@ -11,15 +10,15 @@ from aiohttp import web
 
 from marsproxy.emulator import anthropic_api as anth
 from marsproxy.emulator.http_util import (
-    MIN_WRITE_INTERVAL_S,
     SSE_HEADERS,
     error_response,
     json_response,
+    pump,
     read_json,
     wait_update,
 )
 from marsproxy.emulator.openai_api import ApiError
-from marsproxy.emulator.request import RequestError
+from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 
@@ -75,27 +74,15 @@ class MessagesHandlers:
         """vLLM's event sequence: ``message_start`` (with the prompt's size), one text block
         (start, a delta per token, stop), ``message_delta`` with the stop reason and usage,
         ``message_stop``."""
-        sent = 0
-        loop = asyncio.get_running_loop()
-        next_write = 0.0
-        while True:
-            pause = next_write - loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)
-            await wait_update(stream, request)
-            fin, avail = stream.finished, stream.available
+        def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
             parts: list[bytes] = []
             if sent == 0 and avail > 0:
                 parts.append(anth.message_start(rid, self.model, prompt))
                 parts.append(anth.block_start(0))
             parts.extend(anth.text_delta(0, filler_chunk(i)) for i in range(sent, avail))
-            sent = avail
             if fin is not None:
                 parts.append(anth.finish_events(fin.finish_reason, anth.usage(
                     fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block)))
-            if parts:
-                await resp.write(b"".join(parts))
-                next_write = loop.time() + MIN_WRITE_INTERVAL_S
-            if fin is not None:
-                break
-        await resp.write_eof()
+            return parts, avail
+
+        await pump(resp, request, stream, frames)

@@ -15,19 +15,17 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from marsproxy.emulator import openai_api as api
-from marsproxy.emulator.http_util import (
-    MIN_WRITE_INTERVAL_S as _MIN_WRITE_INTERVAL_S,
-)
 from marsproxy.emulator.http_util import SSE_HEADERS as _SSE_HEADERS
 from marsproxy.emulator.http_util import error_response as _error
 from marsproxy.emulator.http_util import json_response as _json
+from marsproxy.emulator.http_util import pump
 from marsproxy.emulator.http_util import read_json as _read_json
 from marsproxy.emulator.http_util import sse as _sse
 from marsproxy.emulator.http_util import wait_update as _wait_update
 from marsproxy.emulator.kv_events import KVEventsConfig
 from marsproxy.emulator.messages_http import MessagesHandlers
 from marsproxy.emulator.profiles import get_profile
-from marsproxy.emulator.request import RequestError
+from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 
@@ -130,15 +128,7 @@ class _Handlers:
         template = api.chunk(kind, rid, created, self.model, "\x00")
         head, tail = ("data: " + json.dumps(template, separators=(",", ":"))).split('"\\u0000"')
         head_b, tail_b = head.encode(), (tail + "\n\n").encode()
-        sent = 0
-        loop = asyncio.get_running_loop()
-        next_write = 0.0
-        while True:
-            pause = next_write - loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)
-            await _wait_update(stream, request)
-            fin, avail = stream.finished, stream.available
+        def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
             parts: list[bytes] = []
             if sent == 0 and avail > 0 and kind == "chat":
                 parts.append(_sse(api.chunk(kind, rid, created, self.model, "", role=True)))
@@ -153,13 +143,9 @@ class _Handlers:
                     u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
                     parts.append(_sse(api.usage_chunk(kind, rid, created, self.model, u)))
                 parts.append(b"data: [DONE]\n\n")
-            sent = last
-            if parts:
-                await resp.write(b"".join(parts))
-                next_write = loop.time() + _MIN_WRITE_INTERVAL_S
-            if fin is not None:
-                break
-        await resp.write_eof()
+            return parts, last
+
+        await pump(resp, request, stream, frames)
 
     async def models(self, request: web.Request) -> web.Response:
         m = self.model

@@ -246,21 +246,21 @@ class ControlPlane:
         then admission (whose end of a final call may end the session). ``usual_tool_s``:
         the session's usual tool time when the tracker has none (carried from a replica)."""
         result, released = None, []
+        predicted = self.tracker.predicted_duration(key)  # once: both planes read it
         if ticket is not None:
             result = self.scheduler.end(
                 now, ticket.call, ok=ok, prompt_tokens=prompt_tokens or 0,
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                engine_s=engine_s, predicted_tool_s=self.tracker.predicted_duration(key),
+                engine_s=engine_s, predicted_tool_s=predicted,
                 session_continues=continues)
             if result.retention is not None and self.cfg.scheduler.retention_policy != "off":
                 self._note(now, "retain", key, result.retention.retain, result.retention.blocks)
             released = self.scheduler.release(now, [ticket.worker])
         out = Outcome()
         if admitted:
-            usual = self.tracker.predicted_duration(key)
             self._absorb(now, self.admission.on_response_end(
                 now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
-                usual_tool_s=usual if usual is not None else usual_tool_s,
+                usual_tool_s=predicted if predicted is not None else usual_tool_s,
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens), out)
         if self.trees.has_children(key):
             self._parent_waits(now, key)

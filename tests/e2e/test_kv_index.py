@@ -6,9 +6,7 @@ over; a worker whose publisher is dead is served exactly as without one."""
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 import yaml
 
 from marsproxy.bench.procs import Service, free_port
+from tests.e2e.http_calls import chat, get, until
 
 
 def _kv_flag(pub: int, replay: int) -> tuple[str, ...]:
@@ -24,30 +23,10 @@ def _kv_flag(pub: int, replay: int) -> tuple[str, ...]:
         "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}))
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body: bytes = r.read()
-    return body
 
 
 def _chat(url: str, session: str, text: str) -> None:
-    body = json.dumps({"model": "tiny-emulated", "max_tokens": 3, "ignore_eos": True,
-                       "messages": [{"role": "user", "content": text}]})
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={
-        "content-type": "application/json", "x-session-id": session})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
-
-
-def _until(what: str, probe: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    chat(url, session, [{"role": "user", "content": text}], max_tokens=3)
 
 
 @pytest.fixture
@@ -81,14 +60,14 @@ def test_state_and_metrics_show_each_workers_index(stack: tuple[Service, Service
     _kv, proxy = stack
 
     def index() -> dict[str, Any]:
-        doc = json.loads(_get(f"{proxy.url}/mars/v1/state"))
+        doc = json.loads(get(f"{proxy.url}/mars/v1/state"))
         return doc["kv_index"]  # type: ignore[no-any-return]
 
-    _until("a connection to the live publisher", lambda: index()["kv"]["connected"])
+    until("a connection to the live publisher", lambda: index()["kv"]["connected"])
     shared = "You are a careful coding agent working in a large repository. " * 8
     for i in range(8):  # sessions spread over both workers; placement keeps each on one
         _chat(proxy.url, f"s{i}", shared + f"task {i}")
-    state = _until("events in the index",
+    state = until("events in the index",
                    lambda: index()["kv"] if index()["kv"]["blocks"].get("GPU") else None)
     assert state["usable"] and state["block_size"] == 16 and state["events_total"] > 0
     assert state["resyncs_total"] == 0 and state["bad_frames_total"] == 0
@@ -96,7 +75,7 @@ def test_state_and_metrics_show_each_workers_index(stack: tuple[Service, Service
     dead = index()["plain"]
     assert not dead["connected"] and not dead["usable"] and dead["blocks"] == {}
 
-    metrics = _get(f"{proxy.url}/metrics").decode()
+    metrics = get(f"{proxy.url}/metrics").decode()
     assert 'marsproxy_kv_index_blocks{medium="GPU",worker="kv"}' in metrics
     assert 'marsproxy_kv_events_total{worker="kv"}' in metrics
     assert 'marsproxy_kv_index_resyncs_total{worker="kv"} 0.0' in metrics
@@ -107,20 +86,20 @@ def test_a_restarted_worker_starts_its_index_over(stack: tuple[Service, Service]
     kv, proxy = stack
 
     def kv_state() -> dict[str, Any]:
-        return json.loads(_get(f"{proxy.url}/mars/v1/state"))["kv_index"]["kv"]  # type: ignore[no-any-return]
+        return json.loads(get(f"{proxy.url}/mars/v1/state"))["kv_index"]["kv"]  # type: ignore[no-any-return]
 
-    _until("a connection", lambda: kv_state()["connected"])
+    until("a connection", lambda: kv_state()["connected"])
     for i in range(6):
         _chat(proxy.url, f"r{i}", f"first life {i} " * 30)
-    before = _until("blocks", lambda: kv_state()["blocks"].get("GPU"))
+    before = until("blocks", lambda: kv_state()["blocks"].get("GPU"))
     kv.kill()
-    _until("the disconnect", lambda: not kv_state()["connected"])
+    until("the disconnect", lambda: not kv_state()["connected"])
     assert not kv_state()["usable"]
     kv.start()  # the same ports: a new process, its sequence numbers from 0 again
-    _until("the reconnect", lambda: kv_state()["connects_total"] >= 2)
-    state = _until("the new index", lambda: kv_state() if kv_state()["usable"] else None,
+    until("the reconnect", lambda: kv_state()["connects_total"] >= 2)
+    state = until("the new index", lambda: kv_state() if kv_state()["usable"] else None,
                    timeout_s=30)
     assert state["blocks"].get("GPU", 0) == 0 < before  # the old process's blocks are gone
     for i in range(6):
         _chat(proxy.url, f"n{i}", f"second life {i} " * 30)
-    _until("blocks of the new process", lambda: kv_state()["blocks"].get("GPU"))
+    until("blocks of the new process", lambda: kv_state()["blocks"].get("GPU"))

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +17,11 @@ import pytest
 import yaml
 
 from marsproxy.bench.procs import Service, free_port
-
-
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body: bytes = r.read()
-    return body
+from tests.e2e.http_calls import chat, get, until
 
 
 def _chat(url: str, session: str, messages: list[dict[str, str]]) -> None:
-    body = json.dumps({"model": "tiny-emulated", "max_tokens": 4, "ignore_eos": True,
-                       "messages": messages})
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body.encode(), headers={
-        "content-type": "application/json", "x-session-id": session})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
-
-
-def _until(what: str, probe: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    chat(url, session, messages, max_tokens=4)
 
 
 def _stack(tmp_path: Path, policy: str) -> Iterator[Service]:
@@ -84,7 +61,7 @@ def least_loaded_proxy(tmp_path: Path) -> Iterator[Service]:
 
 
 def _state(url: str) -> dict[str, Any]:
-    return json.loads(_get(f"{url}/mars/v1/state?sessions=1"))  # type: ignore[no-any-return]
+    return json.loads(get(f"{url}/mars/v1/state?sessions=1"))  # type: ignore[no-any-return]
 
 
 def _worker_of(url: str, session: str) -> str:
@@ -105,10 +82,10 @@ _SHARED = [{"role": "system", "content": "You are a careful coding agent. " * 60
 
 
 def _place_group(url: str) -> dict[str, str]:
-    _until("usable indexes", lambda: _usable(url))
+    until("usable indexes", lambda: _usable(url))
     _chat(url, "seed", [*_SHARED, {"role": "user", "content": "task seed"}])
     seed = _worker_of(url, "seed")
-    _until("the seed's blocks in the index",
+    until("the seed's blocks in the index",
            lambda: _state(url)["kv_index"][seed]["blocks"].get("GPU"))
     _chat(url, "same", [*_SHARED, {"role": "user", "content": "task two"}])
     _chat(url, "other", [{"role": "user", "content": "an unrelated prompt " * 50}])
@@ -116,7 +93,7 @@ def _place_group(url: str) -> dict[str, str]:
 
 
 def _predictions(url: str) -> dict[str, float]:
-    text = _get(f"{url}/metrics").decode()
+    text = get(f"{url}/metrics").decode()
     out: dict[str, float] = {}
     for m in re.finditer(r'marsproxy_kv_predictions_total\{outcome="(\w+)",worker="\w+"\} '
                          r'([0-9.e+]+)', text):

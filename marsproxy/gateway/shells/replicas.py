@@ -52,6 +52,10 @@ class Replicas:
         # One replica on the in-process store: nobody else could read a record.
         return self.store.mode != "memory"
 
+    def carried_tool_s(self, key: str) -> float | None:
+        """The usual tool time another replica knew of an adopted session (``None``: none)."""
+        return self._carried_tool_s.get(key)
+
     def usual_tool_s(self, key: str) -> float | None:
         usual = self.tracker.predicted_duration(key)
         return usual if usual is not None else self._carried_tool_s.get(key)

@@ -194,7 +194,8 @@ class Gateway:
         request) what its end means for admission; the shells carry it out."""
         u = usage or Usage()
         ticket = None if prepared is None else prepared.ticket
-        usual = None if self.admission is None else self.admission.replicas.usual_tool_s(key)
+        # The plane asks the tracker first; an adopted session's carried estimate is the fallback.
+        usual = None if self.admission is None else self.admission.replicas.carried_tool_s(key)
         end = self.plane.call_end(
             self.now(), key, ticket, ok=ok and usage is not None, admitted=admitted,
             prompt_tokens=None if usage is None else u.prompt_tokens,

@@ -8,6 +8,7 @@ sets it); every test in this folder is skipped otherwise, saying which is missin
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -77,3 +78,21 @@ def vllm_dev(start_vllm: StartVllm) -> Iterator[str]:
 def real_vllm_run_dir() -> Path:
     """Where start.sh writes each server's pid file (``vllm-PORT.pid``)."""
     return Path(os.environ.get("RUN_DIR") or HOME / "run")
+
+
+# The KV-event modules' server: a small cache (evictions within a few prompts) that publishes
+# its KV events (and keeps them for replay); each module starts its own, from a clean cache.
+KV_BLOCK_SIZE, KV_NUM_BLOCKS = 32, 40
+
+
+@pytest.fixture(scope="module")
+def vllm_kv(start_vllm: StartVllm) -> Iterator[tuple[str, int, int]]:
+    """(url, publisher port, replay port)."""
+    pub, replay = free_port(), free_port()
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+           "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv"}
+    with start_vllm("fcfs", "--kv-events-config", json.dumps(cfg),
+                    "--enable-prompt-tokens-details", NUM_BLOCKS=str(KV_NUM_BLOCKS),
+                    BLOCK_SIZE=str(KV_BLOCK_SIZE),
+                    MAX_MODEL_LEN=str((KV_NUM_BLOCKS - 4) * KV_BLOCK_SIZE)) as url:
+        yield url, pub, replay

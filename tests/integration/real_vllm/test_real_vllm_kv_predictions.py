@@ -10,35 +10,19 @@ the cache when it is made; the requests running beside it evict before the engin
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from marsproxy.bench.procs import free_port
 from marsproxy.config import load_config
 from marsproxy.gateway.http.app import Running, start
 
-BLOCK_SIZE, NUM_BLOCKS = 32, 40
 SETTLE_S = 0.3  # serial: the previous call's last KV events reach the index meanwhile
 VOCAB = ("alpha", "beta", "gamma", "delta", "kernel", "queue", "thread", "buffer", "socket",
          "parse", "render", "commit", "branch", "merge", "token", "block", "cache", "prefix")
 OUTCOMES = ("exact", "within_block", "off")
-
-
-@pytest.fixture(scope="module")
-def vllm_kv(start_vllm: Any) -> Iterator[tuple[str, int, int]]:
-    pub, replay = free_port(), free_port()
-    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
-           "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv"}
-    with start_vllm("fcfs", "--kv-events-config", json.dumps(cfg),
-                    "--enable-prompt-tokens-details", NUM_BLOCKS=str(NUM_BLOCKS),
-                    BLOCK_SIZE=str(BLOCK_SIZE),
-                    MAX_MODEL_LEN=str((NUM_BLOCKS - 4) * BLOCK_SIZE)) as url:
-        yield url, pub, replay
 
 
 @pytest.fixture
