@@ -246,9 +246,8 @@ class ServiceClasses(_Section):
     )
     by_tenant: dict[str, str] = Field(
         {},
-        description="Tenant id (a hash of the API key: docs/admission.md, 'Service classes and"
-        " tenant shares') → its class: the class it gets by default and the highest it may ask"
-        " for by header.",
+        description="Tenant id (a hash of the API key: docs/sharing.md) → its class: the class"
+        " it gets by default and the highest it may ask for by header.",
     )
 
     @model_validator(mode="after")
