@@ -33,12 +33,21 @@ def _css(browser: Any, selector: str) -> list[Any]:
 
 
 def _wait(browser: Any, cond: Any, timeout_s: float, what: str) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # The page redraws its tables on every poll: an element found a moment ago may be gone.
+    wait = WebDriverWait(browser, timeout_s, poll_frequency=0.05,
+                         ignored_exceptions=(StaleElementReferenceException,))
     try:
-        return WebDriverWait(browser, timeout_s, poll_frequency=0.05).until(lambda d: cond(d))
+        return wait.until(lambda d: cond(d))
     except Exception as exc:
         raise AssertionError(f"{what}: not within {timeout_s} s") from exc
+
+
+def _read(browser: Any, read: Any) -> Any:
+    """One read of the page, retried when a redraw replaced an element between find and read."""
+    return _wait(browser, lambda d: (read(d),), 5, "a read of the page")[0]
 
 
 def _conn(browser: Any) -> str:
@@ -56,7 +65,7 @@ def _live_events_on(browser: Any, s: Any) -> None:
     toggle = _css(browser, "#events-live")[0]
     assert not toggle.is_selected()
     toggle.click()
-    assert "builds every event" in _css(browser, "#events-note")[0].text
+    assert "builds every event" in _read(browser, lambda d: _css(d, "#events-note")[0].text)
     _wait(browser, lambda d: s.state()["events"]["subscribers"] == 1, 10,
           "the page reading the event stream")
     _wait_live(browser)
@@ -78,14 +87,15 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
         browser.get(s.url + "/mars/ui")
         _wait_live(browser)
         _wait(browser, lambda d: len(_css(d, "#workers .worker")) == 2, 5, "worker cards")
-        names = [c.get_attribute("data-name") for c in _css(browser, "#workers .worker")]
+        names = _read(browser, lambda d: [c.get_attribute("data-name")
+                                          for c in _css(d, "#workers .worker")])
         assert names == ["w0", "w1"]
 
         # Live events are off by default: the page reads no event stream (the proxy counts no
         # reader, so its request path builds no events), yet an admission is on the page
         # within 2 s of the request's answer through the state poll.
         assert not _css(browser, "#events-live")[0].is_selected()
-        assert "build every event" in _css(browser, "#events-note")[0].text
+        assert "build every event" in _read(browser, lambda d: _css(d, "#events-note")[0].text)
         assert s.chat("ui-first") == 200
         _wait(browser, lambda d: "ui-first" in _rows(d, "sessions"), 2.0,
               "ui-first in the sessions table")
@@ -93,8 +103,8 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
               or _css(d, ".worker .admitted")[1].text.endswith("1"), 2.0,
               "the admission on a worker card")
         assert s.state()["events"]["subscribers"] == 0
-        assert not _css(browser, "#events tbody tr")
-        assert "0 readers" in _css(browser, "#store")[0].text
+        assert not _read(browser, lambda d: _css(d, "#events tbody tr"))
+        assert "0 readers" in _read(browser, lambda d: _css(d, "#store")[0].text)
 
         # Turned on, the stream opens and new admissions show up in the event list.
         _live_events_on(browser, s)
@@ -120,12 +130,12 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
             waiters.append(t)
         _wait(browser, lambda d: sorted(_rows(d, "queue")) == ["ui-wait-1", "ui-wait-2"], 10,
               "two sessions in the queue")
-        why = _css(browser, "#queue-why")[0].text
+        why = _read(browser, lambda d: _css(d, "#queue-why")[0].text)
         assert "w0: full 1/1 (window)" in why and "w1: full 1/1 (window)" in why, why
-        row = _css(browser, "#queue tbody tr")[0].text
+        row = _read(browser, lambda d: _css(d, "#queue tbody tr")[0].text)
         assert row.endswith(" s"), row  # the Retry-After column
-        assert _css(browser, "#queue-count")[0].text == "2"
-        binds = {c.text for c in _css(browser, ".worker .binds")}
+        assert _read(browser, lambda d: _css(d, "#queue-count")[0].text) == "2"
+        binds = _read(browser, lambda d: {c.text for c in _css(d, ".worker .binds")})
         assert binds == {"binds\nwindow"}, binds
         time.sleep(3)  # a little history on the charts
         screenshot("ui")
@@ -193,7 +203,7 @@ def test_behind_the_admin_token(browser: Any, screenshot: Any, tmp_path: Path) -
             d, '#events tr[data-type="session_admitted"][data-session="ui-token-session"]'),
             2.0, "the admission behind the token")
         if redis:
-            assert _css(browser, "#store-backend")[0].text.startswith("redis")
+            assert _read(browser, lambda d: _css(d, "#store-backend")[0].text).startswith("redis")
             _wait(browser, lambda d: _css(d, "#store-replicas")[0].text == "1", 10,
                   "one live replica in the store")
         # The token stays in a header: not in the page's URL, not in the proxy's access log.
@@ -229,9 +239,9 @@ def test_a_thousand_sessions_stay_paged(browser: Any, tmp_path: Path) -> None:
         assert errors == []
         _wait(browser, lambda d: _css(d, "#sessions-count")[0].text == "1000", 10,
               "1000 sessions counted")
-        rows = _rows(browser, "sessions")
+        rows = _read(browser, lambda d: _rows(d, "sessions"))
         assert len(rows) == 50 and set(rows) <= set(ids)
-        assert 0 < len(_css(browser, "#events tbody tr")) <= 200
+        assert 0 < _read(browser, lambda d: len(_css(d, "#events tbody tr"))) <= 200
         _css(browser, "#sessions-next")[0].click()
         _wait(browser, lambda d: _css(d, "#sessions-page")[0].text == "page 2 of 20", 5,
               "page 2")
