@@ -45,9 +45,24 @@ def _wait(browser: Any, cond: Any, timeout_s: float, what: str) -> Any:
         raise AssertionError(f"{what}: not within {timeout_s} s") from exc
 
 
-def _read(browser: Any, read: Any) -> Any:
-    """One read of the page, retried when a redraw replaced an element between find and read."""
-    return _wait(browser, lambda d: (read(d),), 5, "a read of the page")[0]
+def _attrs(browser: Any, selector: str, attr: str) -> list[str]:
+    """An attribute of every match, read in one script: the page cannot redraw halfway."""
+    return list(browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]),"
+        " e => String(e.getAttribute(arguments[1])))", selector, attr))
+
+
+def _texts(browser: Any, selector: str) -> list[str]:
+    """The rendered text of every match, read in one script."""
+    return list(browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)",
+        selector))
+
+
+def _text(browser: Any, selector: str) -> str:
+    texts = _texts(browser, selector)
+    assert texts, f"nothing on the page matches {selector}"
+    return texts[0]
 
 
 def _conn(browser: Any) -> str:
@@ -56,7 +71,7 @@ def _conn(browser: Any) -> str:
 
 def _wait_live(browser: Any, timeout_s: float = 20.0) -> None:
     # "live" in full: the state answers and, with live events on, the event stream is open.
-    _wait(browser, lambda d: _conn(d) == "live" and _css(d, "#conn")[0].text == "live",
+    _wait(browser, lambda d: _conn(d) == "live" and _text(d, "#conn") == "live",
           timeout_s, "page live")
 
 
@@ -65,7 +80,7 @@ def _live_events_on(browser: Any, s: Any) -> None:
     toggle = _css(browser, "#events-live")[0]
     assert not toggle.is_selected()
     toggle.click()
-    assert "builds every event" in _read(browser, lambda d: _css(d, "#events-note")[0].text)
+    assert "builds every event" in _text(browser, "#events-note")
     _wait(browser, lambda d: s.state()["events"]["subscribers"] == 1, 10,
           "the page reading the event stream")
     _wait_live(browser)
@@ -76,7 +91,7 @@ def _severe(browser: Any) -> list[str]:
 
 
 def _rows(browser: Any, table: str) -> list[str]:
-    return [str(r.get_attribute("data-session")) for r in _css(browser, f"#{table} tbody tr")]
+    return _attrs(browser, f"#{table} tbody tr", "data-session")
 
 
 def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
@@ -87,24 +102,22 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
         browser.get(s.url + "/mars/ui")
         _wait_live(browser)
         _wait(browser, lambda d: len(_css(d, "#workers .worker")) == 2, 5, "worker cards")
-        names = _read(browser, lambda d: [c.get_attribute("data-name")
-                                          for c in _css(d, "#workers .worker")])
+        names = _attrs(browser, "#workers .worker", "data-name")
         assert names == ["w0", "w1"]
 
         # Live events are off by default: the page reads no event stream (the proxy counts no
         # reader, so its request path builds no events), yet an admission is on the page
         # within 2 s of the request's answer through the state poll.
         assert not _css(browser, "#events-live")[0].is_selected()
-        assert "build every event" in _read(browser, lambda d: _css(d, "#events-note")[0].text)
+        assert "build every event" in _text(browser, "#events-note")
         assert s.chat("ui-first") == 200
         _wait(browser, lambda d: "ui-first" in _rows(d, "sessions"), 2.0,
               "ui-first in the sessions table")
-        _wait(browser, lambda d: _css(d, ".worker .admitted")[0].text.endswith("1")
-              or _css(d, ".worker .admitted")[1].text.endswith("1"), 2.0,
-              "the admission on a worker card")
+        _wait(browser, lambda d: any(t.endswith("1") for t in _texts(d, ".worker .admitted")),
+              2.0, "the admission on a worker card")
         assert s.state()["events"]["subscribers"] == 0
-        assert not _read(browser, lambda d: _css(d, "#events tbody tr"))
-        assert "0 readers" in _read(browser, lambda d: _css(d, "#store")[0].text)
+        assert not _texts(browser, "#events tbody tr")
+        assert "0 readers" in _text(browser, "#store")
 
         # Turned on, the stream opens and new admissions show up in the event list.
         _live_events_on(browser, s)
@@ -130,12 +143,12 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
             waiters.append(t)
         _wait(browser, lambda d: sorted(_rows(d, "queue")) == ["ui-wait-1", "ui-wait-2"], 10,
               "two sessions in the queue")
-        why = _read(browser, lambda d: _css(d, "#queue-why")[0].text)
+        why = _text(browser, "#queue-why")
         assert "w0: full 1/1 (window)" in why and "w1: full 1/1 (window)" in why, why
-        row = _read(browser, lambda d: _css(d, "#queue tbody tr")[0].text)
+        row = _text(browser, "#queue tbody tr")
         assert row.endswith(" s"), row  # the Retry-After column
-        assert _read(browser, lambda d: _css(d, "#queue-count")[0].text) == "2"
-        binds = _read(browser, lambda d: {c.text for c in _css(d, ".worker .binds")})
+        assert _text(browser, "#queue-count") == "2"
+        binds = set(_texts(browser, ".worker .binds"))
         assert binds == {"binds\nwindow"}, binds
         time.sleep(3)  # a little history on the charts
         screenshot("ui")
@@ -191,7 +204,7 @@ def test_behind_the_admin_token(browser: Any, screenshot: Any, tmp_path: Path) -
             _css(browser, "#token-submit")[0].click()
 
         submit("not-the-token")
-        _wait(browser, lambda d: "refused" in _css(d, "#token-why")[0].text, 10,
+        _wait(browser, lambda d: "refused" in _text(d, "#token-why"), 10,
               "a wrong token is refused")
         submit(TOKEN)
         _wait_live(browser)
@@ -203,8 +216,8 @@ def test_behind_the_admin_token(browser: Any, screenshot: Any, tmp_path: Path) -
             d, '#events tr[data-type="session_admitted"][data-session="ui-token-session"]'),
             2.0, "the admission behind the token")
         if redis:
-            assert _read(browser, lambda d: _css(d, "#store-backend")[0].text).startswith("redis")
-            _wait(browser, lambda d: _css(d, "#store-replicas")[0].text == "1", 10,
+            assert _text(browser, "#store-backend").startswith("redis")
+            _wait(browser, lambda d: _text(d, "#store-replicas") == "1", 10,
                   "one live replica in the store")
         # The token stays in a header: not in the page's URL, not in the proxy's access log.
         assert TOKEN not in browser.current_url
@@ -237,13 +250,13 @@ def test_a_thousand_sessions_stay_paged(browser: Any, tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=180)
         assert errors == []
-        _wait(browser, lambda d: _css(d, "#sessions-count")[0].text == "1000", 10,
+        _wait(browser, lambda d: _text(d, "#sessions-count") == "1000", 10,
               "1000 sessions counted")
-        rows = _read(browser, lambda d: _rows(d, "sessions"))
+        rows = _rows(browser, "sessions")
         assert len(rows) == 50 and set(rows) <= set(ids)
-        assert 0 < _read(browser, lambda d: len(_css(d, "#events tbody tr"))) <= 200
+        assert 0 < len(_texts(browser, "#events tbody tr")) <= 200
         _css(browser, "#sessions-next")[0].click()
-        _wait(browser, lambda d: _css(d, "#sessions-page")[0].text == "page 2 of 20", 5,
+        _wait(browser, lambda d: _text(d, "#sessions-page") == "page 2 of 20", 5,
               "page 2")
         _wait(browser, lambda d: set(_rows(d, "sessions")).isdisjoint(rows), 5,
               "other sessions on page 2")

@@ -56,7 +56,7 @@ async def test_the_record_carries_the_session_to_the_next_replica(
             raw = await r.get(key)
             return None if raw is None else dict(json.loads(raw))
 
-        for _ in range(100):
+        for _ in range(500):  # up to 10 s: the save is a task of its own on a busy machine
             rec = await recorded()
             if rec is not None and rec.get("attained_tokens"):
                 break  # the record saved after the call (the one at admission has no usage)
@@ -66,7 +66,7 @@ async def test_the_record_carries_the_session_to_the_next_replica(
         # The window is full (1), yet b serves the session's next turn at once.
         assert (await asyncio.wait_for(b.chat("s", content="hello " * 210), 5))[0] == 200
         rec2 = None
-        for _ in range(100):
+        for _ in range(500):  # up to 10 s: the save is a task of its own on a busy machine
             rec2 = await recorded()
             if rec2 is not None and rec2["turns"] == 2:
                 break
@@ -75,7 +75,7 @@ async def test_the_record_carries_the_session_to_the_next_replica(
         assert rec2["attained_tokens"] > rec["attained_tokens"]
         assert rec2["replica"] != rec["replica"]
         assert (await b.chat("s", final=True))[0] == 200
-        for _ in range(100):
+        for _ in range(500):  # up to 10 s: the save is a task of its own on a busy machine
             if await r.get(key) is None:
                 break
             await asyncio.sleep(0.02)
@@ -133,7 +133,7 @@ async def test_an_idle_timeout_on_the_replica_a_session_left_does_not_end_it(
         assert await r.zrange("mars:{idle}:adm:w0", 0, -1) == ["anon/id/s"]
         assert await r.get("mars:{idle}:sess:anon/id/s") is not None
         assert (await b.chat("s", final=True))[0] == 200
-        for _ in range(100):
+        for _ in range(500):  # up to 10 s: the save is a task of its own on a busy machine
             if await r.zcard("mars:{idle}:adm:w0") == 0:
                 break
             await asyncio.sleep(0.02)
