@@ -1,10 +1,10 @@
 """The request handlers: scheduled routes (session → worker, usage, SSE relay) and pass-through.
 
 Each handler keeps a ``Clock`` so the ``x-marsproxy-overhead-ms`` header reports the time spent
-in the proxy, less the wait for the worker and for an admission or dispatch slot. The work after
-the response (metrics, ``llm_end``, the session table, the end of a final session) runs before
-aiohttp sends a response with a body, so that header is written last and counts it; a stream's
-header leaves first, and only ``marsproxy_proxy_overhead_seconds`` counts its after-work.
+in the proxy until the response leaves, less the wait for the worker and for an admission or
+dispatch slot. The work after the response (metrics, ``llm_end``, the session table, the end of
+a final session) runs right after it has left, without waiting on anything (with the in-memory
+store), so the client does not wait for it; ``marsproxy_proxy_overhead_seconds`` counts it too.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from marsproxy.core.identity import (
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
+from marsproxy.gateway.http.sse import body_usage_and_reply
 from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
@@ -63,16 +64,45 @@ class Relay:
         resp: web.StreamResponse | None = None
         try:
             resp = await self._scheduled(request, route, clock, out)
+            if not resp.prepared:
+                await self._send(request, resp, clock, out)
             return resp
         except asyncio.CancelledError:
             out.status = CLIENT_GONE
             raise
         finally:
             clock.tail_begins()
+            self._read_body(route, out)
             self._account(out, clock)
             self.events.ended(out, clock)
             self._close_turn(out, clock)
             self._observe(out, clock, resp)
+
+    @staticmethod
+    def _read_body(route: Route, out: Outcome) -> None:
+        """Usage (and a chain session's reply) of a JSON reply that has left."""
+        if out.body is None or out.turn_ref is None:
+            return
+        try:
+            out.usage, out.reply = body_usage_and_reply(
+                route, out.body, capture=out.turn_ref.capture_reply)
+        except (ValueError, TypeError, AttributeError) as exc:  # the client has it as it is
+            log.warning("%s reply of session %s: no usage read from it: %r", route,
+                        out.session, exc)
+
+    @staticmethod
+    async def _send(
+        request: web.Request, resp: web.StreamResponse, clock: Clock, out: Outcome
+    ) -> None:
+        """A response with a body leaves before the after-work (the call's and the session's
+        end, the release, the accounting), as a stream's last chunk does: the client does not
+        wait for it. The header says the proxy's time up to here; the histogram adds the rest."""
+        resp.headers.update(clock.header())
+        try:
+            await resp.prepare(request)
+            await resp.write_eof()
+        except ConnectionResetError:  # the client left: nothing to send it
+            out.status = CLIENT_GONE
 
     async def _scheduled(
         self, request: web.Request, route: Route, clock: Clock, out: Outcome
@@ -255,7 +285,7 @@ class Relay:
                     gw, self.events, request, route, opened, strip, turn, clock, out
                 )
             else:
-                resp = await buffered(gw, self.events, route, opened, turn, clock, out)
+                resp = await buffered(gw, self.events, route, opened, clock, out)
             completed = True
             return resp
         finally:

@@ -14,7 +14,7 @@ from aiohttp import web
 from marsproxy.core.identity import Route
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.errors import sse_error_event
-from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.http.sse import SSEFilter, StreamTap
 from marsproxy.gateway.http.upstream import Opened, response_headers
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
 from marsproxy.gateway.shells.service import Gateway
@@ -29,7 +29,6 @@ async def buffered(
     events: RequestEvents,
     route: Route,
     opened: Opened,
-    turn: Turn,
     clock: Clock,
     out: Outcome,
 ) -> web.StreamResponse:
@@ -64,8 +63,7 @@ async def buffered(
     body = b"".join(chunks)
     out.status = upstream.status
     if upstream.status < 400:
-        out.usage, out.reply = body_usage_and_reply(route, body, capture=turn.capture_reply)
-        out.ok = True
+        out.body, out.ok = body, True  # its usage is read after it has left (relay.py)
         events.first_token(out, clock)
     else:
         log.info("worker %s answered %d on %s", opened.worker.label, upstream.status, route)

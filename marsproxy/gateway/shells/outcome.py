@@ -33,10 +33,10 @@ class Clock:
     (``upstream_s``) and the time the request was deliberately held (``held_s``: the admission
     queue, the gated dispatch queue).
 
-    A response with a body (JSON, errors) is sent after the handler is done, so its header is
-    stamped last (:meth:`stamp`) and counts everything, the end of the session included. A
-    stream's header leaves before its body: it says the time to the headers
-    (:meth:`header` freezes that), and :meth:`total_s` adds the work after the stream's end.
+    The header says the time until the response leaves (:meth:`header` freezes it): a response
+    with a body (JSON, errors) is sent before the work after it, a stream's header before its
+    body. :meth:`total_s` adds that after-work (the end of the call and of the session, the
+    release, the accounting) for the histogram. A response never sent is stamped with all.
     """
 
     __slots__ = ("_tail_t", "frozen_s", "held_s", "t0", "upstream_s")
@@ -89,6 +89,7 @@ class Outcome:
         self.status = 500
         self.ok = False
         self.usage: Usage | None = None
+        self.body: bytes | None = None  # a JSON reply: read for usage once it has left
         self.reply: Reply | None = None
         self.session: str | None = None
         self.turn = 0

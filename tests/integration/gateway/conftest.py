@@ -85,6 +85,9 @@ class FakeWorker:
         try:
             if mode == "hang":
                 await asyncio.sleep(3600)
+            if mode == "odd":  # 200, JSON, fields of the wrong shape (a broken engine or shim)
+                return web.json_response({"usage": {"prompt_tokens": "x"},
+                                          "content": [7], "choices": 5})
             if mode == "404":
                 return web.json_response(
                     {
