@@ -331,11 +331,13 @@ class AdmissionCore(WorkerFit):
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
         prefix: Mapping[str, int] | None,
     ) -> Decision:
-        # Admission control off: the fewest sessions holding KV among placeable workers, ties
-        # in worker order, as the queue places; the window is ignored (also by prefix
-        # placement, the only reader of the full views here).
+        # Admission control off: the fewest sessions holding KV among healthy workers, ties in
+        # worker order; the window is ignored (also by prefix placement, the only reader of
+        # the full views here). Health is the only gate, as without a proxy: a worker whose
+        # metrics were not read yet (just started) takes its share at once; left out until
+        # the next tick, a burst of new sessions would all stay on the others.
         sig = self._signals
-        names = [w for w in self.workers if sig[w].healthy and not sig[w].stale]
+        names = [w for w in self.workers if sig[w].healthy]
         worker = min(names or self.workers, key=self.sessions.held_on)
         if prefix:
             views = [v for v in self._views() if v.name in names] or self._views()

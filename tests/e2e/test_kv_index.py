@@ -23,10 +23,28 @@ def _kv_flag(pub: int, replay: int) -> tuple[str, ...]:
         "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}))
 
 
-
-
 def _chat(url: str, session: str, text: str) -> None:
     chat(url, session, [{"role": "user", "content": text}], max_tokens=3)
+
+
+def _healthy(proxy: Service, name: str) -> bool:
+    """Whether the proxy's health check has seen worker ``name`` up: until it has, new
+    sessions all go to the other worker and nothing reaches this one."""
+    workers = json.loads(get(f"{proxy.url}/mars/v1/state"))["workers"]
+    return bool(next(w["healthy"] for w in workers if w["name"] == name))
+
+
+def _until_blocks(proxy: Service, index: Any, life: str) -> int:
+    """New sessions, one at a time, until the worker's index shows blocks of one of them.
+    Placement spreads new sessions over both workers, by what each holds at that moment,
+    so which of them reach the worker with the publisher depends on timing."""
+    for i in range(24):
+        _chat(proxy.url, f"{life}{i}", f"{life} life {i} " * 30)
+        try:
+            return int(until("blocks", lambda: index()["blocks"].get("GPU"), timeout_s=1.0))
+        except AssertionError:
+            continue
+    raise AssertionError(f"no blocks in the index after 24 {life} sessions")
 
 
 @pytest.fixture
@@ -64,6 +82,7 @@ def test_state_and_metrics_show_each_workers_index(stack: tuple[Service, Service
         return doc["kv_index"]  # type: ignore[no-any-return]
 
     until("a connection to the live publisher", lambda: index()["kv"]["connected"])
+    until("both workers healthy", lambda: _healthy(proxy, "kv") and _healthy(proxy, "plain"))
     shared = "You are a careful coding agent working in a large repository. " * 8
     for i in range(8):  # sessions spread over both workers; placement keeps each on one
         _chat(proxy.url, f"s{i}", shared + f"task {i}")
@@ -89,9 +108,8 @@ def test_a_restarted_worker_starts_its_index_over(stack: tuple[Service, Service]
         return json.loads(get(f"{proxy.url}/mars/v1/state"))["kv_index"]["kv"]  # type: ignore[no-any-return]
 
     until("a connection", lambda: kv_state()["connected"])
-    for i in range(6):
-        _chat(proxy.url, f"r{i}", f"first life {i} " * 30)
-    before = until("blocks", lambda: kv_state()["blocks"].get("GPU"))
+    until("both workers healthy", lambda: _healthy(proxy, "kv") and _healthy(proxy, "plain"))
+    before = _until_blocks(proxy, kv_state, "first")
     kv.kill()
     until("the disconnect", lambda: not kv_state()["connected"])
     assert not kv_state()["usable"]
@@ -100,6 +118,5 @@ def test_a_restarted_worker_starts_its_index_over(stack: tuple[Service, Service]
     state = until("the new index", lambda: kv_state() if kv_state()["usable"] else None,
                    timeout_s=30)
     assert state["blocks"].get("GPU", 0) == 0 < before  # the old process's blocks are gone
-    for i in range(6):
-        _chat(proxy.url, f"n{i}", f"second life {i} " * 30)
-    until("blocks of the new process", lambda: kv_state()["blocks"].get("GPU"))
+    until("the worker healthy again", lambda: _healthy(proxy, "kv"))
+    _until_blocks(proxy, kv_state, "second")

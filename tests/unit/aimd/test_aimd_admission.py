@@ -183,6 +183,15 @@ def test_disabled_admits_everything() -> None:
     assert c.sessions.admitted_on("w0") == 5 and len(c.queue) == 0
 
 
+def test_disabled_places_on_healthy_workers_whose_metrics_are_not_read_yet() -> None:
+    # Admission off: health is the only gate. A worker the probes have not read yet (it just
+    # started) takes its share of a burst at once; an unhealthy one takes none.
+    c = core(("w0", "w1", "w2"), enabled=False)
+    c.tick(0.2, {"w0": sig(), "w1": sig(stale=True), "w2": sig(healthy=False)})
+    placed = [c.on_request(1.0, f"s{i}", "t", 10).worker for i in range(6)]
+    assert placed == ["w0", "w1"] * 3
+
+
 def test_window_change_events_from_tick() -> None:
     c = core()
     acts = c.tick(0.2, {"w0": sig(kv_usage=0.95)})
