@@ -35,7 +35,7 @@ from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.tickets import Ticket
 from marsproxy.sim.agents import Agent, Prompts
 from marsproxy.sim.cpu import ProcessorSharing
-from marsproxy.sim.proxy import SimProxy
+from marsproxy.sim.proxy import TENANT, SimProxy
 from marsproxy.sim.setup import SimSetup
 from marsproxy.sim.trees import TreeRunner
 
@@ -113,7 +113,8 @@ class Simulation:
         for i, plan in enumerate(self.workload.sessions):
             llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
             agent = Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
-                                                   len(plan.turns), tree=tree_of(plan)))
+                                                   len(plan.turns), tree=tree_of(plan),
+                                                   group=plan.mix))
             self._agents[plan.id] = agent
             if plan.parent is None:
                 self._push(plan.arrival_s, "arrive", agent)
@@ -173,7 +174,8 @@ class Simulation:
         if self.proxy.plane.wants_tick(sid):  # as the gateway: the engines are seen at once
             self._carry(now, self.proxy.tick(now))
         ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final,
-                                 lambda: self.prompts.next(agent), agent.plan.parent)
+                                 lambda: self.prompts.next(agent), agent.plan.parent,
+                                 agent.plan.tenant or TENANT, agent.plan.cls)
         if ans.kind is DecisionKind.REJECT:
             self._carry(now, ans.outcome)
             self._fail(now, agent, ans.status or 429, ans.reason)
