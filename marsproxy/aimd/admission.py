@@ -305,7 +305,8 @@ class AdmissionCore(WorkerFit):
         taken = self.queue.select(now, self._views(now))
         for a in taken:
             self.sessions.admit(now, a.entry.session, a.worker)
-            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
+            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens,
+                             yields=self.queue.classes.rank(a.entry.cls) > 0)
             self._promise(a.entry.session, a.worker, a.entry.est_tokens)
         for a in taken:  # all of the pass counted: a move sees every slot it took
             a = self._by_prefix(a)

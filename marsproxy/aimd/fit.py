@@ -135,6 +135,27 @@ class WorkerFit:
                                       self.cfg.kv_reserve_frac,
                                       self.peak_factor(worker, committed_tokens))
 
+    def first_room(self, worker: str) -> int | None:
+        """The first service class's KV budget on ``worker`` while sessions of later classes
+        hold KV there (``None``: none do, or no forecast fit): the forecast-peak fit against
+        the first class's own sessions, as the later classes' KV yields to it (their calls run
+        after the first class's and are the ones the engine preempts)."""
+        s = self._signals[worker]
+        if s.stale or not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
+            return None
+        first, later = self.peaks.held_by_class(worker)
+        if not later:
+            return None
+        bs = s.block_size or DEFAULT_BLOCK_SIZE
+        committed = self.peaks.committed_tokens(worker, s.sessions_elsewhere, first_only=True)
+        if first + s.sessions_elsewhere < self.cfg.tuning.peak_free_sessions:
+            # As the forecast fit of a worker with few sessions: the first prompt fits beside
+            # what the others are forecast to hold, its own growth not asked for.
+            return self.peaks.room_blocks(committed, s.total_blocks, bs,
+                                          self.cfg.kv_reserve_frac, growth=1.0)
+        return self.peaks.room_blocks(committed, s.total_blocks, bs, self.cfg.kv_reserve_frac,
+                                      self.peak_factor(worker, committed))
+
     def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
         """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
         (``overlap.py``), or ``peak_overcommit_max`` while a preemption there is cheap (see
@@ -235,7 +256,7 @@ class WorkerFit:
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
-                held=self.sessions.held_on(w),
+                held=self.sessions.held_on(w), first_budget_blocks=self.first_room(w),
             ))
         return out
 

@@ -37,6 +37,8 @@ class _Session:
     observed: bool = False
     held: bool = True
     """Counted in the worker's committed forecasts (false: dormant past its KV hold)."""
+    yields: bool = False
+    """Of a later service class: its KV yields to the first class's (see ``first_only``)."""
 
 
 class PeakForecast:
@@ -53,10 +55,11 @@ class PeakForecast:
         self._sessions: dict[str, _Session] = {}
 
     # -- sessions -------------------------------------------------------------------------
-    def admit(self, session: str, worker: str, est_tokens: int) -> None:
-        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``."""
+    def admit(self, session: str, worker: str, est_tokens: int, *, yields: bool = False) -> None:
+        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``;
+        ``yields``: it is of a later service class than the first."""
         est = max(0, est_tokens)
-        self._sessions[session] = _Session(worker, est, est)
+        self._sessions[session] = _Session(worker, est, est, yields=yields)
 
     def move(self, session: str, worker: str) -> None:
         s = self._sessions.get(session)
@@ -112,14 +115,26 @@ class PeakForecast:
             return 0
         return max(s.context, math.ceil(s.first * self.growth()))
 
-    def committed_tokens(self, worker: str, elsewhere: int = 0) -> int:
+    def held_by_class(self, worker: str) -> tuple[int, int]:
+        """(sessions of the first class, of later classes) holding KV on ``worker``."""
+        first = later = 0
+        for s in self._sessions.values():
+            if s.worker == worker and s.held:
+                later += s.yields
+                first += not s.yields
+        return first, later
+
+    def committed_tokens(self, worker: str, elsewhere: int = 0, *,
+                         first_only: bool = False) -> int:
         """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
-        (in a call, or dormant within their hold), plus ``elsewhere``
+        (in a call, or dormant within their hold; ``first_only``: those of the first service
+        class alone), plus ``elsewhere``
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
         mine = [max(s.context, math.ceil(s.first * g))
-                for s in self._sessions.values() if s.worker == worker and s.held]
+                for s in self._sessions.values()
+                if s.worker == worker and s.held and not (first_only and s.yields)]
         total = sum(mine)
         if elsewhere > 0:
             if mine:
@@ -156,7 +171,7 @@ class PeakForecast:
 
     def room_blocks(
         self, committed_tokens: int, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0,
+        overcommit: float = 1.0, growth: float | None = None,
     ) -> int:
         """Blocks of *first prompt* a new session may have on a worker whose admitted sessions'
         forecasts sum to ``committed_tokens`` (:meth:`committed_tokens`), so that its forecast
@@ -164,7 +179,7 @@ class PeakForecast:
         negative)."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
         committed = math.ceil(committed_tokens / block_size)
-        return math.floor((usable - committed) / self.growth())
+        return math.floor((usable - committed) / (growth or self.growth()))
 
     def __len__(self) -> int:
         return len(self._sessions)

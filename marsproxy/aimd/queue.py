@@ -213,7 +213,7 @@ class AdmissionQueue:
             if w.peak_room_blocks is not None:
                 pack = min(pack, w.peak_room_blocks)
         return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                     w.long_admitted)
+                     w.long_admitted, first=w.first_budget_blocks)
 
     def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
         # Class by class, the tenants in turn, each with its urgent sessions first (deadline
@@ -292,24 +292,22 @@ class AdmissionQueue:
         the way."""
         best: Room | None = None
         capped = False
-        later = self.classes.rank(e.cls) > 0
+        first = self.classes.rank(e.cls) == 0
         for r in rooms:
             if r.slots <= 0:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
-            if later and r.view.total_blocks:
-                # The first class's reserve: the later ones leave it free.
-                blocks += math.ceil(self.classes.reserve_frac * r.view.total_blocks)
+            budget = r.budget_of(first)
             if e.long and shorts_wait:
                 if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
-                    capped = capped or fits(blocks, r.budget)
+                    capped = capped or fits(blocks, budget)
                     continue
-                ok = fits(blocks, r.budget)
+                ok = fits(blocks, budget)
             elif e.long:
                 # Only long ones wait: pack them into a fraction of free KV, no count cap.
-                ok = fits(blocks, r.pack if r.pack is not None else r.budget)
+                ok = fits(blocks, r.pack if r.pack is not None else budget)
             else:
-                ok = fits(blocks, r.budget)
+                ok = fits(blocks, budget)
             if ok and (best is None or r.rank() > best.rank()):
                 best = r
         return best, capped and best is None

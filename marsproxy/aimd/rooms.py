@@ -49,6 +49,9 @@ class WorkerView:
     held: int | None = None
     """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
     the load placement balances; ``None``: as admitted."""
+    first_budget_blocks: int | None = None
+    """The first service class's budget while later classes hold KV there: their KV yields
+    to it (``None``: none do; the first class has ``budget_blocks`` as the others)."""
 
     @property
     def placeable(self) -> bool:
@@ -76,6 +79,14 @@ class Room:
     pack: int | None
     long_admitted: int
     placed: int = 0
+    first: int | None = None
+    """The first class's budget (``WorkerView.first_budget_blocks``), shrinking as ``budget``."""
+
+    def budget_of(self, first_class: bool) -> int | None:
+        """The budget a session of the first class (or of a later one) is fitted against."""
+        if first_class and self.first is not None:
+            return max(self.first, self.budget) if self.budget is not None else self.first
+        return self.budget
 
     def rank(self) -> tuple[int, int]:
         # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
@@ -107,7 +118,8 @@ def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
     for r in rooms:
         if r.slots <= 0:
             continue
-        cap = r.budget if shorts_wait or r.pack is None else max(r.pack, r.budget or 0)
+        budget = r.budget_of(True)
+        cap = budget if shorts_wait or r.pack is None else max(r.pack, budget or 0)
         if cap is None:
             return None
         best = max(best, cap * r.view.block_size)
@@ -121,6 +133,8 @@ def take(room: Room, e: QueueEntry) -> None:
     room.placed += 1
     if room.budget is not None:
         room.budget -= blocks
+    if room.first is not None:
+        room.first -= blocks
     if room.pack is not None:
         room.pack -= blocks
     if e.long:

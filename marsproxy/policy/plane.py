@@ -14,9 +14,7 @@ expiries (idle timeouts, KV holds, queue deadlines, pending deadlines) are decid
 
 Two clocks: ``now`` is the control clock (monotonic in the gateway); tool phases are timed on
 the tool clock ``at`` (wall time in the gateway, as clients report tool events with epoch
-timestamps). The simulator passes its one virtual clock as both.
-
-Pure code: no I/O.
+timestamps). The simulator passes its one virtual clock as both. Pure code: no I/O.
 """
 
 from __future__ import annotations
@@ -75,6 +73,8 @@ class ControlPlane:
         self.trees = Trees()
         """Agent trees (parent → children): see ``policy/trees.py``."""
         self.scheduler.parent_of = self.trees.parent_of
+        self._rank: dict[str, int] = {}  # session → class rank: a later class's calls go after
+        self.scheduler.class_rank = lambda s: self._rank.get(s, 0)
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -139,6 +139,8 @@ class ControlPlane:
             for w in self.workers:
                 core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
+        if self.phase(key) is Phase.ENDED:  # a new session (unknown class: the default's)
+            self._rank[key] = self.cfg.admission.classes.rank(cls or "")
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
                             child=child)
         out = Outcome()
@@ -146,6 +148,7 @@ class ControlPlane:
         if d.kind is DecisionKind.WAIT:
             self._arrival.setdefault(key, now)
         elif d.kind is DecisionKind.REJECT:
+            self._rank.pop(key, None)
             self.trees.ended(key)
             self._note(now, "refuse", key, d.reason)
         elif d.worker is not None and d.reason == "admission_disabled":
@@ -368,10 +371,12 @@ class ControlPlane:
             self._propose(a.entry.session, a.worker, a.idle, out, a.entry)
         for e in actions.expired:
             self._arrival.pop(e.session, None)
+            self._rank.pop(e.session, None)
             self._note(now, "refuse", e.session, e.reason)
             out.expired.append(e)
         for key, reason in actions.ended:
             self._arrival.pop(key, None)
+            self._rank.pop(key, None)
             self.trees.ended(key)
             self._note(now, "end", key, str(reason))
             out.ended.append(Ended(key, reason, self._held.pop(key, None),

@@ -68,6 +68,7 @@ class SchedulerCore:
         self.levels_total: dict[int, int] = dict.fromkeys(range(LOWEST + 1), 0)
         self.parent_of: Callable[[str], str | None] = lambda _s: None
         """A session's parent (agent trees; the plane sets it): see :meth:`_inherit`."""
+        self.class_rank: Callable[[str], int] = lambda _s: 0
 
     # -- configuration from the shell -----------------------------------------------------
     @property
@@ -109,6 +110,9 @@ class SchedulerCore:
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
         uncached = max(0, prompt_tokens - cached)
         lvl, prio = self._inherit(session, *self._level(sess, session, uncached))
+        rank = self.class_rank(session)
+        if rank and prio is not None:
+            prio += rank * (LOWEST + 1)
         sess.level = lvl
         blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
                                    self.facts[worker].block_size or 16)
@@ -183,11 +187,13 @@ class SchedulerCore:
     def in_flight(self, worker: str) -> int:
         return len(self._running[worker])
 
-    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, float, int]:
+    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, int, float, int]:
+        # Service classes first (a later class's calls go after the first's), then levels.
         aged = t.level
         if aged is not None:
             aged = max(0, aged - promotion(now - t.arrived, self.cfg))
-        return (aged if aged is not None else 0, t.priority or 0, t.arrived, t.call)
+        return (self.class_rank(t.session), aged if aged is not None else 0, t.priority or 0,
+                t.arrived, t.call)
 
     def queue(self, now: float, worker: str) -> list[Ticket]:
         """The worker's gated queue in release order (aged levels, then arrival)."""

@@ -264,3 +264,19 @@ def test_queue_and_ledger_views() -> None:
     assert core.modes["w"] == "gated" and core.cap("w") == 1 and core.in_flight("w") == 0
     assert [t.session for t in core.queue(1.0, "w")] == ["b"]
     assert [r.session for r in core.ledger.reservations("w")] == ["a"]
+
+
+def test_a_later_class_runs_after_the_first() -> None:
+    # The class rank comes before the level: in the gate, and in the engine's priority.
+    core = make()
+    core.class_rank = lambda s: 1 if s.startswith("batch") else 0
+    core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
+    first = core.arrive(0.0, "x", "w", 100)
+    assert core.release(0.0) == [first]
+    core.arrive(0.1, "batch", "w", 100)  # level 0, batch
+    core.arrive(0.2, "inter", "w", 20_000)  # level 2, first class
+    assert [t.session for t in core.queue(0.3, "w")] == ["inter", "batch"]
+    core.set_mode("w", "priority")
+    b, i = core.arrive(1.0, "batch2", "w", 100), core.arrive(1.0, "inter2", "w", 100)
+    assert b.level == i.level == 0
+    assert b.priority is not None and i.priority is not None and b.priority > i.priority
