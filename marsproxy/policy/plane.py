@@ -20,6 +20,7 @@ timestamps). The simulator passes its one virtual clock as both. Pure code: no I
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
 from marsproxy.aimd.order_index import QueueEntry
@@ -52,6 +53,7 @@ class ControlPlane:
         self.workers = tuple(workers)
         self.admission = AdmissionCore(cfg.admission, self.workers, cfg.placement)
         self.estimator = self.admission.estimator  # the one prompt estimator
+        peaks = self.admission.peaks
         s = cfg.scheduler
         self.scheduler = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
         # Nothing to schedule per call: the fcfs preset is a plain session-affine proxy.
@@ -60,8 +62,7 @@ class ControlPlane:
         self.tracker, self.tool_signal = tools or tool_plane(cfg.tools, tool_cpus)
         self.tool_cpus = tool_cpus
         self.log = log
-        self.observed: dict[str, WorkerObservation] = dict.fromkeys(
-            self.workers, WorkerObservation())
+        self.observed = dict.fromkeys(self.workers, WorkerObservation())
         self.signals: dict[str, WorkerSignals] = {}
         """What the admission core heard at the last tick."""
         self._arrival: dict[str, float] = {}  # waiting in the core since
@@ -70,11 +71,11 @@ class ControlPlane:
         self.kv_events: list[Event] = []
         """Retention verified and corrected (KV events): the driver takes and publishes them."""
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
-        self.trees = Trees()
-        """Agent trees (parent → children): see ``policy/trees.py``."""
+        self.trees = Trees()  # agent trees (parent → children): policy/trees.py
         self.scheduler.parent_of = self.trees.parent_of
         self._rank: dict[str, int] = {}  # session → class rank: a later class's calls go after
         self.scheduler.class_rank = lambda s: self._rank.get(s, 0)
+        self.scheduler.first_class_tokens = partial(peaks.committed_tokens, first_only=True)
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -139,8 +140,8 @@ class ControlPlane:
             for w in self.workers:
                 core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
-        if self.phase(key) is Phase.ENDED:  # a new session (unknown class: the default's)
-            self._rank[key] = self.cfg.admission.classes.rank(cls or "")
+        if self.phase(key) is Phase.ENDED and (r := self.cfg.admission.classes.rank(cls or "")):
+            self._rank[key] = r  # a later class's session
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
                             child=child)
         out = Outcome()
@@ -227,7 +228,7 @@ class ControlPlane:
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
                                   predicted_tool_s=self.tracker.predicted_duration(key),
-                                  gate=gate)
+                                  gate=gate or key in self._rank)  # a later class: gated
         self._note(now, "level", key, worker, t.level, t.priority, t.gated)
         return t
 

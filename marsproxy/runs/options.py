@@ -237,6 +237,14 @@ def check_policies(pols: list[str], sets: dict[str, Any]) -> None:
             proxy_config(p, sets, ["http://check"])
 
 
+def check_mix(groups: tuple[MixGroup, ...], sets: dict[str, Any]) -> None:
+    """``--classes`` names classes of the config (``admission.classes.order``)."""
+    order = proxy_config("mars", sets, ["http://check"]).admission.classes.order
+    bad = [g.name for g in groups if g.kind == "class" and g.name not in order]
+    if bad:
+        raise ValueError(f"--classes: unknown class {', '.join(bad)}; known: {', '.join(order)}")
+
+
 def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:
     """The proxy config of ``policy``: preset < ``--set`` overrides; env is not read."""
     return load_config(None, environ={}, overrides={**sets, "policy": policy, "workers": workers})

@@ -69,6 +69,10 @@ class SchedulerCore:
         self.parent_of: Callable[[str], str | None] = lambda _s: None
         """A session's parent (agent trees; the plane sets it): see :meth:`_inherit`."""
         self.class_rank: Callable[[str], int] = lambda _s: 0
+        """A session's service class's rank (0: the first; the plane sets it)."""
+        self.first_class_tokens: Callable[[str], int] = lambda _w: 0
+        """The KV the first class's sessions on a worker are forecast to hold (the plane
+        sets it): a later class's call is released only beside it (:meth:`_fits`)."""
 
     # -- configuration from the shell -----------------------------------------------------
     @property
@@ -208,7 +212,17 @@ class SchedulerCore:
 
     def _fits(self, worker: str, t: Ticket) -> bool:
         usable = self.usable_blocks(worker)
-        return usable is None or self.running_blocks(worker) + t.blocks <= usable
+        if usable is None:
+            return True
+        need = self.running_blocks(worker) + t.blocks
+        if self.class_rank(t.session):
+            # The engine does not preempt for a waiting call: a later class's call leaves the
+            # first class's sessions the room they are forecast to need (less what they run).
+            first = sum(r.blocks for r in self._running[worker].values()
+                        if not self.class_rank(r.session))
+            bs = self.facts[worker].block_size or 16
+            need += max(0, blocks_for_tokens(self.first_class_tokens(worker), bs) - first)
+        return need <= usable
 
     def _release_worker(self, now: float, w: str) -> list[Ticket]:
         out: list[Ticket] = []

@@ -123,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets, options.queue_deadline(args, args.horizon))
         options.check_policies(pols, sets)
+        options.check_mix(cases[0].spec.mix, sets)
         if not 0 <= args.busy_cpus < args.tool_cpus:
             raise ValueError(f"--busy-cpus must be >= 0 and below --tool-cpus"
                              f" ({args.tool_cpus}), got {args.busy_cpus}")

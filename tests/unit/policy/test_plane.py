@@ -89,6 +89,8 @@ def test_a_parent_admitted_on_another_replica_makes_a_child_ranked_first() -> No
 
 def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
     plane, _ = _plane()
+    for w in ("a", "b"):
+        plane.scheduler.set_mode(w, "priority")
     plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
     prios = {}
     for key, cls in (("i", "interactive"), ("b", "batch")):
@@ -97,7 +99,9 @@ def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
         assert ans.kind is DecisionKind.ADMITTED and p is not None
         t = plane.call_start(0.2, key, p.worker, chars=400, max_new_tokens=10)
         assert t is not None and t.priority is not None
+        assert t.gated is (cls == "batch")  # a later class's calls wait in the gate
         prios[key] = t.priority
     assert prios["i"] < prios["b"]  # lower runs sooner
+    assert plane.scheduler.class_rank("b") == 1
     plane.session_end(0.3, "b", EndReason.DELETED)
     assert plane.scheduler.class_rank("b") == 0  # nothing kept of an ended session
