@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -37,8 +37,6 @@ class _Session:
     observed: bool = False
     held: bool = True
     """Counted in the worker's committed forecasts (false: dormant past its KV hold)."""
-    yields: bool = False
-    """Of a later service class: its KV yields to the first class's (see ``first_only``)."""
 
 
 class PeakForecast:
@@ -55,11 +53,10 @@ class PeakForecast:
         self._sessions: dict[str, _Session] = {}
 
     # -- sessions -------------------------------------------------------------------------
-    def admit(self, session: str, worker: str, est_tokens: int, *, yields: bool = False) -> None:
-        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``;
-        ``yields``: it is of a later service class than the first."""
+    def admit(self, session: str, worker: str, est_tokens: int) -> None:
+        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``."""
         est = max(0, est_tokens)
-        self._sessions[session] = _Session(worker, est, est, yields=yields)
+        self._sessions[session] = _Session(worker, est, est)
 
     def move(self, session: str, worker: str) -> None:
         s = self._sessions.get(session)
@@ -115,26 +112,20 @@ class PeakForecast:
             return 0
         return max(s.context, math.ceil(s.first * self.growth()))
 
-    def held_by_class(self, worker: str) -> tuple[int, int]:
-        """(sessions of the first class, of later classes) holding KV on ``worker``."""
-        first = later = 0
-        for s in self._sessions.values():
-            if s.worker == worker and s.held:
-                later += s.yields
-                first += not s.yields
-        return first, later
+    def held_on(self, worker: str) -> list[str]:
+        """The sessions admitted on ``worker`` whose KV is held."""
+        return [k for k, s in self._sessions.items() if s.worker == worker and s.held]
 
     def committed_tokens(self, worker: str, elsewhere: int = 0, *,
-                         first_only: bool = False) -> int:
+                         without: Callable[[str], bool] | None = None) -> int:
         """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
-        (in a call, or dormant within their hold; ``first_only``: those of the first service
-        class alone), plus ``elsewhere``
+        (in a call, or dormant within their hold; ``without``: less those it is true of),
+        plus ``elsewhere``
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        mine = [max(s.context, math.ceil(s.first * g))
-                for s in self._sessions.values()
-                if s.worker == worker and s.held and not (first_only and s.yields)]
+        mine = [max(s.context, math.ceil(s.first * g)) for k, s in self._sessions.items()
+                if s.worker == worker and s.held and not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
             if mine:

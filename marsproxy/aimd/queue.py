@@ -27,7 +27,7 @@ Pure code: no I/O; ``now`` is a parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.lanes import Lanes, Urgency
@@ -60,6 +60,9 @@ class AdmissionQueue:
         self._rate = AdmissionRate(cfg.tuning.rate_halflife_s)
         self.mode = OrderMode.ARRIVAL
         """The mode of the last pass (also used for reported positions)."""
+        self.protected: Callable[[QueueEntry], bool] = lambda e: self.classes.rank(e.cls) == 0
+        """Whether a waiting session would yield to nobody once admitted (the core sets it,
+        ``yields.py``): it is fitted against ``WorkerView.first_budget_blocks``."""
 
     # -- membership -------------------------------------------------------------------------
     def entry(
@@ -132,6 +135,10 @@ class AdmissionQueue:
 
     def __contains__(self, session: object) -> bool:
         return session in self._index
+
+    def per_tenant(self) -> Mapping[str, int]:
+        """Waiting sessions per tenant."""
+        return self._index.per_tenant
 
     def __len__(self) -> int:
         return len(self._index)
@@ -292,7 +299,7 @@ class AdmissionQueue:
         the way."""
         best: Room | None = None
         capped = False
-        first = self.classes.rank(e.cls) == 0
+        first = self.protected(e)
         for r in rooms:
             if r.slots <= 0:
                 continue

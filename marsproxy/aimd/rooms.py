@@ -50,8 +50,8 @@ class WorkerView:
     """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
     the load placement balances; ``None``: as admitted."""
     first_budget_blocks: int | None = None
-    """The first service class's budget while later classes hold KV there: their KV yields
-    to it (``None``: none do; the first class has ``budget_blocks`` as the others)."""
+    """The budget of a session that would yield to nobody, while sessions that yield hold KV
+    there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
 
     @property
     def placeable(self) -> bool:
@@ -80,11 +80,12 @@ class Room:
     long_admitted: int
     placed: int = 0
     first: int | None = None
-    """The first class's budget (``WorkerView.first_budget_blocks``), shrinking as ``budget``."""
+    """``WorkerView.first_budget_blocks``, shrinking as ``budget``."""
 
-    def budget_of(self, first_class: bool) -> int | None:
-        """The budget a session of the first class (or of a later one) is fitted against."""
-        if first_class and self.first is not None:
+    def budget_of(self, protected: bool) -> int | None:
+        """The budget a session that would yield to nobody (or one that would) is fitted
+        against."""
+        if protected and self.first is not None:
             return max(self.first, self.budget) if self.budget is not None else self.first
         return self.budget
 

@@ -73,9 +73,9 @@ class ControlPlane:
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
         self.trees = Trees()  # agent trees (parent → children): policy/trees.py
         self.scheduler.parent_of = self.trees.parent_of
-        self._rank: dict[str, int] = {}  # session → class rank: a later class's calls go after
-        self.scheduler.class_rank = lambda s: self._rank.get(s, 0)
-        self.scheduler.first_class_tokens = partial(peaks.committed_tokens, first_only=True)
+        yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
+        self.scheduler.yield_rank = yields.rank
+        self.scheduler.protected_tokens = partial(peaks.committed_tokens, without=yields.yields)
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -140,8 +140,6 @@ class ControlPlane:
             for w in self.workers:
                 core.set_retained(w, self.scheduler.retained_blocks(w))
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
-        if self.phase(key) is Phase.ENDED and (r := self.cfg.admission.classes.rank(cls or "")):
-            self._rank[key] = r  # a later class's session
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
                             child=child)
         out = Outcome()
@@ -149,7 +147,6 @@ class ControlPlane:
         if d.kind is DecisionKind.WAIT:
             self._arrival.setdefault(key, now)
         elif d.kind is DecisionKind.REJECT:
-            self._rank.pop(key, None)
             self.trees.ended(key)
             self._note(now, "refuse", key, d.reason)
         elif d.worker is not None and d.reason == "admission_disabled":
@@ -228,7 +225,7 @@ class ControlPlane:
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
                                   predicted_tool_s=self.tracker.predicted_duration(key),
-                                  gate=gate or key in self._rank)  # a later class: gated
+                                  gate=gate or self.admission.yields.yields(key))
         self._note(now, "level", key, worker, t.level, t.priority, t.gated)
         return t
 
@@ -372,12 +369,10 @@ class ControlPlane:
             self._propose(a.entry.session, a.worker, a.idle, out, a.entry)
         for e in actions.expired:
             self._arrival.pop(e.session, None)
-            self._rank.pop(e.session, None)
             self._note(now, "refuse", e.session, e.reason)
             out.expired.append(e)
         for key, reason in actions.ended:
             self._arrival.pop(key, None)
-            self._rank.pop(key, None)
             self.trees.ended(key)
             self._note(now, "end", key, str(reason))
             out.ended.append(Ended(key, reason, self._held.pop(key, None),

@@ -272,14 +272,14 @@ def _config(flat: dict[str, Any]) -> AdmissionConfig:
     return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))
 
 
-def test_the_first_class_is_fitted_against_its_own_sessions_only() -> None:
-    # Sessions of later classes yield their KV to the first class's: its fit leaves them out.
+def test_committed_without_the_sessions_that_yield() -> None:
     p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
     p.admit("i", "w0", 160)  # forecast 20 blocks
-    p.admit("b", "w0", 1600, yields=True)  # forecast 200 blocks
-    assert p.held_by_class("w0") == (1, 1)
+    p.admit("b", "w0", 1600)  # forecast 200 blocks
+    p.admit("x", "w1", 1600)
+    assert sorted(p.held_on("w0")) == ["b", "i"]
     assert p.committed_tokens("w0") == 320 + 3200
-    assert p.committed_tokens("w0", first_only=True) == 320
+    assert p.committed_tokens("w0", without=lambda k: k == "b") == 320
 
 
 def test_a_first_class_session_is_admitted_into_kv_batch_holds() -> None:
@@ -288,19 +288,30 @@ def test_a_first_class_session_is_admitted_into_kv_batch_holds() -> None:
         assert c.on_request(1.0, f"b{i}", "t", 100 * 16, cls="batch").kind is \
             DecisionKind.ADMITTED
     assert c.on_request(1.5, "b3", "t", 100 * 16, cls="batch").kind is DecisionKind.WAIT
-    assert c.first_room("w0") == 900  # one first-class session or none: no growth asked
+    assert c.protected_room("w0") == 900  # nobody to protect yet: no growth asked
     assert c.on_request(2.0, "i0", "t", 100 * 16, cls="interactive").kind is \
         DecisionKind.ADMITTED
-    assert c.first_room("w0") == 900 - 300  # beside i0's forecast
+    assert c.protected_room("w0") == 900 - 300  # beside i0's forecast
     assert c.on_request(2.0, "i1", "t", 100 * 16, cls="interactive").kind is \
         DecisionKind.ADMITTED
-    # Two first-class sessions: the forecast fit of their own, growth 3.
-    assert c.first_room("w0") == (900 - 600) // 3
+    # Two protected sessions: the forecast fit of their own, growth 3.
+    assert c.protected_room("w0") == (900 - 600) // 3
     assert "b3" in c.queue  # batch still waits: nothing came free for it
 
 
-def test_no_later_class_no_first_class_budget_of_its_own() -> None:
+def test_a_light_tenants_session_is_admitted_into_kv_a_heavy_one_holds() -> None:
+    c = core(peak_free_sessions=2)
+    for i in range(3):
+        assert c.on_request(1.0, f"h{i}", "heavy", 100 * 16).kind is DecisionKind.ADMITTED
+    assert c.protected_room("w0") is None  # one tenant: nobody yields
+    assert c.on_request(1.5, "h3", "heavy", 100 * 16).kind is DecisionKind.WAIT
+    assert c.on_request(2.0, "l0", "light", 100 * 16).kind is DecisionKind.ADMITTED
+    assert c.yields.yields("h0") and not c.yields.yields("l0")  # heavy holds 3 of 4
+    assert "h3" in c.queue
+
+
+def test_no_later_class_no_budget_of_its_own() -> None:
     c = core()
     assert c.on_request(1.0, "i0", "t", 100 * 16, cls="interactive").kind is \
         DecisionKind.ADMITTED
-    assert c.first_room("w0") is None  # the first class alone: the common budget
+    assert c.protected_room("w0") is None  # nobody yields: the common budget

@@ -102,6 +102,6 @@ def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
         assert t.gated is (cls == "batch")  # a later class's calls wait in the gate
         prios[key] = t.priority
     assert prios["i"] < prios["b"]  # lower runs sooner
-    assert plane.scheduler.class_rank("b") == 1
+    assert plane.scheduler.yield_rank("b") == 1
     plane.session_end(0.3, "b", EndReason.DELETED)
-    assert plane.scheduler.class_rank("b") == 0  # nothing kept of an ended session
+    assert plane.scheduler.yield_rank("b") == 0  # nothing kept of an ended session

@@ -269,7 +269,7 @@ def test_queue_and_ledger_views() -> None:
 def test_a_later_class_runs_after_the_first() -> None:
     # The class rank comes before the level: in the gate, and in the engine's priority.
     core = make()
-    core.class_rank = lambda s: 1 if s.startswith("batch") else 0
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
     core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
     first = core.arrive(0.0, "x", "w", 100)
     assert core.release(0.0) == [first]
@@ -288,9 +288,9 @@ def test_a_later_class_call_leaves_room_for_the_first_classs_sessions() -> None:
     core = make(kv_reserve_frac=0.0)
     core.set_facts("w", WorkerFacts(max_num_seqs=8, block_size=16, total_blocks=100))
     core.set_mode("w", "priority")  # only the calls told to wait in the gate wait there
-    core.class_rank = lambda s: 1 if s.startswith("batch") else 0
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
     first = {"w": 0}
-    core.first_class_tokens = lambda w: first[w]
+    core.protected_tokens = lambda w: first[w]
     big = core.arrive(0.0, "batch0", "w", 60 * 16, gate=True)  # 60 blocks
     assert core.release(0.0) == [big]  # nothing of the first class on the worker
     first["w"] = 31 * 16  # an interactive session forecast at 31 blocks, dormant
