@@ -1,6 +1,7 @@
 """Service classes and tenant shares, alone vs mixed (simulator; prints numbers, not a test).
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 0,1,2] [--set KEY=VALUE ...]
+\nBy default seeds 0 to 11, about a minute.
 
 Issue 23's goals, each measured side by side in one run, on the same sessions (a group's
 sessions are the same alone and in the mix, ``marsproxy/runs/mix.py``), per seed and as the
@@ -13,7 +14,9 @@ mean over the seeds:
 (b) two tenants at 10:1 load (4 sessions at 0.4/s vs 40 at 4/s), equal weights: the light
     tenant's mean E2E within 1.3x of the light tenant alone. For comparison in the same run,
     the same mix under the ``fcfs`` preset and under mars with both groups sent as one tenant
-    (no tenant ordering).
+    (no tenant ordering), and what the heavy tenant keeps of the throughput it had as one
+    tenant. A check that tenants cost nothing when their loads are equal: two tenants at
+    2/s each (32 sessions each), the mean E2E of all against the same sessions as one tenant.
 
 Every ratio is printed with the completions of both runs it compares (``done a/b``). For the
 interactive sessions it also splits the E2E into the first call (admission wait included)
@@ -41,6 +44,7 @@ from marsproxy.sim.harness import SimSetup, Simulation
 PROFILE, BLOCKS = "tiny", 384
 CLASSES_MIX = "interactive:4@0.5,batch:64@4"
 TENANTS_MIX = "light:4@0.4,heavy:40@4"
+EQUAL_MIX = "a:32@2,b:32@2"
 
 
 def _spec(seed: int, groups: tuple[MixGroup, ...], max_context: int) -> WorkloadSpec:
@@ -103,14 +107,30 @@ def tenants(seed: int, sets: list[str], max_context: int) -> dict[str, float]:
                         "mars", sets), "light")
     out: dict[str, float] = {}
     parts = []
+    heavy = {}
     for name, w, pol in (("mars", wl, "mars"), ("mars_one_tenant", one, "mars"),
                          ("fcfs", wl, "fcfs")):
-        s = _group(_run(w, pol, sets), "light")
+        run = _run(w, pol, sets)
+        s = _group(run, "light")
+        heavy[name] = _group(run, "heavy")
         out[name] = s.mean_s / alone.mean_s
         out[name + "_done"] = min(s.completion, alone.completion)
         parts.append(f"{name} {s.mean_s:.2f} s: {out[name]:.2f}x (done {_done(s)} vs"
                      f" {_done(alone)})")
-    print(f"(b) seed {seed}: light tenant alone {alone.mean_s:.2f} s; mixed " + "; ".join(parts))
+    h, h1 = heavy["mars"], heavy["mars_one_tenant"]
+    out["heavy_pct"] = 100 * h.throughput_per_s / h1.throughput_per_s
+    out["heavy_done"] = min(h.completion, h1.completion)
+    eq = build_workload(load_trace(None), _spec(seed, parse_mix(EQUAL_MIX, "tenant"),
+                                                max_context))
+    both = _run(eq, "mars", sets).summary()
+    as_one = _run(Workload(eq.spec, tuple(dataclasses.replace(s, tenant="")
+                                          for s in eq.sessions)), "mars", sets).summary()
+    out["equal_x"] = both.mean_s / as_one.mean_s
+    out["equal_done"] = min(both.completion, as_one.completion)
+    print(f"(b) seed {seed}: light tenant alone {alone.mean_s:.2f} s; mixed " + "; ".join(parts)
+          + f"; heavy throughput {out['heavy_pct']:.0f} % of one tenant's (done {_done(h)} vs"
+          f" {_done(h1)}); equal tenants {out['equal_x']:.2f}x one tenant (done"
+          f" {_done(both)} vs {_done(as_one)})")
     return out
 
 
@@ -120,7 +140,7 @@ def _mean(rows: Sequence[dict[str, float]], key: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9,10,11", help="comma-separated seeds")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
                    help="proxy config override for every run, e.g. admission.window_max=8")
     args = p.parse_args(argv)
@@ -133,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
           f" lowest completion {100 * min(r['done'] for r in a):.0f} %")
     print(f"(b) mean over seeds {args.seeds}: light tenant {_mean(b, 'mars'):.2f}x alone"
           f" (goal <= 1.3); one tenant {_mean(b, 'mars_one_tenant'):.2f}x, fcfs"
-          f" {_mean(b, 'fcfs'):.2f}x; lowest completion"
-          f" {100 * min(min(r[k] for k in r if k.endswith('_done')) for r in b):.0f} %")
+          f" {_mean(b, 'fcfs'):.2f}x; heavy tenant throughput {_mean(b, 'heavy_pct'):.0f} % of"
+          f" one tenant's; equal tenants {_mean(b, 'equal_x'):.2f}x one tenant's mean; lowest"
+          f" completion {100 * min(min(r[k] for k in r if k.endswith('_done')) for r in b):.0f} %")
     return 0
 
 
