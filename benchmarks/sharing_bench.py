@@ -1,7 +1,8 @@
 """Service classes and tenant shares, alone vs mixed (simulator; prints numbers, not a test).
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 0,1,2] [--set KEY=VALUE ...]
-\nBy default seeds 0 to 11, about a minute.
+
+By default seeds 0 to 11 (about a minute).
 
 Issue 23's goals, each measured side by side in one run, on the same sessions (a group's
 sessions are the same alone and in the mix, ``marsproxy/runs/mix.py``), per seed and as the
