@@ -19,7 +19,9 @@ Children of admitted parents (agent trees) come first of all, in a lane of their
 (``lanes.py``). Service classes (``admission.classes``) come next: a pass walks the classes in
 their configured order, each as above, and a session of one class that does not fit holds the
 capacity against the classes after it. Within a class the tenants take turns by their virtual
-token counters (``shares.py``), each offering its sessions in the load's order.
+token counters (``shares.py``), each offering its sessions in the load's order. A session that
+would yield to nobody once admitted is fitted against the KV of the admitted sessions that do
+not yield alone (``yields.py``).
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -62,7 +64,7 @@ class AdmissionQueue:
         """The mode of the last pass (also used for reported positions)."""
         self.protected: Callable[[QueueEntry], bool] = lambda e: self.classes.rank(e.cls) == 0
         """Whether a waiting session would yield to nobody once admitted (the core sets it,
-        ``yields.py``): it is fitted against ``WorkerView.first_budget_blocks``."""
+        ``yields.py``): it is fitted against ``WorkerView.protected_budget_blocks``."""
 
     # -- membership -------------------------------------------------------------------------
     def entry(
@@ -220,7 +222,7 @@ class AdmissionQueue:
             if w.peak_room_blocks is not None:
                 pack = min(pack, w.peak_room_blocks)
         return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                     w.long_admitted, first=w.first_budget_blocks)
+                     w.long_admitted, protected=w.protected_budget_blocks)
 
     def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
         # Class by class, the tenants in turn, each with its urgent sessions first (deadline
@@ -299,12 +301,12 @@ class AdmissionQueue:
         the way."""
         best: Room | None = None
         capped = False
-        first = self.protected(e)
+        protected = self.protected(e)
         for r in rooms:
             if r.slots <= 0:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
-            budget = r.budget_of(first)
+            budget = r.budget_of(protected)
             if e.long and shorts_wait:
                 if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
                     capped = capped or fits(blocks, budget)

@@ -49,7 +49,7 @@ class WorkerView:
     held: int | None = None
     """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
     the load placement balances; ``None``: as admitted."""
-    first_budget_blocks: int | None = None
+    protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
 
@@ -79,14 +79,14 @@ class Room:
     pack: int | None
     long_admitted: int
     placed: int = 0
-    first: int | None = None
-    """``WorkerView.first_budget_blocks``, shrinking as ``budget``."""
+    protected: int | None = None
+    """``WorkerView.protected_budget_blocks``, shrinking as ``budget``."""
 
     def budget_of(self, protected: bool) -> int | None:
         """The budget a session that would yield to nobody (or one that would) is fitted
         against."""
-        if protected and self.first is not None:
-            return max(self.first, self.budget) if self.budget is not None else self.first
+        if protected and self.protected is not None:
+            return max(self.protected, self.budget) if self.budget is not None else self.protected
         return self.budget
 
     def rank(self) -> tuple[int, int]:
@@ -134,8 +134,8 @@ def take(room: Room, e: QueueEntry) -> None:
     room.placed += 1
     if room.budget is not None:
         room.budget -= blocks
-    if room.first is not None:
-        room.first -= blocks
+    if room.protected is not None:
+        room.protected -= blocks
     if room.pack is not None:
         room.pack -= blocks
     if e.long:
