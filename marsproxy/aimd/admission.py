@@ -25,6 +25,7 @@ from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.prefix import prefer_prefix
 from marsproxy.aimd.queue import Admission, AdmissionQueue, QueueEntry
+from marsproxy.aimd.yields import Yields
 from marsproxy.core.events import (
     Event,
     Rejected,
@@ -97,6 +98,8 @@ class AdmissionCore(WorkerFit):
         self.workers = tuple(workers)
         self.controllers = {w: AimdController(cfg, w) for w in self.workers}
         self.queue = AdmissionQueue(cfg)
+        self.yields = Yields(cfg.classes, self.queue.shares.weight, self.queue.per_tenant)
+        self.queue.protected = self.yields.protected
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
             cfg.tuning.kv_hold_min_s,
@@ -177,6 +180,7 @@ class AdmissionCore(WorkerFit):
         self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
                             turns=turns)
         self.peaks.admit(session, worker, est_tokens)
+        self.yields.admitted(session, tenant, None)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
 
     def relocate(self, now: float, session: str, candidates: Sequence[str]) -> str | None:
@@ -306,6 +310,7 @@ class AdmissionCore(WorkerFit):
         for a in taken:
             self.sessions.admit(now, a.entry.session, a.worker)
             self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
+            self.yields.admitted(a.entry.session, a.entry.tenant, a.entry.cls)
             self._promise(a.entry.session, a.worker, a.entry.est_tokens)
         for a in taken:  # all of the pass counted: a move sees every slot it took
             a = self._by_prefix(a)
@@ -362,6 +367,7 @@ class AdmissionCore(WorkerFit):
         self.queue.forget(session)
         self._prefix.pop(session, None)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
+        self.yields.ended(session)
         if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:
             self.overlaps.session_lived(now - rec.admitted_at)
         self.estimator.forget(session)

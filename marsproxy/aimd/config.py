@@ -238,12 +238,6 @@ class ServiceClasses(_Section):
         {"batch": 3600.0},
         description="Longest wait in the queue per class (s); missing: admission.queue_deadline_s.",
     )
-    reserve_frac: float = Field(
-        0.0, ge=0, lt=1,
-        description="Share of each worker's KV blocks that only the first class may fill: a"
-        " session of a later class is admitted only where its first prompt fits with this much"
-        " left over, so that an arriving interactive session finds room at once.",
-    )
     by_tenant: dict[str, str] = Field(
         {},
         description="Tenant id (a hash of the API key: docs/sharing.md) → its class: the class"

@@ -21,6 +21,7 @@ from marsproxy.aimd.controller import AimdController, ControlSignals
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import WorkerView
+from marsproxy.aimd.yields import Yields
 from marsproxy.core.kv import kv_budget
 from marsproxy.core.lifecycle import SessionLifecycle
 
@@ -69,6 +70,7 @@ class WorkerFit:
     controllers: dict[str, AimdController]
     sessions: SessionLifecycle
     peaks: PeakForecast
+    yields: Yields
     overlaps: OverlapTracker
     _signals: dict[str, WorkerSignals]
     _pending: dict[str, tuple[str, int]]
@@ -134,6 +136,28 @@ class WorkerFit:
         return self.peaks.room_blocks(committed_tokens, s.total_blocks, bs,
                                       self.cfg.kv_reserve_frac,
                                       self.peak_factor(worker, committed_tokens))
+
+    def protected_room(self, worker: str) -> int | None:
+        """The KV budget on ``worker`` of a session that would yield to nobody, while sessions
+        that yield hold KV there (``yields.py``; ``None``: none do, or no forecast fit): the
+        forecast-peak fit against the sessions that do not yield alone."""
+        s = self._signals[worker]
+        if s.stale or not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
+            return None
+        held = self.peaks.held_on(worker)
+        kept = sum(not self.yields.yields(k) for k in held)
+        if kept == len(held):
+            return None
+        bs = s.block_size or DEFAULT_BLOCK_SIZE
+        committed = self.peaks.committed_tokens(worker, s.sessions_elsewhere,
+                                                without=self.yields.yields)
+        if kept + s.sessions_elsewhere < self.cfg.tuning.peak_free_sessions:
+            # As the forecast fit of a worker with few sessions: the first prompt fits beside
+            # what the others are forecast to hold, its own growth not asked for.
+            return self.peaks.room_blocks(committed, s.total_blocks, bs,
+                                          self.cfg.kv_reserve_frac, growth=1.0)
+        return self.peaks.room_blocks(committed, s.total_blocks, bs, self.cfg.kv_reserve_frac,
+                                      self.peak_factor(worker, committed))
 
     def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
         """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
@@ -235,7 +259,7 @@ class WorkerFit:
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
-                held=self.sessions.held_on(w),
+                held=self.sessions.held_on(w), protected_budget_blocks=self.protected_room(w),
             ))
         return out
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -112,14 +112,20 @@ class PeakForecast:
             return 0
         return max(s.context, math.ceil(s.first * self.growth()))
 
-    def committed_tokens(self, worker: str, elsewhere: int = 0) -> int:
+    def held_on(self, worker: str) -> list[str]:
+        """The sessions admitted on ``worker`` whose KV is held."""
+        return [k for k, s in self._sessions.items() if s.worker == worker and s.held]
+
+    def committed_tokens(self, worker: str, elsewhere: int = 0, *,
+                         without: Callable[[str], bool] | None = None) -> int:
         """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
-        (in a call, or dormant within their hold), plus ``elsewhere``
+        (in a call, or dormant within their hold; ``without``: less those it is true of),
+        plus ``elsewhere``
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        mine = [max(s.context, math.ceil(s.first * g))
-                for s in self._sessions.values() if s.worker == worker and s.held]
+        mine = [max(s.context, math.ceil(s.first * g)) for k, s in self._sessions.items()
+                if s.worker == worker and s.held and not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
             if mine:
@@ -156,7 +162,7 @@ class PeakForecast:
 
     def room_blocks(
         self, committed_tokens: int, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0,
+        overcommit: float = 1.0, growth: float | None = None,
     ) -> int:
         """Blocks of *first prompt* a new session may have on a worker whose admitted sessions'
         forecasts sum to ``committed_tokens`` (:meth:`committed_tokens`), so that its forecast
@@ -164,7 +170,7 @@ class PeakForecast:
         negative)."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
         committed = math.ceil(committed_tokens / block_size)
-        return math.floor((usable - committed) / self.growth())
+        return math.floor((usable - committed) / (growth or self.growth()))
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -19,7 +19,9 @@ Children of admitted parents (agent trees) come first of all, in a lane of their
 (``lanes.py``). Service classes (``admission.classes``) come next: a pass walks the classes in
 their configured order, each as above, and a session of one class that does not fit holds the
 capacity against the classes after it. Within a class the tenants take turns by their virtual
-token counters (``shares.py``), each offering its sessions in the load's order.
+token counters (``shares.py``), each offering its sessions in the load's order. A session that
+would yield to nobody once admitted is fitted against the KV of the admitted sessions that do
+not yield alone (``yields.py``).
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -27,7 +29,7 @@ Pure code: no I/O; ``now`` is a parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.lanes import Lanes, Urgency
@@ -60,6 +62,9 @@ class AdmissionQueue:
         self._rate = AdmissionRate(cfg.tuning.rate_halflife_s)
         self.mode = OrderMode.ARRIVAL
         """The mode of the last pass (also used for reported positions)."""
+        self.protected: Callable[[QueueEntry], bool] = lambda e: self.classes.rank(e.cls) == 0
+        """Whether a waiting session would yield to nobody once admitted (the core sets it,
+        ``yields.py``): it is fitted against ``WorkerView.protected_budget_blocks``."""
 
     # -- membership -------------------------------------------------------------------------
     def entry(
@@ -132,6 +137,10 @@ class AdmissionQueue:
 
     def __contains__(self, session: object) -> bool:
         return session in self._index
+
+    def per_tenant(self) -> Mapping[str, int]:
+        """Waiting sessions per tenant."""
+        return self._index.per_tenant
 
     def __len__(self) -> int:
         return len(self._index)
@@ -213,7 +222,7 @@ class AdmissionQueue:
             if w.peak_room_blocks is not None:
                 pack = min(pack, w.peak_room_blocks)
         return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                     w.long_admitted)
+                     w.long_admitted, protected=w.protected_budget_blocks)
 
     def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
         # Class by class, the tenants in turn, each with its urgent sessions first (deadline
@@ -292,24 +301,22 @@ class AdmissionQueue:
         the way."""
         best: Room | None = None
         capped = False
-        later = self.classes.rank(e.cls) > 0
+        protected = self.protected(e)
         for r in rooms:
             if r.slots <= 0:
                 continue
             blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
-            if later and r.view.total_blocks:
-                # The first class's reserve: the later ones leave it free.
-                blocks += math.ceil(self.classes.reserve_frac * r.view.total_blocks)
+            budget = r.budget_of(protected)
             if e.long and shorts_wait:
                 if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
-                    capped = capped or fits(blocks, r.budget)
+                    capped = capped or fits(blocks, budget)
                     continue
-                ok = fits(blocks, r.budget)
+                ok = fits(blocks, budget)
             elif e.long:
                 # Only long ones wait: pack them into a fraction of free KV, no count cap.
-                ok = fits(blocks, r.pack if r.pack is not None else r.budget)
+                ok = fits(blocks, r.pack if r.pack is not None else budget)
             else:
-                ok = fits(blocks, r.budget)
+                ok = fits(blocks, budget)
             if ok and (best is None or r.rank() > best.rank()):
                 best = r
         return best, capped and best is None

@@ -49,6 +49,9 @@ class WorkerView:
     held: int | None = None
     """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
     the load placement balances; ``None``: as admitted."""
+    protected_budget_blocks: int | None = None
+    """The budget of a session that would yield to nobody, while sessions that yield hold KV
+    there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
 
     @property
     def placeable(self) -> bool:
@@ -76,6 +79,15 @@ class Room:
     pack: int | None
     long_admitted: int
     placed: int = 0
+    protected: int | None = None
+    """``WorkerView.protected_budget_blocks``, shrinking as ``budget``."""
+
+    def budget_of(self, protected: bool) -> int | None:
+        """The budget a session that would yield to nobody (or one that would) is fitted
+        against."""
+        if protected and self.protected is not None:
+            return max(self.protected, self.budget) if self.budget is not None else self.protected
+        return self.budget
 
     def rank(self) -> tuple[int, int]:
         # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
@@ -107,7 +119,8 @@ def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
     for r in rooms:
         if r.slots <= 0:
             continue
-        cap = r.budget if shorts_wait or r.pack is None else max(r.pack, r.budget or 0)
+        budget = r.budget_of(True)
+        cap = budget if shorts_wait or r.pack is None else max(r.pack, budget or 0)
         if cap is None:
             return None
         best = max(best, cap * r.view.block_size)
@@ -121,6 +134,8 @@ def take(room: Room, e: QueueEntry) -> None:
     room.placed += 1
     if room.budget is not None:
         room.budget -= blocks
+    if room.protected is not None:
+        room.protected -= blocks
     if room.pack is not None:
         room.pack -= blocks
     if e.long:

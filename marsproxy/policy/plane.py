@@ -14,14 +14,13 @@ expiries (idle timeouts, KV holds, queue deadlines, pending deadlines) are decid
 
 Two clocks: ``now`` is the control clock (monotonic in the gateway); tool phases are timed on
 the tool clock ``at`` (wall time in the gateway, as clients report tool events with epoch
-timestamps). The simulator passes its one virtual clock as both.
-
-Pure code: no I/O.
+timestamps). The simulator passes its one virtual clock as both. Pure code: no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
 from marsproxy.aimd.order_index import QueueEntry
@@ -54,6 +53,7 @@ class ControlPlane:
         self.workers = tuple(workers)
         self.admission = AdmissionCore(cfg.admission, self.workers, cfg.placement)
         self.estimator = self.admission.estimator  # the one prompt estimator
+        peaks = self.admission.peaks
         s = cfg.scheduler
         self.scheduler = SchedulerCore(s, self.workers, cfg.admission.kv_reserve_frac)
         # Nothing to schedule per call: the fcfs preset is a plain session-affine proxy.
@@ -62,8 +62,7 @@ class ControlPlane:
         self.tracker, self.tool_signal = tools or tool_plane(cfg.tools, tool_cpus)
         self.tool_cpus = tool_cpus
         self.log = log
-        self.observed: dict[str, WorkerObservation] = dict.fromkeys(
-            self.workers, WorkerObservation())
+        self.observed = dict.fromkeys(self.workers, WorkerObservation())
         self.signals: dict[str, WorkerSignals] = {}
         """What the admission core heard at the last tick."""
         self._arrival: dict[str, float] = {}  # waiting in the core since
@@ -72,9 +71,11 @@ class ControlPlane:
         self.kv_events: list[Event] = []
         """Retention verified and corrected (KV events): the driver takes and publishes them."""
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
-        self.trees = Trees()
-        """Agent trees (parent → children): see ``policy/trees.py``."""
+        self.trees = Trees()  # agent trees (parent → children): policy/trees.py
         self.scheduler.parent_of = self.trees.parent_of
+        yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
+        self.scheduler.yield_rank = yields.rank
+        self.scheduler.protected_tokens = partial(peaks.committed_tokens, without=yields.yields)
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
@@ -224,7 +225,7 @@ class ControlPlane:
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
                                   predicted_tool_s=self.tracker.predicted_duration(key),
-                                  gate=gate)
+                                  gate=gate or self.admission.yields.yields(key))
         self._note(now, "level", key, worker, t.level, t.priority, t.gated)
         return t
 

@@ -20,6 +20,7 @@ import yaml
 from marsproxy.config import MarsConfig, load_config
 from marsproxy.policies import policy_names
 from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.mix import MixGroup, mix_label, parse_mix
 from marsproxy.runs.results import load_label
 from marsproxy.runs.workload import REGIMES, WorkloadSpec
 
@@ -145,13 +146,16 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
     ``--max-context``, by default ``engine_context`` less room for the reply."""
     max_context = args.max_context or max(16, engine_context - 1024)
     seed_list = seeds(args)
+    groups = mix(args)
     out = []
     for regime in _csv(args.regimes) or ["trace"]:
         if regime != "trace" and regime not in REGIMES:
             raise ValueError(f"unknown regime {regime!r}; known: trace, {', '.join(REGIMES)}")
-        for rate_text in _csv(args.rates):
+        # A mix has its own rates, one per group: one load.
+        for rate_text in ["0"] if groups else _csv(args.rates):
             rate = float(rate_text)
             arrivals = ArrivalSpec(args.arrivals, rate, args.burst_size)
+            label = mix_label(groups) if groups else arrivals.label()
             for seed in seed_list:
                 spec = WorkloadSpec(
                     sessions=args.sessions, seed=seed,
@@ -159,11 +163,21 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
                     token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
                     max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
                     prefix_groups=args.prefix_groups, prefix_tokens=args.prefix_tokens,
-                    trees=tree_range(getattr(args, "trees", None)),
+                    trees=tree_range(getattr(args, "trees", None)), mix=groups,
                 )
-                out.append(Case(regime, arrivals.label(), spec,
+                out.append(Case(regime, label, spec,
                                 seed if len(seed_list) > 1 else None))
     return out
+
+
+def mix(args: argparse.Namespace) -> tuple[MixGroup, ...]:
+    """``--classes`` or ``--tenants`` (``marsproxy sim``) as groups; none without."""
+    classes, tenants = getattr(args, "classes", None), getattr(args, "tenants", None)
+    if classes and tenants:
+        raise ValueError("give --classes or --tenants, not both")
+    if classes:
+        return parse_mix(classes, "class")
+    return parse_mix(tenants, "tenant") if tenants else ()
 
 
 def tree_range(text: str | None) -> tuple[int, int] | None:
@@ -221,6 +235,14 @@ def check_policies(pols: list[str], sets: dict[str, Any]) -> None:
     for p in pols:
         if p != DIRECT:
             proxy_config(p, sets, ["http://check"])
+
+
+def check_mix(groups: tuple[MixGroup, ...], sets: dict[str, Any]) -> None:
+    """``--classes`` names classes of the config (``admission.classes.order``)."""
+    order = proxy_config("mars", sets, ["http://check"]).admission.classes.order
+    bad = [g.name for g in groups if g.kind == "class" and g.name not in order]
+    if bad:
+        raise ValueError(f"--classes: unknown class {', '.join(bad)}; known: {', '.join(order)}")
 
 
 def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from marsproxy.runs.results import RunResult, Summary
+from marsproxy.runs.mix import group_table
+from marsproxy.runs.results import RunResult, Summary, group_summaries
 
 DIRECT = "direct"
 
@@ -222,6 +223,7 @@ def table(group: Sequence[RunResult]) -> list[str]:
                      "(a % vs b %) compares runs that finished different sessions (a: this "
                      "policy's completion, b: the baseline's).")
     lines += tree_table(summaries)
+    lines += group_table([(r.policy, r.outcomes) for r in group])
     pre = [f"{r.policy} {r.extra['stats']['preemptions']:.0f}" for r in group
            if "preemptions" in r.extra.get("stats", {})]
     if pre:
@@ -269,6 +271,10 @@ def summary_lines(runs: Sequence[RunResult]) -> list[str]:
                            f"; {s.trees} trees: mean {_ge(s.tree_completion)}"
                            f"{_f(s.tree_mean_s)} s, {_pct(s.tree_completion)} done"
                            if s.trees else ""))
+            out += [f"  {g}: done {gs.finished}/{gs.sessions}, mean {_ge(gs.completion)}"
+                    f"{_f(gs.mean_s)} s, throughput {_g(gs.throughput_per_s)}/s"
+                    for g, gs in group_summaries(next(
+                        r.outcomes for r in group if r.policy == p)).items()]
     return out
 
 

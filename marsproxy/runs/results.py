@@ -77,6 +77,8 @@ class SessionOutcome:
     the run gave it up (the simulator's horizon)."""
     tree: str = ""
     """Agent trees: the id of its tree's root (itself for a root), "" outside any tree."""
+    group: str = ""
+    """Mixed workloads (``runs/mix.py``): its group, "" outside any."""
 
     @property
     def ok(self) -> bool:
@@ -238,6 +240,16 @@ def _trees(outcomes: Sequence[SessionOutcome]) -> dict[str, Any]:
             "tree_completion": done / len(roots) if roots else math.nan}
 
 
+def group_summaries(outcomes: Sequence[SessionOutcome]) -> dict[str, Summary]:
+    """Mixed workloads: the figures of each group's sessions (in order of first
+    appearance); none unmixed."""
+    by: dict[str, list[SessionOutcome]] = {}
+    for o in outcomes:
+        if o.group:
+            by.setdefault(o.group, []).append(o)
+    return {g: summarize(os) for g, os in by.items()}
+
+
 @dataclass(slots=True)
 class RunResult:
     """One policy on one workload (a regime at a load, from one seed)."""
@@ -262,6 +274,7 @@ class RunResult:
         return {
             "policy": self.policy, "regime": self.regime, "load": self.load, "seed": self.seed,
             "summary": self.summary().to_dict(),
+            "groups": {g: s.to_dict() for g, s in group_summaries(self.outcomes).items()},
             "sessions": [
                 {**asdict(o), "ok": o.ok, "status": o.status, "refused": o.rejected,
                  "e2e_s": o.e2e_s, "counted_s": o.counted_s} for o in self.outcomes

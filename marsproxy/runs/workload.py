@@ -10,6 +10,8 @@ A :class:`WorkloadSpec` says how to turn a trace file into the sessions one benc
 - ``token_scale`` multiplies every token count afterwards (inputs and outputs), ``tool_time_scale``
   every tool time; ``max_turns`` caps the LLM calls per session;
 - arrivals (:mod:`marsproxy.runs.arrivals`): Poisson, fixed rate or bursts;
+- ``mix``: groups of sessions of their own service class or tenant, each with its own count
+  and arrival rate (:mod:`marsproxy.runs.mix`), in place of ``sessions`` and the one rate;
 - ``prefix_groups``: sessions in that many groups (each drawn at random, seeded, so that no
   group lines up with a round robin over workers) whose first prompts share ``prefix_tokens``
   tokens (one repository's context, a long task description): every prompt of a session grows
@@ -21,12 +23,14 @@ The same spec and trace give the same workload, bit for bit (tested).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from marsproxy.runs.arrivals import ArrivalSpec, arrival_times
+from marsproxy.runs.mix import MixGroup
 from marsproxy.runs.trace import SessionTrace
 from marsproxy.runs.trees import grow_trees
 
@@ -60,6 +64,12 @@ class PlannedSession:
     children: tuple[str, ...] = ()
     spawn_at: int = -1
     """The turn whose tool phase is the children's run (the parent waits on all of them)."""
+    mix: str = ""
+    """Mixed workloads: the session's group ("": none)."""
+    tenant: str = ""
+    """The tenant it sends as ("": the run's one tenant)."""
+    cls: str | None = None
+    """The service class it asks for (``None``: the default)."""
 
     @property
     def peak_tokens(self) -> int:
@@ -85,6 +95,9 @@ class WorkloadSpec:
     prefix_tokens: int = 4096
     trees: tuple[int, int] | None = None
     """Agent trees: each root spawns between these many children (``runs/trees.py``)."""
+    mix: tuple[MixGroup, ...] = ()
+    """Groups of their own class or tenant, count and rate (``runs/mix.py``); replaces
+    ``sessions`` and ``arrivals.rate_per_s``."""
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -170,13 +183,32 @@ def _plan(trace: SessionTrace, sid: str, arrival: float, spec: WorkloadSpec,
 
 def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Workload:
     """The sessions of one run: same ``traces`` and ``spec`` → the same workload."""
-    rng = random.Random(f"workload:{spec.seed}")
+    if not spec.mix:
+        return Workload(spec, tuple(_sessions(traces, spec, "")))
+    sessions = []
+    for g in spec.mix:
+        # Each group on its own (its seeds salted by its name): alone, the same sessions.
+        own = dataclasses.replace(spec, sessions=g.sessions, mix=(), arrivals=dataclasses.replace(
+            spec.arrivals, rate_per_s=g.rate_per_s))
+        sessions += [dataclasses.replace(
+            s, id=f"{g.name}/{s.id}", mix=g.name, tenant=g.tenant, cls=g.cls,
+            parent=None if s.parent is None else f"{g.name}/{s.parent}",
+            children=tuple(f"{g.name}/{c}" for c in s.children),
+        ) for s in _sessions(traces, own, f":{g.name}")]
+    sessions.sort(key=lambda s: s.arrival_s)
+    return Workload(spec, tuple(sessions))
+
+
+def _sessions(traces: Sequence[SessionTrace], spec: WorkloadSpec,
+              salt: str) -> list[PlannedSession]:
+    rng = random.Random(f"workload:{spec.seed}{salt}")
     chosen = [_cap_turns(t, spec.max_turns) for t in pick(traces, spec.sessions, rng)]
     median_peak = statistics.median(max(t.input_tokens for t in tr.turns) for tr in chosen)
-    times = arrival_times(spec.arrivals, len(chosen), random.Random(f"arrivals:{spec.seed}"))
+    times = arrival_times(spec.arrivals, len(chosen),
+                          random.Random(f"arrivals:{spec.seed}{salt}"))
     seen: dict[str, int] = {}
     sessions = []
-    groups = random.Random(f"groups:{spec.seed}")
+    groups = random.Random(f"groups:{spec.seed}{salt}")
     for tr, at in zip(chosen, times, strict=True):
         n = seen.get(tr.id, 0)
         seen[tr.id] = n + 1
@@ -184,5 +216,6 @@ def build_workload(traces: Sequence[SessionTrace], spec: WorkloadSpec) -> Worklo
         group = groups.randrange(spec.prefix_groups) if spec.prefix_groups else None
         sessions.append(_plan(tr, sid, at, spec, _input_scale(tr, spec, median_peak), group))
     if spec.trees is not None:
-        sessions = grow_trees(sessions, spec.trees, random.Random(f"trees:{spec.seed}"))
-    return Workload(spec, tuple(sessions))
+        sessions = grow_trees(sessions, spec.trees,
+                              random.Random(f"trees:{spec.seed}{salt}"))
+    return sessions

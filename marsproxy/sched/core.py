@@ -68,6 +68,12 @@ class SchedulerCore:
         self.levels_total: dict[int, int] = dict.fromkeys(range(LOWEST + 1), 0)
         self.parent_of: Callable[[str], str | None] = lambda _s: None
         """A session's parent (agent trees; the plane sets it): see :meth:`_inherit`."""
+        self.yield_rank: Callable[[str], int] = lambda _s: 0
+        """How far a session yields to others (0: not at all; ``aimd/yields.py``, the plane
+        sets it): its calls go after theirs, in the gate and in the engine's priority."""
+        self.protected_tokens: Callable[[str], int] = lambda _w: 0
+        """The KV the sessions that yield to nobody on a worker are forecast to hold (the
+        plane sets it): a yielding session's call is released only beside it (:meth:`_fits`)."""
 
     # -- configuration from the shell -----------------------------------------------------
     @property
@@ -109,6 +115,9 @@ class SchedulerCore:
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
         uncached = max(0, prompt_tokens - cached)
         lvl, prio = self._inherit(session, *self._level(sess, session, uncached))
+        rank = self.yield_rank(session)
+        if rank and prio is not None:
+            prio += rank * (LOWEST + 1)
         sess.level = lvl
         blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
                                    self.facts[worker].block_size or 16)
@@ -183,11 +192,13 @@ class SchedulerCore:
     def in_flight(self, worker: str) -> int:
         return len(self._running[worker])
 
-    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, float, int]:
+    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, int, float, int]:
+        # Who yields goes after (a later class, a tenant over its share), then levels.
         aged = t.level
         if aged is not None:
             aged = max(0, aged - promotion(now - t.arrived, self.cfg))
-        return (aged if aged is not None else 0, t.priority or 0, t.arrived, t.call)
+        return (self.yield_rank(t.session), aged if aged is not None else 0, t.priority or 0,
+                t.arrived, t.call)
 
     def queue(self, now: float, worker: str) -> list[Ticket]:
         """The worker's gated queue in release order (aged levels, then arrival)."""
@@ -202,7 +213,17 @@ class SchedulerCore:
 
     def _fits(self, worker: str, t: Ticket) -> bool:
         usable = self.usable_blocks(worker)
-        return usable is None or self.running_blocks(worker) + t.blocks <= usable
+        if usable is None:
+            return True
+        need = self.running_blocks(worker) + t.blocks
+        if self.yield_rank(t.session):
+            # The engine does not preempt for a waiting call: a yielding session's call leaves
+            # the others the room they are forecast to need (less what they run already).
+            kept = sum(r.blocks for r in self._running[worker].values()
+                       if not self.yield_rank(r.session))
+            bs = self.facts[worker].block_size or 16
+            need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
+        return need <= usable
 
     def _release_worker(self, now: float, w: str) -> list[Ticket]:
         out: list[Ticket] = []

@@ -4,13 +4,12 @@ Drivers of the same pure code the gateway drives, through :class:`marsproxy.sim.
 (the control plane: admission, tool phases, scheduling, fed the engines' state as the gateway's
 probes and shells feed it); engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to
 back while it has work; tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus -
-busy_cpus`` cores; agent trees: :class:`marsproxy.sim.trees.TreeRunner`.
+busy_cpus`` cores; agent trees: :class:`marsproxy.sim.trees.TreeRunner`. ``direct`` has no
+proxy: each session goes straight to one worker (round robin), FCFS.
 
-``direct`` has no proxy: each session goes straight to one worker (round robin), FCFS.
-
-Agents replay sessions as the live benchmark does (prompts: :mod:`marsproxy.sim.agents`), the
-final flag on the last call, a tool phase after every call but the last. A refused call ends
-the session at that time; a session still running at ``horizon_s`` stops there, as failed.
+Agents replay sessions as the live benchmark does (prompts: :mod:`marsproxy.sim.agents`; their
+tenant and class: the plan's), the final flag on the last call, a tool phase after every call
+but the last. A refused call ends the session then; one running at ``horizon_s`` fails there.
 """
 
 from __future__ import annotations
@@ -35,11 +34,12 @@ from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.tickets import Ticket
 from marsproxy.sim.agents import Agent, Prompts
 from marsproxy.sim.cpu import ProcessorSharing
-from marsproxy.sim.proxy import SimProxy
+from marsproxy.sim.proxy import TENANT, SimProxy
 from marsproxy.sim.setup import SimSetup
 from marsproxy.sim.trees import TreeRunner
 
 __all__ = ["SimSetup", "Simulation"]
+
 
 class Simulation:
     def __init__(
@@ -112,8 +112,9 @@ class Simulation:
         prof = self.setup.profile
         for i, plan in enumerate(self.workload.sessions):
             llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
-            agent = Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
-                                                   len(plan.turns), tree=tree_of(plan)))
+            agent = Agent(plan, i, SessionOutcome(
+                plan.id, plan.arrival_s, llm + tool, len(plan.turns), tree=tree_of(plan),
+                group=plan.mix))
             self._agents[plan.id] = agent
             if plan.parent is None:
                 self._push(plan.arrival_s, "arrive", agent)
@@ -146,15 +147,13 @@ class Simulation:
         )
 
     def _live(self) -> bool:
-        # Sessions whose agents left without telling the proxy (no final flag, or given up after
-        # an upstream error) outlive them in the core until idle timeout. (Only those: after
-        # final flags, a session the core still holds then is a leak to see.)
+        # Agents gone untold (no final flag, given up after an upstream error) leave sessions in
+        # the core until idle timeout; only those (any other left over is a leak to see).
         return self._unfinished > 0 or (self._untold > 0 and self.core is not None
                                         and len(self.core.sessions) > 0)
 
     def leftovers(self) -> dict[str, int]:
-        """What the run still holds outside the cores: agents waiting for admission or in the
-        dispatch gate, calls in the engines, tool phases running."""
+        """What the run holds outside the cores: waiting agents, gated calls, engines, tools."""
         return {"held_agents": len(self._held), "gated_calls": len(self._gated),
                 "engine_calls": len(self._by_request),
                 "engines_with_work": sum(e.has_work() for e in self.engines.values()),
@@ -173,7 +172,8 @@ class Simulation:
         if self.proxy.plane.wants_tick(sid):  # as the gateway: the engines are seen at once
             self._carry(now, self.proxy.tick(now))
         ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final,
-                                 lambda: self.prompts.next(agent), agent.plan.parent)
+                                 lambda: self.prompts.next(agent), agent.plan.parent,
+                                 agent.plan.tenant or TENANT, agent.plan.cls)
         if ans.kind is DecisionKind.REJECT:
             self._carry(now, ans.outcome)
             self._fail(now, agent, ans.status or 429, ans.reason)
@@ -237,8 +237,8 @@ class Simulation:
         agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
         agent.outcome.error = reason
         agent.outcome.stopped_s = now
-        # As the gateway: a refusal leaves nothing behind; an upstream error does not end the
-        # session (a client may retry), so the agent that gives up leaves it to its idle timeout.
+        # As the gateway: a refusal leaves nothing; after an upstream error (a client may retry)
+        # the agent that gives up leaves its session to the idle timeout.
         told = status in (429, 503) or self.proxy is None
         self._finish(now, agent, told=told, reason=EndReason.ABANDONED)
 

@@ -72,16 +72,18 @@ class SimProxy:
 
     # -- what the agents do -----------------------------------------------------------------
     def request(self, now: float, key: str, tokens: int, final: bool,
-                ids: Callable[[], Sequence[int]], parent: str | None = None) -> Answer:
+                ids: Callable[[], Sequence[int]], parent: str | None = None,
+                tenant: str = TENANT, cls: str | None = None) -> Answer:
         """``ids``: the prompt's token ids (asked only for a new session's first prompt, with
-        KV events: its resident prefix per worker); ``parent``: the session that spawned it."""
+        KV events: its resident prefix per worker); ``parent``: the session that spawned it;
+        ``tenant``, ``cls``: its tenant and service class (mixed workloads)."""
         prefix = None
         if self.kv is not None and self.plane.phase(key) is Phase.ENDED:
             prefix = self.kv.prefix(ids())
         self._in("request", now, key=key, tokens=tokens, final=final, prefix=prefix,
-                 parent=parent)
-        return self.plane.request(now, key, TENANT, tokens=tokens, final=final, prefix=prefix,
-                                  parent=parent)
+                 parent=parent, tenant=tenant, cls=cls)
+        return self.plane.request(now, key, tenant, tokens=tokens, final=final, prefix=prefix,
+                                  parent=parent, cls=cls)
 
     def call_start(self, now: float, key: str, worker: str, ids: Sequence[int],
                    max_new_tokens: int) -> Ticket | None:

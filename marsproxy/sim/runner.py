@@ -64,6 +64,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     options.add_workload_args(p, sessions=300, rates="0.05,0.2,0.5", token_scale=1.0,
                               tool_time_scale=1.0, max_turns=None, regimes="8k,32k,64k,128k",
                               queue_deadline="the --horizon")
+    m = p.add_argument_group("mixed workloads (in place of --sessions and --rates)")
+    m.add_argument("--classes", default=None, metavar="NAME:N@RATE,...",
+                   help="groups of sessions by service class: N sessions of class NAME arriving"
+                   " at RATE sessions/s each, e.g. interactive:4@0.05,batch:64@0.5; the report"
+                   " adds each group's figures")
+    m.add_argument("--tenants", default=None, metavar="NAME:N@RATE,...",
+                   help="groups of sessions by tenant (NAME: the tenant id, as"
+                   " admission.tenant_weights names it), e.g. light:4@0.05,heavy:40@0.5")
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
     e.add_argument("--workers", type=int, default=1, help="emulated engines")
@@ -115,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets, options.queue_deadline(args, args.horizon))
         options.check_policies(pols, sets)
+        options.check_mix(cases[0].spec.mix, sets)
         if not 0 <= args.busy_cpus < args.tool_cpus:
             raise ValueError(f"--busy-cpus must be >= 0 and below --tool-cpus"
                              f" ({args.tool_cpus}), got {args.busy_cpus}")
@@ -144,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
             "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
             "state_every_s": args.state_every,
-            "trace": args.trace or "packaged sample", "sessions": args.sessions,
+            "trace": args.trace or "packaged sample",
+            "sessions": args.sessions if not cases[0].spec.mix else "by group",
             "seed": options.seeds_text(args),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,

@@ -32,6 +32,7 @@ from marsproxy.gateway.shells.service import Gateway
 from marsproxy.policy.log import DecisionLog
 from marsproxy.runs import options
 from marsproxy.runs.arrivals import ArrivalSpec
+from marsproxy.runs.mix import MixGroup, parse_mix
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
@@ -48,13 +49,13 @@ class _Clock:
 
 def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[str],
               mode: str, blocks: int, groups: int = 0, trees: tuple[int, int] | None = None,
-              ) -> tuple[Any, list[Input], DecisionLog]:
+              mix: tuple[MixGroup, ...] = ()) -> tuple[Any, list[Input], DecisionLog]:
     """``groups``: sessions in that many groups sharing a first prompt, with KV events;
-    ``trees``: roots spawning that many children."""
+    ``trees``: roots spawning that many children; ``mix``: groups by class or tenant."""
     wl = build_workload(load_trace(), WorkloadSpec(
         sessions=sessions, seed=seed, token_scale=0.05, tool_time_scale=0.05, max_turns=4,
         max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 2.0), prefix_groups=groups,
-        prefix_tokens=400, trees=trees))
+        prefix_tokens=400, trees=trees, mix=mix))
     urls = [f"http://127.0.0.1:{9 + i}" for i in range(workers)]
     cfg = options.proxy_config(policy, options.parse_sets(sets), urls)
     # The simulator names its workers w0, w1, ...: the gateway's labels must match.
@@ -90,8 +91,9 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
             a = inp.args
             if inp.kind == "request":
                 admits[a["key"]] = asyncio.ensure_future(gw.admit(
-                    a["key"], TENANT, 4 * a["tokens"], a["final"], tokens=a["tokens"],
-                    prefix=a["prefix"], parent=a.get("parent")))
+                    a["key"], a.get("tenant", TENANT), 4 * a["tokens"], a["final"],
+                    tokens=a["tokens"], cls=a.get("cls"), prefix=a["prefix"],
+                    parent=a.get("parent")))
             elif inp.kind == "call_start":
                 verdict = admits.pop(a["key"])
                 assert verdict.done(), f"{a['key']} not admitted by the gateway at {inp.now}"
@@ -182,6 +184,24 @@ async def test_agent_trees_decide_alike(mode: str) -> None:
     cfg, inputs, sim_log = _simulate("mars", 1, 16, 1, [], mode, 256, trees=(2, 4))
     kinds = {e.kind for e in sim_log.entries}
     assert {"child", "tree_wait", "admit", "level"} <= kinds
+    gw_log = await _replay(cfg, inputs)
+    for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
+        assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"
+    assert len(gw_log.entries) == len(sim_log.entries)
+
+
+@pytest.mark.parametrize(("mode", "mix", "kind"), [
+    ("priority", "interactive:4@1,batch:14@3", "class"),
+    ("gated", "interactive:3@1,batch:12@3", "class"),
+    ("priority", "light:4@1,heavy:14@3", "tenant"),
+])
+async def test_classes_and_tenants_decide_alike(mode: str, mix: str, kind: str) -> None:
+    # Classes (the first class's KV fit, a later class's calls gated behind it) and tenants'
+    # turns, on a KV-tight worker: the same through both drivers.
+    groups = parse_mix(mix, kind)  # type: ignore[arg-type]
+    cfg, inputs, sim_log = _simulate("mars", 1, 1, 2, [], mode, 160, mix=groups)
+    assert {i.args.get("cls" if kind == "class" else "tenant") for i in inputs
+            if i.kind == "request"} >= {g.name for g in groups}
     gw_log = await _replay(cfg, inputs)
     for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
         assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"

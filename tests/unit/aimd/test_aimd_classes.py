@@ -171,14 +171,22 @@ def test_config_rejects_unknown_classes() -> None:
         AdmissionConfig(tenant_weights={"a": 0.0})
 
 
-def test_later_classes_leave_the_reserve_free() -> None:
-    cfg = AdmissionConfig(classes=ServiceClasses(reserve_frac=0.5))
-    q = AdmissionQueue(cfg)
-    assert q.push(q.entry("b0", "t", 0.0, 100, "batch"))  # 7 blocks, + 50 reserved
-    assert picked(q, 1.0, admitted=1, budget_blocks=56, total_blocks=100) == []
-    assert picked(q, 2.0, admitted=1, budget_blocks=57, total_blocks=100) == ["b0"]
-    assert q.push(q.entry("i0", "t", 3.0, 100, "interactive"))  # the reserve is its own
-    assert picked(q, 4.0, admitted=1, budget_blocks=7, total_blocks=100) == ["i0"]
+def test_the_first_class_fits_in_the_kv_later_classes_yield() -> None:
+    q = AdmissionQueue(AdmissionConfig())
+    assert q.push(q.entry("b0", "t", 0.0, 100, "batch"))  # 7 blocks
+    assert q.push(q.entry("i0", "t", 0.0, 100, "interactive"))
+    # The budget is spent by batch sessions; the first class's own budget has room for i0
+    # alone: batch does not get it.
+    assert picked(q, 1.0, admitted=3, budget_blocks=-20, protected_budget_blocks=10) == ["i0"]
+    assert picked(q, 2.0, admitted=3, budget_blocks=-20, protected_budget_blocks=10) == []
+    assert picked(q, 3.0, admitted=3, budget_blocks=7, protected_budget_blocks=10) == ["b0"]
+
+
+def test_the_first_class_budget_shrinks_as_it_is_used() -> None:
+    q = AdmissionQueue(AdmissionConfig())
+    for i in range(3):
+        assert q.push(q.entry(f"i{i}", "t", float(i), 100, "interactive"))  # 7 blocks each
+    assert picked(q, 5.0, admitted=3, budget_blocks=0, protected_budget_blocks=14) == ["i0", "i1"]
 
 
 def test_urgency_orders_a_tenants_own_sessions_not_one_tenant_before_another() -> None:

@@ -270,3 +270,48 @@ def _config(flat: dict[str, Any]) -> AdmissionConfig:
     tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}
     rest = {k: v for k, v in flat.items() if k not in tuned}
     return AdmissionConfig(**rest, tuning=AdmissionTuning(**tuned))
+
+
+def test_committed_without_the_sessions_that_yield() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    p.admit("i", "w0", 160)  # forecast 20 blocks
+    p.admit("b", "w0", 1600)  # forecast 200 blocks
+    p.admit("x", "w1", 1600)
+    assert sorted(p.held_on("w0")) == ["b", "i"]
+    assert p.committed_tokens("w0") == 320 + 3200
+    assert p.committed_tokens("w0", without=lambda k: k == "b") == 320
+
+
+def test_a_first_class_session_is_admitted_into_kv_batch_holds() -> None:
+    c = core(peak_free_sessions=2)
+    for i in range(3):  # batch forecasts 300 blocks each: 900 usable, full
+        assert c.on_request(1.0, f"b{i}", "t", 100 * 16, cls="batch").kind is \
+            DecisionKind.ADMITTED
+    assert c.on_request(1.5, "b3", "t", 100 * 16, cls="batch").kind is DecisionKind.WAIT
+    assert c.protected_room("w0") == 900  # nobody to protect yet: no growth asked
+    assert c.on_request(2.0, "i0", "t", 100 * 16, cls="interactive").kind is \
+        DecisionKind.ADMITTED
+    assert c.protected_room("w0") == 900 - 300  # beside i0's forecast
+    assert c.on_request(2.0, "i1", "t", 100 * 16, cls="interactive").kind is \
+        DecisionKind.ADMITTED
+    # Two protected sessions: the forecast fit of their own, growth 3.
+    assert c.protected_room("w0") == (900 - 600) // 3
+    assert "b3" in c.queue  # batch still waits: nothing came free for it
+
+
+def test_a_light_tenants_session_is_admitted_into_kv_a_heavy_one_holds() -> None:
+    c = core(peak_free_sessions=2)
+    for i in range(3):
+        assert c.on_request(1.0, f"h{i}", "heavy", 100 * 16).kind is DecisionKind.ADMITTED
+    assert c.protected_room("w0") is None  # one tenant: nobody yields
+    assert c.on_request(1.5, "h3", "heavy", 100 * 16).kind is DecisionKind.WAIT
+    assert c.on_request(2.0, "l0", "light", 100 * 16).kind is DecisionKind.ADMITTED
+    assert c.yields.yields("h0") and not c.yields.yields("l0")  # heavy holds 3 of 4
+    assert "h3" in c.queue
+
+
+def test_no_later_class_no_budget_of_its_own() -> None:
+    c = core()
+    assert c.on_request(1.0, "i0", "t", 100 * 16, cls="interactive").kind is \
+        DecisionKind.ADMITTED
+    assert c.protected_room("w0") is None  # nobody yields: the common budget

@@ -85,3 +85,23 @@ def test_a_parent_admitted_on_another_replica_makes_a_child_ranked_first() -> No
     assert pending["plain"].cls == "batch" and pending["plain"].tenant == "t"
     keys = plane.rank_keys({"t": 0.0})
     assert keys["kid"].band == 0 and keys["orphan"].band == 1 and keys["plain"].band == 2
+
+
+def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
+    plane, _ = _plane()
+    for w in ("a", "b"):
+        plane.scheduler.set_mode(w, "priority")
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    prios = {}
+    for key, cls in (("i", "interactive"), ("b", "batch")):
+        ans = plane.request(0.1, key, "t", chars=400, cls=cls)
+        p = plane.confirm(0.2, key)
+        assert ans.kind is DecisionKind.ADMITTED and p is not None
+        t = plane.call_start(0.2, key, p.worker, chars=400, max_new_tokens=10)
+        assert t is not None and t.priority is not None
+        assert t.gated is (cls == "batch")  # a later class's calls wait in the gate
+        prios[key] = t.priority
+    assert prios["i"] < prios["b"]  # lower runs sooner
+    assert plane.scheduler.yield_rank("b") == 1
+    plane.session_end(0.3, "b", EndReason.DELETED)
+    assert plane.scheduler.yield_rank("b") == 0  # nothing kept of an ended session

@@ -264,3 +264,40 @@ def test_queue_and_ledger_views() -> None:
     assert core.modes["w"] == "gated" and core.cap("w") == 1 and core.in_flight("w") == 0
     assert [t.session for t in core.queue(1.0, "w")] == ["b"]
     assert [r.session for r in core.ledger.reservations("w")] == ["a"]
+
+
+def test_a_later_class_runs_after_the_first() -> None:
+    # The class rank comes before the level: in the gate, and in the engine's priority.
+    core = make()
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
+    core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
+    first = core.arrive(0.0, "x", "w", 100)
+    assert core.release(0.0) == [first]
+    core.arrive(0.1, "batch", "w", 100)  # level 0, batch
+    core.arrive(0.2, "inter", "w", 20_000)  # level 2, first class
+    assert [t.session for t in core.queue(0.3, "w")] == ["inter", "batch"]
+    core.set_mode("w", "priority")
+    b, i = core.arrive(1.0, "batch2", "w", 100), core.arrive(1.0, "inter2", "w", 100)
+    assert b.level == i.level == 0
+    assert b.priority is not None and i.priority is not None and b.priority > i.priority
+
+
+def test_a_later_class_call_leaves_room_for_the_first_classs_sessions() -> None:
+    # The engine does not preempt for a waiting call: a batch call goes only beside what the
+    # first class's sessions are forecast to hold, less what of it runs already.
+    core = make(kv_reserve_frac=0.0)
+    core.set_facts("w", WorkerFacts(max_num_seqs=8, block_size=16, total_blocks=100))
+    core.set_mode("w", "priority")  # only the calls told to wait in the gate wait there
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
+    first = {"w": 0}
+    core.protected_tokens = lambda w: first[w]
+    big = core.arrive(0.0, "batch0", "w", 60 * 16, gate=True)  # 60 blocks
+    assert core.release(0.0) == [big]  # nothing of the first class on the worker
+    first["w"] = 31 * 16  # an interactive session forecast at 31 blocks, dormant
+    nxt = core.arrive(0.1, "batch1", "w", 10 * 16, gate=True)  # 60 + 10 + 31 > 100
+    assert core.release(0.1) == []
+    i = core.arrive(0.2, "inter", "w", 20 * 16)  # runs 20 of its 31: 11 left to hold
+    assert i.dispatched
+    assert core.release(0.2) == []  # 60 + 20 + 10 + 11 > 100
+    end_ok(core, 1.0, big.call, 60 * 16)
+    assert core.release(1.0) == [nxt]

@@ -1,0 +1,101 @@
+"""Who yields to whom once admitted: sessions of a later service class, and sessions of a tenant
+that holds more than its weighted share of the admitted sessions while another tenant is
+there (admitted or waiting).
+
+The queue orders who is admitted next (``lanes.py``), but an arriving interactive session, or
+a light tenant's, still finds the KV held by the sessions admitted before it, and vLLM does
+not preempt a running request for a waiting one. So the sessions that yield give way twice:
+
+- **KV fit**: a waiting session that would not yield once admitted (of the first class, its
+  tenant within its share) is fitted against the forecast KV of the sessions that do not
+  yield alone (``WorkerFit.protected_room``): the others' KV is theirs only until it is
+  wanted;
+- **engine time**: a yielding session's calls run at a lower priority (the engine preempts
+  them first) and wait in the dispatch gate until they fit beside the forecast KV of the
+  sessions that do not yield (``sched/core.py``), so those find room when their next call
+  comes.
+
+A tenant alone, or every tenant within its share, yields nothing: nobody is capped while the
+others are idle. A tenant's share counts the sessions admitted on this replica.
+
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from marsproxy.aimd.config import ServiceClasses
+from marsproxy.aimd.order_index import QueueEntry
+
+__all__ = ["Yields"]
+
+
+class Yields:
+    def __init__(self, classes: ServiceClasses, weight: Callable[[str], float],
+                 waiting: Callable[[], Mapping[str, int]]) -> None:
+        """``weight``: a tenant's weight; ``waiting``: the waiting sessions per tenant."""
+        self._classes = classes
+        self._weight = weight
+        self._waiting = waiting
+        self._of: dict[str, tuple[str, int]] = {}  # admitted session → (tenant, class rank)
+        self._admitted: Counter[str] = Counter()  # tenant → admitted sessions
+
+    def admitted(self, session: str, tenant: str, cls: str | None) -> None:
+        if session in self._of:
+            return
+        self._of[session] = (tenant, self._classes.rank(cls or ""))
+        self._admitted[tenant] += 1
+
+    def ended(self, session: str) -> None:
+        got = self._of.pop(session, None)
+        if got is None:
+            return
+        self._admitted[got[0]] -= 1
+        if self._admitted[got[0]] <= 0:
+            del self._admitted[got[0]]
+
+    def class_rank(self, session: str) -> int:
+        """The rank of an admitted session's class (0: the first, or not known here)."""
+        got = self._of.get(session)
+        return 0 if got is None else got[1]
+
+    def over_share(self, tenant: str, extra: int = 0) -> bool:
+        """Whether ``tenant`` (with ``extra`` more sessions admitted) holds more than its
+        weighted share of the admitted sessions while another tenant's whole demand (its
+        admitted and waiting sessions) is within that tenant's share: a light tenant, which
+        should never wait. Between tenants that each ask for more than their share, the
+        queue's turns even out the shares (yielding there would only overcommit the KV)."""
+        waiting = self._waiting()
+        present = set(self._admitted) | {t for t, n in waiting.items() if n > 0}
+        present.add(tenant)
+        if len(present) < 2:
+            return False
+        total = sum(self._weight(t) for t in present)
+        n = sum(self._admitted.values()) + extra
+        if self._admitted[tenant] + extra <= n * self._weight(tenant) / total:
+            return False
+        return any(self._admitted[u] + waiting.get(u, 0) <= n * self._weight(u) / total
+                   for u in present if u != tenant)
+
+    def rank(self, session: str) -> int:
+        """0: the session yields to nobody; else how far it yields (its class's rank, plus
+        one while its tenant is over its share)."""
+        got = self._of.get(session)
+        if got is None:
+            return 0
+        import os
+        if os.environ.get("XV") == "admit_only":
+            return got[1]
+        return got[1] + self.over_share(got[0])
+
+    def yields(self, session: str) -> bool:
+        return self.rank(session) > 0
+
+    def protected(self, e: QueueEntry) -> bool:
+        """Whether a waiting session would yield to nobody once admitted."""
+        import os
+        if os.environ.get("XV") == "engine_only":
+            return self._classes.rank(e.cls) == 0
+        return self._classes.rank(e.cls) == 0 and not self.over_share(e.tenant, extra=1)

@@ -1,0 +1,74 @@
+"""Who yields once admitted: a later class, a tenant over its weighted share of the admitted
+sessions while another tenant is there; nobody when alone."""
+
+from __future__ import annotations
+
+from marsproxy.aimd.config import ServiceClasses
+from marsproxy.aimd.order_index import QueueEntry
+from marsproxy.aimd.yields import Yields
+
+
+def _yields(waiting: dict[str, int], weights: dict[str, float] | None = None) -> Yields:
+    w = weights or {}
+    return Yields(ServiceClasses(), lambda t: w.get(t, 1.0), lambda: waiting)
+
+
+def test_a_later_class_yields_the_first_does_not() -> None:
+    y = _yields({})
+    y.admitted("i", "t", "interactive")
+    y.admitted("b", "t", "batch")
+    y.admitted("d", "t", None)  # the default class: interactive
+    assert (y.rank("i"), y.rank("b"), y.rank("d")) == (0, 1, 0)
+    assert y.protected(QueueEntry("i2", "t", 0.0, 10, 100.0, cls="interactive"))
+    assert not y.protected(QueueEntry("b2", "t", 0.0, 10, 100.0, cls="batch"))
+    y.ended("b")
+    assert y.rank("b") == 0  # nothing kept of an ended session
+
+
+def test_a_tenant_alone_never_yields() -> None:
+    y = _yields({})
+    for i in range(5):
+        y.admitted(f"h{i}", "heavy", None)
+    assert not y.over_share("heavy") and not y.yields("h0")
+    assert y.protected(QueueEntry("h5", "heavy", 0.0, 10, 100.0, cls="interactive"))
+
+
+def test_a_tenant_over_its_share_yields_while_another_is_there() -> None:
+    waiting = {"light": 1}
+    y = _yields(waiting)
+    for i in range(4):
+        y.admitted(f"h{i}", "heavy", None)
+    # light waits: heavy holds 4 of 4 against a half share
+    assert y.yields("h0")
+    assert y.protected(QueueEntry("l0", "light", 0.0, 10, 100.0, cls="interactive"))
+    assert not y.protected(QueueEntry("h4", "heavy", 0.0, 10, 100.0, cls="interactive"))
+    waiting.clear()
+    y.admitted("l0", "light", None)
+    assert y.yields("h0") and not y.yields("l0")  # 4 of 5 against 2.5
+    y.ended("l0")
+    assert not y.yields("h0")  # light is gone: heavy is alone again
+
+
+def test_weights_set_the_share() -> None:
+    y = _yields({}, {"big": 3.0})
+    for i in range(3):
+        y.admitted(f"b{i}", "big", None)
+    y.admitted("s0", "small", None)
+    assert not y.over_share("big") and not y.over_share("small")  # 3 of 4 at a 3/4 share
+    y.admitted("b3", "big", None)
+    assert y.over_share("big") and y.rank("b0") == 1
+    y.admitted("x", "big", "batch")
+    assert y.rank("x") == 2  # a later class and over its share
+
+
+def test_between_tenants_that_both_ask_for_more_than_their_share_nobody_yields() -> None:
+    waiting = {"a": 3, "b": 3}
+    y = _yields(waiting)
+    for i in range(4):
+        y.admitted(f"a{i}", "a", None)
+    y.admitted("b0", "b", None)
+    # a holds 4 of 5, but b asks for 4 in all: more than its share; the queue's turns even
+    # them out, yielding would only overcommit the KV.
+    assert not y.yields("a0")
+    waiting["b"] = 0  # b is light now: everything it asks for is within its share
+    assert y.yields("a0") and not y.yields("b0")
