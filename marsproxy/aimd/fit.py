@@ -142,7 +142,8 @@ class WorkerFit:
         that yield hold KV there (``yields.py``; ``None``: none do, or no forecast fit): the
         forecast-peak fit against the sessions that do not yield alone."""
         s = self._signals[worker]
-        if s.stale or not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
+        if (self.yields.nobody() or s.stale or not self.cfg.tuning.kv_fit_peak
+                or s.total_blocks is None):
             return None
         held = self.peaks.held_on(worker)
         kept = sum(not self.yields.yields(k) for k in held)

@@ -72,3 +72,21 @@ def test_between_tenants_that_both_ask_for_more_than_their_share_nobody_yields()
     assert not y.yields("a0")
     waiting["b"] = 0  # b is light now: everything it asks for is within its share
     assert y.yields("a0") and not y.yields("b0")
+
+
+def test_nobody_yields_with_one_tenant_of_the_first_class() -> None:
+    waiting: dict[str, int] = {}
+    y = _yields(waiting)
+    assert y.nobody()
+    y.admitted("a", "t", None)
+    waiting["t"] = 3  # its own sessions waiting change nothing
+    assert y.nobody()
+    waiting["u"] = 1  # another tenant waits: the shares count now
+    assert not y.nobody()
+    del waiting["u"]
+    y.admitted("b", "t", "batch")  # a later class is there
+    assert not y.nobody() and y.rank("b") == 1
+    y.ended("b")
+    assert y.nobody()
+    y.admitted("c", "u", None)  # a second tenant admitted
+    assert not y.nobody()
