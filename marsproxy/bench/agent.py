@@ -97,6 +97,17 @@ async def sleep_tool(seconds: float, kind: str) -> None:
     await asyncio.sleep(seconds)
 
 
+def _mix_headers(plan: PlannedSession) -> dict[str, str]:
+    """A mixed workload's group (``runs/mix.py``): its service class, or its tenant's own key
+    (the proxy's tenant is a hash of the key: ``core/identity.py``)."""
+    headers = {}
+    if plan.cls is not None:
+        headers["x-session-class"] = plan.cls
+    if plan.tenant:
+        headers["Authorization"] = f"Bearer sk-bench-{plan.tenant}"
+    return headers
+
+
 def _scaled(n: int, scale: float) -> int:
     return max(1, round(n * scale))
 
@@ -203,7 +214,7 @@ async def replay_plan(
                  "content": filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)}
             )
             sent_tokens = max(turn.input_tokens, sent_tokens + 1)
-        headers = {opts.session_header: plan.id}
+        headers = {opts.session_header: plan.id, **_mix_headers(plan)}
         if i == len(turns) - 1:
             headers["x-session-final"] = "true"
         sent = time.perf_counter()

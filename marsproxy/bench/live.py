@@ -44,7 +44,7 @@ from marsproxy.runs.workload import PlannedSession, Workload, build_workload
 
 
 def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float) -> SessionOutcome:
-    o = SessionOutcome(plan.id, plan.arrival_s, ideal_s, len(plan.turns))
+    o = SessionOutcome(plan.id, plan.arrival_s, ideal_s, len(plan.turns), group=plan.mix)
     for t in res.turns:
         o.turns.append(TurnOutcome(
             sent_s=t.sent_at - t0, ttft_s=t.ttft_s, latency_s=t.latency_s, status=t.status,
@@ -164,6 +164,7 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
 def configure_parser(p: argparse.ArgumentParser) -> None:
     options.add_workload_args(p, sessions=8, rates="0.5", token_scale=0.05,
                               tool_time_scale=0.05, max_turns=12, regimes="trace")
+    options.add_mix_args(p)
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="tiny", choices=profile_names(),
                    help="emulated workers' engine profile (also prices the ideal times; with"
@@ -215,6 +216,7 @@ def main(args: argparse.Namespace) -> int:
         sets = options.parse_sets(args.sets, options.queue_deadline(
             args, options.DEFAULT_QUEUE_DEADLINE_S))
         options.check_policies(pols, sets)
+        options.check_mix(cases[0].spec.mix, sets)
         if args.state_every < 0:
             raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
         setup = LiveSetup(

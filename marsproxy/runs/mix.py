@@ -1,9 +1,11 @@
 """Mixed workloads: groups of sessions of their own service class or tenant, each with its
-own number of sessions and arrival rate (``marsproxy sim --classes`` / ``--tenants``).
+own number of sessions and arrival rate (``--classes`` / ``--tenants`` of ``marsproxy sim``
+and ``marsproxy bench live``).
 
 A group ``NAME:N@RATE`` is N sessions arriving at RATE sessions/s (the run's arrival kind);
 with ``--classes`` NAME is the sessions' service class (as ``x-session-class`` sends it), with
-``--tenants`` their tenant id (as the hash of an API key names it). Each group's sessions are
+``--tenants`` their tenant: simulated, its tenant id (as the hash of an API key names it); live,
+the group sends its own API key, ``sk-bench-NAME`` (``bench/agent.py``). Each group's sessions are
 built on their own (their own sample of the trace, their own arrivals, scaled to the regime
 on their own), so a group run alone replays exactly the sessions it has in the mix: alone
 and mixed compare the same sessions (``benchmarks/sharing_bench.py``).

@@ -170,8 +170,21 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
     return out
 
 
+def add_mix_args(p: argparse.ArgumentParser) -> None:
+    """``--classes`` / ``--tenants``: mixed workloads (``runs/mix.py``), simulated or live."""
+    m = p.add_argument_group("mixed workloads (in place of --sessions and --rates)")
+    m.add_argument("--classes", default=None, metavar="NAME:N@RATE,...",
+                   help="groups of sessions by service class: N sessions of class NAME arriving"
+                   " at RATE sessions/s each, e.g. interactive:4@0.05,batch:64@0.5 (live: sent"
+                   " as x-session-class); the report adds each group's figures")
+    m.add_argument("--tenants", default=None, metavar="NAME:N@RATE,...",
+                   help="groups of sessions by tenant, e.g. light:4@0.05,heavy:40@0.5 (simulated:"
+                   " NAME is the tenant id, as admission.tenant_weights names it; live: each"
+                   " group sends its own API key, sk-bench-NAME)")
+
+
 def mix(args: argparse.Namespace) -> tuple[MixGroup, ...]:
-    """``--classes`` or ``--tenants`` (``marsproxy sim``) as groups; none without."""
+    """``--classes`` or ``--tenants`` as groups; none without."""
     classes, tenants = getattr(args, "classes", None), getattr(args, "tenants", None)
     if classes and tenants:
         raise ValueError("give --classes or --tenants, not both")

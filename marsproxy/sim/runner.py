@@ -64,14 +64,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     options.add_workload_args(p, sessions=300, rates="0.05,0.2,0.5", token_scale=1.0,
                               tool_time_scale=1.0, max_turns=None, regimes="8k,32k,64k,128k",
                               queue_deadline="the --horizon")
-    m = p.add_argument_group("mixed workloads (in place of --sessions and --rates)")
-    m.add_argument("--classes", default=None, metavar="NAME:N@RATE,...",
-                   help="groups of sessions by service class: N sessions of class NAME arriving"
-                   " at RATE sessions/s each, e.g. interactive:4@0.05,batch:64@0.5; the report"
-                   " adds each group's figures")
-    m.add_argument("--tenants", default=None, metavar="NAME:N@RATE,...",
-                   help="groups of sessions by tenant (NAME: the tenant id, as"
-                   " admission.tenant_weights names it), e.g. light:4@0.05,heavy:40@0.5")
+    options.add_mix_args(p)
     e = p.add_argument_group("system")
     e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
     e.add_argument("--workers", type=int, default=1, help="emulated engines")

@@ -62,3 +62,45 @@ async def test_tool_phases_are_reported_around_the_tool(worker: str) -> None:
     ends = [ts for k, _, ts in log if k == "tool_end"]
     # each end report precedes the next call
     assert all(end < turn.sent_at for end, turn in zip(ends, res.turns[1:], strict=True))
+
+
+async def test_a_mixed_workloads_session_sends_its_class_and_its_tenants_key() -> None:
+    # bench live --classes / --tenants (runs/mix.py): each session names its group to the proxy.
+    seen: list[dict[str, str]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({
+            "id": "c", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    try:
+        opts = ReplayOptions(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", model="m",
+                             system_prompt_tokens=10)
+        turns = (PlannedTurn(50, 1, None, ""),)
+        plans = [PlannedSession("batch/s1", "t", 0.0, turns, mix="batch", cls="batch"),
+                 PlannedSession("light/s2", "t", 0.0, turns, mix="light", tenant="light"),
+                 PlannedSession("s3", "t", 0.0, turns)]
+
+        async def no_tool(seconds: float, kind: str) -> None:
+            return None
+
+        async with aiohttp.ClientSession() as http:
+            for plan in plans:
+                res = await replay_plan(http, plan, opts, filler(10, random.Random(0)), no_tool)
+                assert [t.ok for t in res.turns] == [True]
+    finally:
+        await runner.cleanup()
+    assert seen[0]["x-session-class"] == "batch" and "Authorization" not in seen[0]
+    assert seen[1]["Authorization"] == "Bearer sk-bench-light"
+    assert "x-session-class" not in seen[1]
+    assert "x-session-class" not in seen[2] and "Authorization" not in seen[2]

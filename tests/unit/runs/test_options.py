@@ -110,6 +110,10 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
     (["bench", "live", "--queue-deadline", "5", "--set", "admission.queue_deadline_s=9"],
      "marsproxy bench live: give the queue deadline once"),
     (["sim", "--queue-deadline", "20"], "need tuning.aging_margin_s < queue_deadline_s"),
+    (["bench", "live", "--classes", "gold:2@1"],
+     "marsproxy bench live: --classes: unknown class gold; known: interactive, batch"),
+    (["bench", "live", "--classes", "batch:1@1", "--tenants", "a:1@1"],
+     "marsproxy bench live: give --classes or --tenants, not both"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],
