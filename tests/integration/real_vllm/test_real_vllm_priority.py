@@ -105,7 +105,18 @@ async def _order(http: aiohttp.ClientSession, base: str, engine: str, run_dir: P
         await asyncio.sleep(1.0)  # the API server passes all five on to the paused engine
     finally:
         core.resume()
-    await asyncio.gather(blocker, long, *shorts)
+    tasks = [blocker, long, *shorts]
+    _, pending = await asyncio.wait(tasks, timeout=50)
+    if pending:  # say who never came back, and where the proxy holds them, before failing
+        async with http.get(f"{base}/mars/v1/state") as r:
+            state = await r.json()
+        for t in pending:
+            t.cancel()
+        raise AssertionError(f"not back within 50 s after the engine resumed; done: {done};"
+                             f" scheduler: {state.get('scheduler')};"
+                             f" workers: {state.get('workers')}")
+    for t in tasks:
+        t.result()  # a failed request fails the test here
     assert done[0] == "blocker", f"the blocker did not take the slot first: {done}"
     return done[1:]
 
