@@ -53,6 +53,8 @@ REMOVED: dict[str, str] = {
     " overloaded",
     "admission.kv_count_retained": "KV overload always counts the blocks retained for dormant"
     " sessions as used",
+    "admission.classes.reserve_frac": "later classes' sessions give way to the first class's"
+    " once admitted (KV fit, engine priority, dispatch gate: docs/sharing.md)",
 }
 
 

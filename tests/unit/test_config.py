@@ -159,7 +159,7 @@ def test_the_one_kv_reserve_lives_under_admission() -> None:
 
 def test_removed_keys_say_what_happens_now(tmp_path: Path) -> None:
     p = _write(tmp_path, "admission:\n  cpu_overload_order: longest_first\n"
-                         "  cpu_cap_always: true\n")
+                         "  cpu_cap_always: true\n  classes:\n    reserve_frac: 0.2\n")
     env = {"MARSPROXY_ADMISSION__KV_COUNT_RETAINED": "false"}
     with pytest.raises(ConfigError) as exc:
         load_config(p, environ=env, overrides={"admission": {"cpu_overload_shrinks": True}})
@@ -170,6 +170,7 @@ def test_removed_keys_say_what_happens_now(tmp_path: Path) -> None:
     assert "admission.kv_count_retained was removed" in msg
     assert "MARSPROXY_ADMISSION__KV_COUNT_RETAINED" in msg
     assert "admission.cpu_overload_shrinks was removed" in msg and "(command line)" in msg
+    assert "admission.classes.reserve_frac was removed: later classes' sessions give way" in msg
 
 
 def test_the_retired_table_matches_the_models() -> None:
