@@ -146,12 +146,13 @@ class WorkerFit:
                 or s.total_blocks is None):
             return None
         held = self.peaks.held_on(worker)
-        kept = sum(not self.yields.yields(k) for k in held)
-        if kept == len(held):
+        yielding = {k for k in held if self.yields.yields(k)}  # each session judged once
+        if not yielding:
             return None
+        kept = len(held) - len(yielding)
         bs = s.block_size or DEFAULT_BLOCK_SIZE
         committed = self.peaks.committed_tokens(worker, s.sessions_elsewhere,
-                                                without=self.yields.yields)
+                                                without=yielding.__contains__)
         if kept + s.sessions_elsewhere < self.cfg.tuning.peak_free_sessions:
             # As the forecast fit of a worker with few sessions: the first prompt fits beside
             # what the others are forecast to hold, its own growth not asked for.

@@ -69,11 +69,6 @@ class Yields:
         return len(waiting) == 0 or (len(waiting) == 1 and (
             not self._admitted or next(iter(waiting)) in self._admitted))
 
-    def class_rank(self, session: str) -> int:
-        """The rank of an admitted session's class (0: the first, or not known here)."""
-        got = self._of.get(session)
-        return 0 if got is None else got[1]
-
     def over_share(self, tenant: str, extra: int = 0) -> bool:
         """Whether ``tenant`` (with ``extra`` more sessions admitted) holds more than its
         weighted share of the admitted sessions while another tenant's whole demand (its
