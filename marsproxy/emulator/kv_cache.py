@@ -14,7 +14,7 @@ head of the waiting queue is remembered across steps with its count of free bloc
 (:class:`_HitMemo`), so a prompt that cannot be admitted yet costs O(1) per step, and the next
 turn of a conversation reuses the finished turn's hash chain (:meth:`KVCache.hash_prompt`). None
 of this changes a result; the straightforward model is kept as a test oracle
-(tests/unit/emulator/reference_engine.py) and docs/emulator.md has the numbers.
+(tests/unit/emulator/reference_kv_cache.py) and docs/emulator.md has the numbers.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The fake answers like vLLM (SSE framing, usage chunk on include_usage) and recor
 received. Behaviour per request comes from the ``x-fake`` header:
 ``ok`` (default), ``hang`` (never answers), ``stall`` (one event, then silence),
 ``slow`` (20 events, 50 ms apart), ``404`` (an upstream error).
+
+The fixtures below are shared by the test modules: ``fake``, ``dead_url``, ``until``,
+``run_app``, an ``http`` client session and ``gw`` (a gateway in front of ``fake``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+
+from marsproxy.gateway.http.app import Running, start
+
+from .telemetry_client import config as telemetry_config
 
 
 @dataclass
@@ -297,6 +305,21 @@ async def fake() -> AsyncIterator[FakeWorker]:
     w = await FakeWorker().start()
     yield w
     await w.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for the test's own requests."""
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def gw(fake: FakeWorker) -> AsyncIterator[Running]:
+    """A gateway in front of ``fake`` with the information-stream tests' config."""
+    g = await start(telemetry_config([fake.url]))
+    yield g
+    await g.stop()
 
 
 @pytest.fixture

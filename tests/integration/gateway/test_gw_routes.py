@@ -25,12 +25,6 @@ async def gateway(workers: list[str], **auth: Any) -> Running:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
-@pytest.fixture
 async def emulator(run_app: Any) -> AsyncIterator[str]:
     runner, url = await run_app(emulator_app(EmulatorOptions()))
     yield url

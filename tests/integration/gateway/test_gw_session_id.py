@@ -6,20 +6,12 @@ as usual and shows an index that is not usable."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 from marsproxy.config import load_config
 from marsproxy.gateway.http.app import start
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 async def _relayed(fake: Any, http: aiohttp.ClientSession, worker: dict[str, Any],

@@ -1,6 +1,6 @@
 """The engine's fast paths (flat block state, C-speed chain walks, the remembered head-of-queue
 hit, reused hash chains) give exactly the results of the straightforward model in
-reference_engine.py.
+reference_engine.py and reference_kv_cache.py.
 
 Seeded agent-like workloads (append-only prompts sharing a system prefix, replies fed back as
 history, aborts, a KV cache small enough to evict and preempt) run through both engines in
@@ -28,9 +28,9 @@ from marsproxy.emulator.request import RequestError
 from marsproxy.emulator.step_time import StepTimeCoeffs
 from marsproxy.emulator.tokenizer import filler_token_id
 
-from .reference_engine import KVCache as RefKVCache
-from .reference_engine import KVSeq as RefKVSeq
 from .reference_engine import ReferenceEngine, RefStepResult
+from .reference_kv_cache import KVCache as RefKVCache
+from .reference_kv_cache import KVSeq as RefKVSeq
 
 COEFFS = StepTimeCoeffs(a=1e-3, w=2e-3, b=1e-5, c=1e-4, d_dec=1e-7, d_pf=1e-9)
 

@@ -1,0 +1,158 @@
+"""The gateway against scriptable fake workers: errors (bad requests, upstream errors, connect
+failures, no healthy worker, timeouts) and cancellation when the client goes away."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from marsproxy.gateway.http.relay import OVERHEAD_HEADER
+
+from .relay_client import CHAT, config, gateway, url
+
+
+async def error_of(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    body = await resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
+    assert OVERHEAD_HEADER in resp.headers
+    return body["error"]  # type: ignore[no-any-return]
+
+
+async def test_bad_requests(fake: Any, http: aiohttp.ClientSession) -> None:
+    g = await gateway(config([fake.url], server={"max_body_bytes": 1000}))
+    try:
+        for data in (b"{nope", b"[1,2]"):
+            async with http.post(url(g, "/v1/chat/completions"), data=data) as r:
+                assert r.status == 400
+                assert (await error_of(r))["type"] == "invalid_request_error"
+        async with http.post(url(g, "/v1/completions"), data=b"x" * 2000) as r:
+            assert r.status == 413
+            assert (await error_of(r))["code"] == "body_too_large"
+        assert fake.seen == []
+    finally:
+        await g.stop()
+
+
+async def test_upstream_error_passes_through(fake: Any, http: aiohttp.ClientSession) -> None:
+    g = await gateway(config([fake.url]))
+    try:
+        async with http.post(
+            url(g, "/v1/chat/completions"), json={**CHAT, "stream": True}, headers={"x-fake": "404"}
+        ) as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["message"] == "The model `nope` does not exist."
+    finally:
+        await g.stop()
+
+
+async def test_connect_failure_retries_once_then_502(
+    fake: Any, http: aiohttp.ClientSession, dead_url: str
+) -> None:
+    g = await gateway(config([dead_url, fake.url], health={"interval_s": 60}))
+    try:
+        # The first session is placed on the dead worker (config order) and moved on connect.
+        async with http.post(
+            url(g, "/v1/chat/completions"), json=CHAT, headers={"x-session-id": "s1"}
+        ) as r:
+            assert r.status == 200
+        assert g.gateway.stats()["session_workers"] == {"anon/id/s1": fake.url.split("//")[1]}
+    finally:
+        await g.stop()
+    g = await gateway(config([dead_url], health={"interval_s": 60}))
+    try:
+        async with http.post(url(g, "/v1/chat/completions"), json=CHAT) as r:
+            assert r.status == 502
+            assert (await error_of(r))["code"] == "upstream_connect_failed"
+        async with http.get(url(g, "/metrics")) as r:
+            assert 'kind="connect"' in await r.text()
+    finally:
+        await g.stop()
+
+
+async def test_no_healthy_worker_is_503_with_retry_after(
+    http: aiohttp.ClientSession, dead_url: str, until: Any
+) -> None:
+    g = await gateway(config([dead_url], health={"interval_s": 0.05, "unhealthy_after": 1}))
+    try:
+        async with http.get(url(g, "/healthz")) as r:
+            assert r.status == 200
+        await until(lambda: not g.gateway.healthy())
+        async with http.get(url(g, "/readyz")) as r:
+            assert r.status == 503
+        async with http.post(url(g, "/v1/chat/completions"), json=CHAT) as r:
+            assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+            assert (await error_of(r))["code"] == "no_healthy_worker"
+        async with http.get(url(g, "/metrics")) as r:
+            assert "marsproxy_worker_healthy" in (text := await r.text())
+            assert 'code="503"' in text
+    finally:
+        await g.stop()
+
+
+async def test_first_byte_timeout_is_504(
+    fake: Any, http: aiohttp.ClientSession, until: Any
+) -> None:
+    g = await gateway(config([fake.url], upstream={"first_byte_timeout_s": 0.2}))
+    try:
+        async with http.post(
+            url(g, "/v1/chat/completions"),
+            json={**CHAT, "stream": True},
+            headers={"x-fake": "hang"},
+        ) as r:
+            assert r.status == 504
+            assert (await error_of(r))["code"] == "upstream_timeout"
+            # The 200 ms spent waiting on the worker is not the proxy's overhead.
+            assert float(r.headers[OVERHEAD_HEADER]) < 100
+        await until(lambda: fake.active == 0)  # the hung upstream request was abandoned
+    finally:
+        await g.stop()
+
+
+async def test_idle_timeout_mid_stream_ends_with_sse_error(
+    fake: Any, http: aiohttp.ClientSession, until: Any
+) -> None:
+    g = await gateway(config([fake.url], upstream={"idle_timeout_s": 0.2}))
+    try:
+        async with http.post(
+            url(g, "/v1/chat/completions"),
+            json={**CHAT, "stream": True},
+            headers={"x-fake": "stall"},
+        ) as r:
+            assert r.status == 200
+            text = await r.text()
+        events = [e for e in text.split("\n\n") if e]
+        assert '"w0 "' in events[0]
+        assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "upstream_timeout"
+        await until(lambda: fake.cancelled == 1)
+    finally:
+        await g.stop()
+
+
+async def test_client_disconnect_cancels_upstream(fake: Any, until: Any) -> None:
+    g = await gateway(config([fake.url]))
+    try:
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(
+                url(g, "/v1/chat/completions"),
+                json={**CHAT, "stream": True},
+                headers={"x-fake": "stall"},
+            )
+            assert b"w0" in await r.content.readuntil(b"\n\n")
+            assert fake.active == 1
+            r.close()  # the client goes away while the worker is silent
+        await until(lambda: fake.cancelled == 1 and fake.active == 0)
+        async with aiohttp.ClientSession() as http:  # a waiting non-streamed request too
+            task = http.post(
+                url(g, "/v1/chat/completions"),
+                json=CHAT,
+                headers={"x-fake": "hang"},
+                timeout=aiohttp.ClientTimeout(total=0.3),
+            )
+            with pytest.raises(TimeoutError):
+                await task
+        await until(lambda: fake.cancelled == 2 and fake.active == 0)
+    finally:
+        await g.stop()
