@@ -56,7 +56,9 @@ def render(root: Path = PACKAGE) -> str:
         modules = sorted(p for p in pkg.glob("*.py") if p.name != "__init__.py")
         if not modules:
             continue
-        out.append(f"#### `{rel}/`\n")
+        # No blank line under the heading: it renders the same, and keeps the map (and so
+        # docs/architecture.md) short.
+        out.append(f"#### `{rel}/`")
         what = summary(pkg / "__init__.py") if (pkg / "__init__.py").is_file() else ""
         if what:
             out.append(f"{what}\n")

@@ -51,7 +51,7 @@ def test_module_map_walks_nested_packages_and_skips_caches(tmp_path: Path) -> No
     (root / "data" / "d.py").write_text('"""Not a module of the package."""\n')
 
     out = mm.render(root)
-    assert "#### `pkg/`\n\nThe package.\n" in out
+    assert "#### `pkg/`\nThe package.\n" in out
     assert "| `a.py` | Holds A. |" in out  # first sentence, the outside reference dropped
     assert "#### `pkg/deep/`" in out
     assert "| `b.py` | Holds `B` \\| and `C` across lines. |" in out
