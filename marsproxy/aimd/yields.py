@@ -1,6 +1,6 @@
 """Who yields to whom once admitted: sessions of a later service class, and sessions of a tenant
-that holds more than its weighted share of the admitted sessions while another tenant is
-there (admitted or waiting).
+that asks for more than its weighted share of the admitted sessions while another tenant asks
+for no more than its own (a *light* tenant).
 
 The queue orders who is admitted next (``lanes.py``), but an arriving interactive session, or
 a light tenant's, still finds the KV held by the sessions admitted before it, and vLLM does
@@ -13,10 +13,15 @@ not preempt a running request for a waiting one. So the sessions that yield give
 - **engine time**: a yielding session's calls run at a lower priority (the engine preempts
   them first) and wait in the dispatch gate until they fit beside the forecast KV of the
   sessions that do not yield (``sched/core.py``), so those find room when their next call
-  comes.
+  comes; on an idle worker, too, while one of those is due back from a short tool phase
+  (``SchedulerCore._due_back``).
 
-A tenant alone, or every tenant within its share, yields nothing: nobody is capped while the
-others are idle. A tenant's share counts the sessions admitted on this replica.
+The tenants' part is max-min fairness: a light tenant is served as if alone, and the tenants
+that ask for more than their share (their admitted and waiting sessions together) share what
+is left and give way to it, even one that holds no more than its share of the admitted
+sessions: its few sessions may still hold the KV the light tenant's calls need. A tenant
+alone, or every tenant within its share, yields nothing: nobody is capped while the others
+are idle. A tenant's share counts the sessions admitted on this replica.
 
 Pure code: no I/O.
 """
@@ -70,11 +75,12 @@ class Yields:
             not self._admitted or next(iter(waiting)) in self._admitted))
 
     def over_share(self, tenant: str, extra: int = 0) -> bool:
-        """Whether ``tenant`` (with ``extra`` more sessions admitted) holds more than its
-        weighted share of the admitted sessions while another tenant's whole demand (its
-        admitted and waiting sessions) is within that tenant's share: a light tenant, which
-        should never wait. Between tenants that each ask for more than their share, the
-        queue's turns even out the shares (yielding there would only overcommit the KV)."""
+        """Whether ``tenant`` asks for more than its weighted share of the admitted sessions
+        (its whole demand: its admitted and waiting sessions; ``extra``: that many of them
+        admitted now, out of its waiting ones) while another tenant's whole demand is within
+        that tenant's share: a light tenant, which should never wait. Between tenants that
+        each ask for more than their share, the queue's turns even out the shares (yielding
+        there would only overcommit the KV)."""
         waiting = self._waiting()
         present = set(self._admitted) | {t for t, n in waiting.items() if n > 0}
         present.add(tenant)
@@ -82,14 +88,15 @@ class Yields:
             return False
         total = sum(self._weight(t) for t in present)
         n = sum(self._admitted.values()) + extra
-        if self._admitted[tenant] + extra <= n * self._weight(tenant) / total:
+        demand = self._admitted[tenant] + max(extra, waiting.get(tenant, 0))
+        if demand <= n * self._weight(tenant) / total:
             return False
         return any(self._admitted[u] + waiting.get(u, 0) <= n * self._weight(u) / total
                    for u in present if u != tenant)
 
     def rank(self, session: str) -> int:
         """0: the session yields to nobody; else how far it yields (its class's rank, plus
-        one while its tenant is over its share)."""
+        one while its tenant asks for more than its share beside a light tenant)."""
         got = self._of.get(session)
         if got is None or self.nobody():
             return 0

@@ -9,7 +9,9 @@ clock-injected (``now`` is a parameter; no I/O):
   waits in the worker's gated dispatch queue.
 - ``release``: which gated continuations may go now: ordered by (aged) level, while the
   worker's in-flight count is under its cap (``max_num_seqs``) and their KV fits the budget;
-  a head that does not fit lets smaller ones pass, a bounded number of times.
+  a head that does not fit lets smaller ones pass, a bounded number of times. On an idle
+  worker the head goes even so, unless it yields to a session due back
+  (``next_release_at``: when the driver should ask again).
 - ``end``: a call finished: attained service, warm-resume accounting, the retention decision
   for the coming tool phase and its reservation in the KV ledger.
 - ``tick``: reservations whose TTL ended go; under KV pressure dormant sessions' reservations
@@ -42,6 +44,9 @@ class _Session:
     context_tokens: int = 0  # prompt + completion of its last call
     calls: int = 0
     level: int | None = None  # of its latest call (shown in the state document)
+    worker: str | None = None  # of its latest call
+    call_s: float | None = None  # engine time of its latest call that went well
+    dormant_since: float | None = None  # its latest call ended and it goes on (tool phase)
 
 
 class SchedulerCore:
@@ -68,6 +73,8 @@ class SchedulerCore:
         self.levels_total: dict[int, int] = dict.fromkeys(range(LOWEST + 1), 0)
         self.parent_of: Callable[[str], str | None] = lambda _s: None
         """A session's parent (agent trees; the plane sets it): see :meth:`_inherit`."""
+        self._held_until: dict[str, float] = {}  # worker → when a call held for a session
+        # due back there may go (_due_back)
         self.yield_rank: Callable[[str], int] = lambda _s: 0
         """How far a session yields to others (0: not at all; ``aimd/yields.py``, the plane
         sets it): its calls go after theirs, in the gate and in the engine's priority."""
@@ -110,6 +117,7 @@ class SchedulerCore:
         sess = self._sessions.get(session)
         if sess is None:
             sess = self._sessions[session] = _Session(next(self._ordinal))
+        sess.worker, sess.dormant_since = worker, None
         held = self.ledger.release_on_return(session)
         warm = held is not None and held.expires_at > now and held.worker == worker
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
@@ -227,6 +235,7 @@ class SchedulerCore:
 
     def _release_worker(self, now: float, w: str) -> list[Ticket]:
         out: list[Ticket] = []
+        self._held_until.pop(w, None)
         while self._queues[w] and self.in_flight(w) < self.cap(w):
             q = self._queues[w]
             order = list(q) if len(q) == 1 else self.queue(now, w)  # one: nothing to order
@@ -237,15 +246,53 @@ class SchedulerCore:
                 assert usable is not None
                 need = self.running_blocks(w) + head.blocks - usable
                 self.ledger.drop_under_pressure(w, need)
-            if self._fits(w, head) or self.in_flight(w) == 0:
-                # Alone on the worker, even an oversized continuation must go (no deadlock).
+            fits = self._fits(w, head)
+            until = None if fits or self.in_flight(w) else self._due_back(now, w, head)
+            if fits or (self.in_flight(w) == 0 and until is None):
+                # Alone on the worker, even an oversized continuation must go (no deadlock),
+                # unless it yields to a session due back (:meth:`_due_back`).
                 self._take(now, head)
                 out.append(head)
                 continue
+            if until is not None:
+                self._held_until[w] = until
             passed = self._backfill(now, w, head, order[1:])
             out.extend(passed)
             break
         return out
+
+    def _due_back(self, now: float, w: str, head: Ticket) -> float | None:
+        """Until when ``head``, a call that does not fit beside what the others on the idle
+        worker ``w`` are forecast to need, waits all the same (``None``: it goes now). It waits
+        when it yields and a session it yields to is in a tool phase, for less time so far than
+        ``head``'s session's latest call took, with a context that would not fit beside
+        ``head``: the engine does not preempt a running call for a waiting one, so ``head``
+        sent now could hold that session's next call back about as long as ``head`` runs.
+        Waiting idles the engine at most that long: until the session has been away for that
+        time (the earliest such time of the sessions it waits for, when it is looked at again;
+        a first call, with no call time to go by, does not wait)."""
+        own = self._sessions.get(head.session)
+        if own is None or own.call_s is None or not self.yield_rank(head.session):
+            return None
+        usable = self.usable_blocks(w)
+        if usable is None:
+            return None
+        bs = self.facts[w].block_size or 16
+        need = self.running_blocks(w) + head.blocks
+        until: float | None = None
+        for key, s in self._sessions.items():
+            if s.worker != w or s.dormant_since is None:
+                continue
+            end = s.dormant_since + own.call_s
+            if now < end and not self.yield_rank(key):
+                need += blocks_for_tokens(s.context_tokens, bs)
+                until = end if until is None else min(until, end)
+        return until if need > usable else None
+
+    def next_release_at(self) -> float | None:
+        """When a call held back for a session due back (:meth:`_due_back`) may go: the
+        driver calls :meth:`release` then (``None``: no call is held that way)."""
+        return min(self._held_until.values(), default=None)
 
     def _backfill(self, now: float, w: str, head: Ticket, rest: list[Ticket]) -> list[Ticket]:
         out: list[Ticket] = []
@@ -323,6 +370,9 @@ class SchedulerCore:
                 self.resumes.context_tokens += left
             sess.context_tokens = prompt_tokens + completion_tokens
             sess.calls += 1
+            sess.call_s = engine_s
+        if sess is not None and session_continues:
+            sess.dormant_since = now
         facts = self.facts[t.worker]
         context = prompt_tokens + completion_tokens
         outcome = None

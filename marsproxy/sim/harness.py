@@ -76,6 +76,7 @@ class Simulation:
         self._held: dict[str, Agent] = {}
         self._gated: dict[int, Agent] = {}  # call → agent whose call waits in the dispatch gate
         self._tickets: dict[int, Ticket] = {}
+        self._release_at: float | None = None  # a "release" event is due then
         self._cpu_version = 0
         self._unfinished = 0
         self._untold = 0  # agents gone without telling the proxy (their sessions time out)
@@ -126,6 +127,7 @@ class Simulation:
         handlers: dict[str, Callable[[float, Any], None]] = {
             "arrive": self._request, "step": self._on_step_done, "cpu": self._on_cpu,
             "tick": self._on_tick, "sched_tick": self._on_sched_tick, "send": self._request,
+            "release": self._on_release,
         }
         now = 0.0
         while self._heap and self._live():
@@ -215,6 +217,17 @@ class Simulation:
             agent = self._gated.pop(t.call, None)
             if agent is not None:
                 self._send(now, agent, t.worker, t.priority or 0)
+        # A call held for a session due back goes when that wait ends (as the gateway's timer).
+        at = None if self.sched is None else self.sched.next_release_at()
+        if at is not None and (self._release_at is None or at < self._release_at):
+            self._release_at = at
+            self._push(at, "release")
+
+    def _on_release(self, now: float, _: Any) -> None:
+        assert self.proxy is not None
+        if self._release_at is not None and now >= self._release_at:
+            self._release_at = None
+        self._send_released(now, self.proxy.release(now))
 
     def _send(self, now: float, agent: Agent, worker: str, priority: int) -> None:
         """The call reaches the worker's engine."""

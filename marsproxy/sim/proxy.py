@@ -173,6 +173,11 @@ class SimProxy:
         self._in("sched_tick", now, observed=observed)
         return self.plane.sched_tick(now, observed)[1]
 
+    def release(self, now: float) -> list[Ticket]:
+        """A call held for a session due back may go now (``SchedulerCore.next_release_at``)."""
+        self._in("release", now)
+        return self.plane.release(now)
+
     def _snapshot(self, now: float) -> None:
         engines = {}
         for w, eng in self.engines.items():

@@ -85,6 +85,9 @@ class SchedulerShell:
         self.passive = plane.passive
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # A call held for a session due back goes when that wait ends (next_release_at).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,6 +99,9 @@ class SchedulerShell:
                         self._probe(w), name=f"marsproxy-priority-probe-{w.label}"))
 
     async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -187,6 +193,24 @@ class SchedulerShell:
             fut = self._waiters.pop(t.call, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
+        self._arm()
+
+    def _arm(self) -> None:
+        """Time the release of a call held for a session due back (``next_release_at``); only
+        while the shell runs (started: a replay releases by itself)."""
+        at = self.core.next_release_at()
+        if at is None or not self._tasks or (self._timer_at is not None and self._timer_at <= at):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - self.now()),
+                                                            self.release_now)
+
+    def release_now(self) -> None:
+        """Send what the dispatch gate lets go now (a held call's wait is over)."""
+        self._timer = self._timer_at = None
+        self._wake(self.core.release(self.now()))
 
     def _hints(self, t: Ticket, body: dict[str, Any], raw: bytes, chars: int) -> Prepared:
         headers: dict[str, str] = {}

@@ -90,3 +90,21 @@ def test_nobody_yields_with_one_tenant_of_the_first_class() -> None:
     assert y.nobody()
     y.admitted("c", "u", None)  # a second tenant admitted
     assert not y.nobody()
+
+
+def test_a_backlogged_tenant_yields_to_a_light_one_even_at_its_share() -> None:
+    # heavy holds 1 of 2 admitted sessions (its share) but asks for 4: it gives way to light,
+    # whose whole demand (1) is within its share; the shares alone would say nobody yields.
+    waiting = {"heavy": 3}
+    y = _yields(waiting)
+    y.admitted("h0", "heavy", None)
+    y.admitted("l0", "light", None)
+    assert y.yields("h0") and not y.yields("l0")
+    # light's next session, waiting, would yield to nobody once admitted: it is fitted
+    # against the KV of the sessions that do not yield
+    waiting["light"] = 1
+    assert y.protected(QueueEntry("l1", "light", 0.0, 10, 100.0, cls="interactive"))
+    assert not y.yields("h0")  # light asks for 2 of 2 now: both above their share
+    del waiting["light"]
+    waiting["heavy"] = 0  # heavy asks for its share alone: both light, nobody yields
+    assert not y.yields("h0") and not y.yields("l0")

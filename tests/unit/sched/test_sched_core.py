@@ -301,3 +301,60 @@ def test_a_later_class_call_leaves_room_for_the_first_classs_sessions() -> None:
     assert core.release(0.2) == []  # 60 + 20 + 10 + 11 > 100
     end_ok(core, 1.0, big.call, 60 * 16)
     assert core.release(1.0) == [nxt]
+
+
+def _idle_worker_with_a_dormant_first_class_session() -> tuple[SchedulerCore, Any]:
+    """A worker of 100 blocks; ``inter`` (first class, 40 blocks of context) and a batch
+    session's call that took 0.5 s both ended at 1.0; the batch session comes back at 1.1."""
+    core = make(kv_reserve_frac=0.0)
+    core.set_facts("w", WorkerFacts(max_num_seqs=8, block_size=16, total_blocks=100))
+    core.set_mode("w", "priority")
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
+    first = {"w": 0}
+    core.protected_tokens = lambda w: first[w]
+    b = core.arrive(0.5, "batch", "w", 60 * 16, gate=True)
+    i = core.arrive(0.5, "inter", "w", 30 * 16)
+    assert core.release(0.5) == [b] and i.dispatched
+    core.end(1.0, b.call, ok=True, prompt_tokens=60 * 16, completion_tokens=16,
+             cached_tokens=0, engine_s=0.5, predicted_tool_s=None, session_continues=True)
+    end_ok(core, 1.0, i.call, 30 * 16, completion=10 * 16)  # context: 40 blocks
+    first["w"] = 50 * 16  # its forecast peak: 50 blocks
+    return core, core.arrive(1.1, "batch", "w", 61 * 16, gate=True)  # 61 + 50 > 100
+
+
+def test_a_yielding_call_waits_on_an_idle_worker_for_a_session_due_back() -> None:
+    # The engine does not preempt a running call for a waiting one: sent now, the batch call
+    # (about 0.5 s, as its last) would hold the interactive session's next call back. It waits
+    # until that session has been away as long (1.0 + 0.5), then goes: the engine idles at most
+    # as long as the batch call would have held the other back.
+    core, t = _idle_worker_with_a_dormant_first_class_session()
+    assert core.release(1.1) == [] and core.next_release_at() == pytest.approx(1.5)
+    assert core.release(1.5) == [t] and core.next_release_at() is None
+
+
+def test_the_session_due_back_comes_back_and_runs_first() -> None:
+    core, t = _idle_worker_with_a_dormant_first_class_session()
+    assert core.release(1.2) == []
+    i = core.arrive(1.3, "inter", "w", 41 * 16)
+    assert i.dispatched and core.release(1.3) == []  # 41 running + 61 > 100
+    end_ok(core, 1.6, i.call, 41 * 16)  # dormant again: the batch call waits anew
+    assert core.release(1.6) == [] and core.next_release_at() == pytest.approx(2.1)
+    assert core.release(2.1) == [t]  # away 0.5 s: the batch call goes
+
+
+def test_no_wait_for_a_session_due_back_beside_which_the_call_fits() -> None:
+    core, t = _idle_worker_with_a_dormant_first_class_session()
+    core.cancel(t.call)
+    small = core.arrive(1.1, "batch", "w", 59 * 16, gate=True)  # 59 + 40 fits; 59 + 50 not
+    assert core.release(1.1) == [small]
+
+
+def test_a_first_call_or_a_first_class_call_does_not_wait_for_a_session_due_back() -> None:
+    core, t = _idle_worker_with_a_dormant_first_class_session()
+    core.cancel(t.call)
+    first = core.arrive(1.1, "batch-new", "w", 61 * 16, gate=True)  # no call time to go by
+    assert core.release(1.1) == [first]
+    core.cancel(first.call)
+    core.yield_rank = lambda s: 0  # nobody yields: the idle worker takes the call
+    again = core.arrive(1.2, "batch", "w", 61 * 16, gate=True)
+    assert core.release(1.2) == [again]
