@@ -7,10 +7,10 @@ clock-injected (``now`` is a parameter; no I/O):
   (per ``priority_policy``), an order key (``priority``: the vLLM body value, lower first), a
   provisional retention hint, and either goes at once (``priority`` workers, or no policy) or
   waits in the worker's gated dispatch queue.
-- ``release``: which gated continuations may go now: ordered by (aged) level, while the
-  worker's in-flight count is under its cap (``max_num_seqs``) and their KV fits the budget;
-  a head that does not fit lets smaller ones pass, a bounded number of times. On an idle
-  worker the head goes even so, unless it yields to a session due back
+- ``release`` (:mod:`marsproxy.sched.gate`): which gated continuations may go now: ordered by
+  (aged) level, while the worker's in-flight count is under its cap (``max_num_seqs``) and
+  their KV fits the budget; a head that does not fit lets smaller ones pass, a bounded number
+  of times. On an idle worker the head goes even so, unless it yields to a session due back
   (``next_release_at``: when the driver should ask again).
 - ``end``: a call finished: attained service, warm-resume accounting, the retention decision
   for the coming tool phase and its reservation in the KV ledger.
@@ -26,30 +26,27 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
+from marsproxy.sched.gate import DispatchGate
 from marsproxy.sched.ledger import KvLedger, Reservation
-from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, promotion, service_of
+from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, service_of
 from marsproxy.sched.retention import decide
-from marsproxy.sched.tickets import EndResult, Mode, ResumeStats, Ticket, TickResult, WorkerFacts
+from marsproxy.sched.tickets import (
+    EndResult,
+    Mode,
+    ResumeStats,
+    SessionRecord,
+    Ticket,
+    TickResult,
+    WorkerFacts,
+)
 
 
-@dataclass(slots=True)
-class _Session:
-    ordinal: int  # arrival order of the session (session_fcfs)
-    context_tokens: int = 0  # prompt + completion of its last call
-    calls: int = 0
-    level: int | None = None  # of its latest call (shown in the state document)
-    worker: str | None = None  # of its latest call
-    call_s: float | None = None  # engine time of its latest call that went well
-    dormant_since: float | None = None  # its latest call ended and it goes on (tool phase)
-
-
-class SchedulerCore:
+class SchedulerCore(DispatchGate):
     def __init__(
         self, cfg: SchedulerConfig, workers: Sequence[str], kv_reserve_frac: float
     ) -> None:
@@ -62,7 +59,7 @@ class SchedulerCore:
         self.ledger = KvLedger()
         self.service = SessionService()
         self.resumes = ResumeStats()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, SessionRecord] = {}
         self._ordinal = itertools.count()
         self._calls = itertools.count(1)
         self._queues: dict[str, list[Ticket]] = {w: [] for w in workers}
@@ -116,7 +113,7 @@ class SchedulerCore:
         """
         sess = self._sessions.get(session)
         if sess is None:
-            sess = self._sessions[session] = _Session(next(self._ordinal))
+            sess = self._sessions[session] = SessionRecord(next(self._ordinal))
         sess.worker, sess.dormant_since = worker, None
         held = self.ledger.release_on_return(session)
         warm = held is not None and held.expires_at > now and held.worker == worker
@@ -144,7 +141,9 @@ class SchedulerCore:
             self._dispatch(now, t)
         return t
 
-    def _level(self, sess: _Session, session: str, uncached: int) -> tuple[int | None, int | None]:
+    def _level(
+        self, sess: SessionRecord, session: str, uncached: int
+    ) -> tuple[int | None, int | None]:
         policy = self.cfg.priority_policy
         attained = self.service.attained(session)
         if policy == "mars":
@@ -182,139 +181,6 @@ class SchedulerCore:
         return out.ttl_s if out.retain else 0.0
 
     # -- gated dispatch -------------------------------------------------------------------
-    def cap(self, worker: str) -> int:
-        """In-flight continuations a gated worker may run (its ``max_num_seqs``)."""
-        return self.facts[worker].max_num_seqs or self.cfg.default_max_num_seqs
-
-    def usable_blocks(self, worker: str) -> int | None:
-        """KV blocks running continuations may use: total less the reserve and the ledger."""
-        total = self.facts[worker].total_blocks
-        if total is None:
-            return None
-        reserve = math.ceil(self.kv_reserve_frac * total)
-        return total - reserve - self.ledger.reserved_blocks(worker)
-
-    def running_blocks(self, worker: str) -> int:
-        return sum(t.blocks for t in self._running[worker].values())
-
-    def in_flight(self, worker: str) -> int:
-        return len(self._running[worker])
-
-    def _order_key(self, now: float, t: Ticket) -> tuple[int, int, int, float, int]:
-        # Who yields goes after (a later class, a tenant over its share), then levels.
-        aged = t.level
-        if aged is not None:
-            aged = max(0, aged - promotion(now - t.arrived, self.cfg))
-        return (self.yield_rank(t.session), aged if aged is not None else 0, t.priority or 0,
-                t.arrived, t.call)
-
-    def queue(self, now: float, worker: str) -> list[Ticket]:
-        """The worker's gated queue in release order (aged levels, then arrival)."""
-        return sorted(self._queues[worker], key=lambda t: self._order_key(now, t))
-
-    def release(self, now: float, workers: Iterable[str] | None = None) -> list[Ticket]:
-        """Gated continuations that go now (marked dispatched; the shell sends them)."""
-        out: list[Ticket] = []
-        for w in self.workers if workers is None else workers:
-            out.extend(self._release_worker(now, w))
-        return out
-
-    def _fits(self, worker: str, t: Ticket) -> bool:
-        usable = self.usable_blocks(worker)
-        if usable is None:
-            return True
-        need = self.running_blocks(worker) + t.blocks
-        if self.yield_rank(t.session):
-            # The engine does not preempt for a waiting call: a yielding session's call leaves
-            # the others the room they are forecast to need (less what they run already).
-            kept = sum(r.blocks for r in self._running[worker].values()
-                       if not self.yield_rank(r.session))
-            bs = self.facts[worker].block_size or 16
-            need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
-        return need <= usable
-
-    def _release_worker(self, now: float, w: str) -> list[Ticket]:
-        out: list[Ticket] = []
-        self._held_until.pop(w, None)
-        while self._queues[w] and self.in_flight(w) < self.cap(w):
-            q = self._queues[w]
-            order = list(q) if len(q) == 1 else self.queue(now, w)  # one: nothing to order
-            head = order[0]
-            if not self._fits(w, head):
-                # Dormant sessions' reservations go before running work is held back.
-                usable = self.usable_blocks(w)
-                assert usable is not None
-                need = self.running_blocks(w) + head.blocks - usable
-                self.ledger.drop_under_pressure(w, need)
-            fits = self._fits(w, head)
-            until = None if fits or self.in_flight(w) else self._due_back(now, w, head)
-            if fits or (self.in_flight(w) == 0 and until is None):
-                # Alone on the worker, even an oversized continuation must go (no deadlock),
-                # unless it yields to a session due back (:meth:`_due_back`).
-                self._take(now, head)
-                out.append(head)
-                continue
-            if until is not None:
-                self._held_until[w] = until
-            passed = self._backfill(now, w, head, order[1:])
-            out.extend(passed)
-            break
-        return out
-
-    def _due_back(self, now: float, w: str, head: Ticket) -> float | None:
-        """Until when ``head``, a call that does not fit beside what the others on the idle
-        worker ``w`` are forecast to need, waits all the same (``None``: it goes now). It waits
-        when it yields and a session it yields to is in a tool phase, for less time so far than
-        ``head``'s session's latest call took, with a context that would not fit beside
-        ``head``: the engine does not preempt a running call for a waiting one, so ``head``
-        sent now could hold that session's next call back about as long as ``head`` runs.
-        Waiting idles the engine at most that long: until the session has been away for that
-        time (the earliest such time of the sessions it waits for, when it is looked at again;
-        a first call, with no call time to go by, does not wait)."""
-        own = self._sessions.get(head.session)
-        if own is None or own.call_s is None or not self.yield_rank(head.session):
-            return None
-        usable = self.usable_blocks(w)
-        if usable is None:
-            return None
-        bs = self.facts[w].block_size or 16
-        need = self.running_blocks(w) + head.blocks
-        until: float | None = None
-        for key, s in self._sessions.items():
-            if s.worker != w or s.dormant_since is None:
-                continue
-            end = s.dormant_since + own.call_s
-            if now < end and not self.yield_rank(key):
-                need += blocks_for_tokens(s.context_tokens, bs)
-                until = end if until is None else min(until, end)
-        return until if need > usable else None
-
-    def next_release_at(self) -> float | None:
-        """When a call held back for a session due back (:meth:`_due_back`) may go: the
-        driver calls :meth:`release` then (``None``: no call is held that way)."""
-        return min(self._held_until.values(), default=None)
-
-    def _backfill(self, now: float, w: str, head: Ticket, rest: list[Ticket]) -> list[Ticket]:
-        out: list[Ticket] = []
-        for t in rest:
-            if head.bypassed >= self.cfg.tuning.backfill_max or self.in_flight(w) >= self.cap(w):
-                break
-            if self._fits(w, t):
-                self._take(now, t)
-                head.bypassed += 1
-                self.backfilled_total += 1
-                out.append(t)
-        return out
-
-    def _take(self, now: float, t: Ticket) -> None:
-        self._queues[t.worker].remove(t)
-        self._dispatch(now, t)
-
-    def _dispatch(self, now: float, t: Ticket) -> None:
-        t.released_at = now
-        self._running[t.worker][t.call] = t
-        self.dispatched_total[t.worker] += 1
-
     def cancel(self, call: int) -> Ticket | None:
         """A continuation left before it went (its client disconnected, or it failed to send):
         it leaves the queue, or stops counting in flight. Returns it if it was known."""

@@ -85,3 +85,16 @@ class ResumeStats:
         """Warm resumes / resumes; None before the first resume."""
         n = self.resumes
         return None if n == 0 else sum(self.warm.values()) / n
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What the scheduler core keeps of a session between its calls."""
+
+    ordinal: int  # arrival order of the session (session_fcfs)
+    context_tokens: int = 0  # prompt + completion of its last call
+    calls: int = 0
+    level: int | None = None  # of its latest call (shown in the state document)
+    worker: str | None = None  # of its latest call
+    call_s: float | None = None  # engine time of its latest call that went well
+    dormant_since: float | None = None  # its latest call ended and it goes on (tool phase)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from marsproxy.emulator.profiles import EngineProfile
 from marsproxy.emulator.tokenizer import filler_token_id
+from marsproxy.runs.ideal import ideal_seconds
 from marsproxy.runs.results import SessionOutcome
-from marsproxy.runs.workload import PlannedSession
+from marsproxy.runs.trees import tree_of
+from marsproxy.runs.workload import PlannedSession, Workload
 
 _SYSTEM_BASE = 100  # token ids of the shared system prompt start here
 _SESSION_BASE = 10_000_000  # each session's first own token: unique, so prefixes diverge
@@ -35,6 +38,25 @@ class Agent:
     sent_s: float = 0.0
     first_token_s: float | None = None
     done: bool = False
+
+
+def agents_for(workload: Workload, profile: EngineProfile, time_scale: float) -> dict[str, Agent]:
+    """One agent per planned session, by id; its outcome's ideal time priced on ``profile``."""
+    out = {}
+    for i, plan in enumerate(workload.sessions):
+        llm, tool = ideal_seconds(plan, profile, time_scale)
+        out[plan.id] = Agent(plan, i, SessionOutcome(plan.id, plan.arrival_s, llm + tool,
+                                                     len(plan.turns), tree=tree_of(plan),
+                                                     group=plan.mix))
+    return out
+
+
+def mark_unfinished(agents: dict[str, Agent], stopped_s: float) -> None:
+    """Agents still running when the simulation stops fail there."""
+    for agent in agents.values():
+        if not agent.done and not agent.outcome.error:
+            agent.outcome.error = "unfinished at the simulation horizon"
+            agent.outcome.stopped_s = stopped_s
 
 
 class Prompts:

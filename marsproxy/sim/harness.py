@@ -25,14 +25,12 @@ from marsproxy.core.lifecycle import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.plane import Outcome
-from marsproxy.runs.ideal import ideal_seconds
-from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome
+from marsproxy.runs.results import RunResult, TurnOutcome
 from marsproxy.runs.timeline import timeline
-from marsproxy.runs.trees import tree_of
 from marsproxy.runs.workload import Workload
 from marsproxy.sched.core import SchedulerCore
 from marsproxy.sched.tickets import Ticket
-from marsproxy.sim.agents import Agent, Prompts
+from marsproxy.sim.agents import Agent, Prompts, agents_for, mark_unfinished
 from marsproxy.sim.cpu import ProcessorSharing
 from marsproxy.sim.proxy import TENANT, SimProxy
 from marsproxy.sim.setup import SimSetup
@@ -110,15 +108,10 @@ class Simulation:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
     def run(self) -> RunResult:
-        prof = self.setup.profile
-        for i, plan in enumerate(self.workload.sessions):
-            llm, tool = ideal_seconds(plan, prof, self.setup.time_scale)
-            agent = Agent(plan, i, SessionOutcome(
-                plan.id, plan.arrival_s, llm + tool, len(plan.turns), tree=tree_of(plan),
-                group=plan.mix))
-            self._agents[plan.id] = agent
-            if plan.parent is None:
-                self._push(plan.arrival_s, "arrive", agent)
+        self._agents.update(agents_for(self.workload, self.setup.profile, self.setup.time_scale))
+        for agent in self._agents.values():
+            if agent.plan.parent is None:  # children arrive when their parent spawns them
+                self._push(agent.plan.arrival_s, "arrive", agent)
         self._unfinished = len(self._agents)
         if self.proxy is not None:
             self._push(0.0, "tick")
@@ -135,10 +128,7 @@ class Simulation:
             if now > self.setup.horizon_s:
                 break
             handlers[kind](now, payload)
-        for agent in self._agents.values():
-            if not agent.done and not agent.outcome.error:
-                agent.outcome.error = "unfinished at the simulation horizon"
-                agent.outcome.stopped_s = min(now, self.setup.horizon_s)
+        mark_unfinished(self._agents, min(now, self.setup.horizon_s))
         self.stats["preemptions"] = sum(e.num_preemptions for e in self.engines.values())
         return RunResult(
             policy=self.policy, regime="", load="",
@@ -203,14 +193,10 @@ class Simulation:
             self._send(now, agent, worker, t.priority or 0)
             return
         self._gated[t.call] = agent
-        self._release(now, [worker])
+        assert self.proxy is not None
+        self._send_released(now, self.proxy.plane.release(now, [worker]))  # what the gate lets go
         if not t.dispatched:
             self.stats["gate_waits"] += 1
-
-    def _release(self, now: float, workers: list[str] | None = None) -> None:
-        """Send what the scheduler core's dispatch gate lets go now."""
-        assert self.proxy is not None
-        self._send_released(now, self.proxy.plane.release(now, workers))
 
     def _send_released(self, now: float, released: list[Ticket]) -> None:
         for t in released:
