@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from typing import Any
 
 import aiohttp
 import psutil
+
+from marsproxy.bench.procs import free_port, stop_all, wait_up
 
 CLI = [sys.executable, "-m", "marsproxy.cli"]
 # The SSE reader runs as probes_bench.py's hidden --read-sse mode, in a process of its own.
@@ -65,40 +66,6 @@ def pct(values: Sequence[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited ({proc.returncode})")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not up after {timeout_s} s")
-
-
-def stop_procs(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 # -- 3. proxy overhead ----------------------------------------------------------------------
@@ -205,7 +172,7 @@ def bench_proxy_mode(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         procs.append(proxy)
-        wait_http(f"{url}/readyz", proxy)
+        wait_up(f"{url}/readyz", proxy)
         with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
             model = json.load(r)["data"][0]["id"]
         reader: subprocess.Popen[bytes] | None = None
@@ -233,7 +200,7 @@ def bench_proxy_mode(
             reader.wait(timeout=10)
             run.sse = json.loads(out[-1]) if out else None
     finally:
-        stop_procs(procs)
+        stop_all(procs, timeout_s=15)
     return run
 
 
@@ -250,7 +217,7 @@ def bench_proxy(requests: int, concurrency: int, warmup: int, rounds: int) -> li
             )
             procs.append(p)
             urls.append(f"http://127.0.0.1:{port}")
-            wait_http(f"{urls[-1]}/health", p)
+            wait_up(f"{urls[-1]}/health", p)
         with tempfile.TemporaryDirectory() as tmp:
             # Alternate off/on so that a noisy neighbour hurts both modes alike.
             for r in range(rounds):
@@ -272,7 +239,7 @@ def bench_proxy(requests: int, concurrency: int, warmup: int, rounds: int) -> li
                     if one.sse is not None:
                         m.sse = one.sse
     finally:
-        stop_procs(procs)
+        stop_all(procs, timeout_s=15)
     return list(merged.values())
 
 

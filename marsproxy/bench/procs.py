@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 CLI = (sys.executable, "-m", "marsproxy.cli")
@@ -53,16 +54,19 @@ def _signal(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
         os.kill(proc.pid, sig)
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGTERM, then SIGKILL if it does not exit in time (a paused process is resumed first)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.terminate()
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM every process still running (a paused one is resumed first), then wait for each;
+    one that outlives ``timeout_s`` is killed."""
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.terminate()
+    for p in procs:
         try:
-            proc.wait(timeout=timeout_s)
+            p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            p.kill()
+            p.wait()
 
 
 class Service:
@@ -120,7 +124,7 @@ class Service:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is not None:
-            _stop(self.proc, timeout_s)
+            stop_all([self.proc], timeout_s)
 
     def fds(self) -> int:
         """Open file descriptors of the process (Linux /proc)."""

@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from anthropic.types import MessageParam
 
-from marsproxy.bench.procs import CLI, free_port, wait_up
+from marsproxy.bench.procs import CLI, free_port, stop_all, wait_up
 
 MODEL = "tiny-emulated"
 SYSTEM = "You are a careful coding agent working in a large repository. " * 12
@@ -131,10 +131,7 @@ def stack() -> Iterator[Stack]:
         wait_up(f"{url}/readyz", proxy)
         yield Stack(url, rec, Events(url))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        stop_all(procs)
 
 
 def _client(stack: Stack, **headers: str) -> anthropic.Anthropic:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from marsproxy.bench.procs import CLI, free_port, wait_up
+from marsproxy.bench.procs import CLI, free_port, stop_all, wait_up
 
 SESSIONS = 200
 
@@ -36,10 +36,7 @@ def proxy_url() -> Iterator[str]:
         wait_up(f"{url}/readyz", proxy)
         yield url
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        stop_all(procs)
 
 
 def _call(url: str, session: str, i: int) -> float:

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import redis
 
-from marsproxy.bench.procs import CLI, RedisServer, free_port, wait_up
+from marsproxy.bench.procs import CLI, RedisServer, free_port, stop_all, wait_up
 
 WINDOW = 2  # per worker
 WORKERS = ("w0", "w1")
@@ -124,10 +124,7 @@ def emulators() -> Iterator[dict[str, str]]:
             wait_up(f"{workers[w]}/health", p)
         yield workers
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
+        stop_all(procs)
 
 
 @pytest.fixture
@@ -166,15 +163,7 @@ async def make_cluster(
 
     yield make
     for c in made:
-        for p in c.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in c.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(c.procs)
         await c.http.close()
         c.redis.close()
         c.server.kill()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from marsproxy.bench.procs import CLI as PROC_CLI
-from marsproxy.bench.procs import free_port, wait_up
+from marsproxy.bench.procs import free_port, stop_all, wait_up
 
 CLI = list(PROC_CLI)
 WORKERS = ("alpha", "beta")
@@ -53,14 +53,7 @@ def proxy_url(tmp_path: Path) -> Iterator[str]:
         wait_up(f"{url}/readyz", p)
         yield url
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def _chat(url: str, model: str, session: str) -> None:
