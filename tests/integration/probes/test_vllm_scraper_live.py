@@ -267,3 +267,44 @@ async def test_kv_geometry_read_once_and_again_after_a_restart(
         assert scraper.snapshot("w").metrics.num_gpu_blocks == 999  # type: ignore[union-attr]
     finally:
         await server.close()
+
+
+async def test_idle_pace_until_hurried_and_fast_pace_while_waiting(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    # An idle period of an hour: every scrape after the first is a hurry's or a wait's. A slow
+    # machine can only make fewer scrapes, so the counts below are bounds that cannot flake.
+    waits = {"now": False}
+    scraper = VllmScraper([("a", workers.url("a"))], http, clock=FakeClock(), period_s=0.01,
+                          idle_period_s=3600.0, stale_after_s=7200.0,
+                          waiting=lambda: waits["now"])
+    await scraper.start()
+    try:
+        await wait_until(lambda: workers.hits.get("a", 0) == 1, "the first scrape")
+        await asyncio.sleep(0.2)
+        assert workers.hits["a"] == 1, "scraped again while nothing waited"
+        scraper.hurry()
+        await wait_until(lambda: workers.hits["a"] == 2, "a scrape at once when hurried")
+        await asyncio.sleep(0.2)
+        assert workers.hits["a"] == 2, "a hurry is one scrape, not a pace"
+        waits["now"] = True
+        scraper.hurry()
+        await wait_until(lambda: workers.hits["a"] >= 12, "the fast pace while waiting")
+        waits["now"] = False
+        await asyncio.sleep(0.05)
+        settled = workers.hits["a"]
+        await asyncio.sleep(0.2)
+        assert workers.hits["a"] <= settled + 1, "still fast once nothing waits"
+    finally:
+        await scraper.stop()
+
+
+async def test_without_an_idle_period_the_pace_is_period_s(http: aiohttp.ClientSession,
+                                                           workers: Workers) -> None:
+    scraper = make(workers, http, FakeClock())
+    assert scraper.idle_period_s == scraper.period_s
+    await scraper.start()
+    try:
+        await wait_until(lambda: workers.hits.get("a", 0) >= 10, "a scraped every period_s")
+    finally:
+        await scraper.stop()
