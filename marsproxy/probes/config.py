@@ -14,22 +14,12 @@ from marsproxy.config_section import Section as _Section
 
 
 class VllmProbeConfig(_Section):
-    period_s: float = Field(
-        0.2, gt=0,
-        description="Period of scraping each worker's /metrics while a session waits for"
-        " admission or dispatch: then the next decision reads them.",
-    )
-    idle_period_s: float = Field(
-        1.0, gt=0,
-        description="Period of scraping while nothing waits (never faster than period_s). Each"
-        " scrape costs the worker's API server CPU (vLLM renders the page on its request loop)"
-        " for every proxy replica; a session that starts waiting triggers a scrape at once.",
-    )
+    period_s: float = Field(0.2, gt=0, description="Period of scraping each worker's /metrics.")
     timeout_s: float = Field(
         0.5, gt=0, description="Timeout of one /metrics scrape; a timeout counts as a scrape error."
     )
     stale_after_s: float = Field(
-        3.0,
+        1.0,
         gt=0,
         description="A worker whose last good sample is older than this is stale: saturated.",
     )
@@ -37,11 +27,10 @@ class VllmProbeConfig(_Section):
     @model_validator(mode="after")
     def _stale_after_exceeds_period(self) -> VllmProbeConfig:
         # Otherwise every worker would flap to stale between two healthy scrapes.
-        slowest = max(self.period_s, self.idle_period_s)
-        if self.stale_after_s <= slowest:
+        if self.stale_after_s <= self.period_s:
             raise ValueError(
-                f"stale_after_s ({self.stale_after_s}) must be longer than period_s and"
-                f" idle_period_s ({slowest})"
+                f"stale_after_s ({self.stale_after_s}) must be longer than period_s "
+                f"({self.period_s})"
             )
         return self
 

@@ -1,10 +1,6 @@
 """The asyncio shell around :mod:`marsproxy.probes.vllm_metrics`: scrape every worker's
 ``/metrics`` periodically and keep the latest sample and rates of each.
 
-Two paces: ``period_s`` while a session waits on a decision the samples feed (``waiting``),
-``idle_period_s`` otherwise, since every scrape costs the worker's API server a page render on
-its request loop. :meth:`VllmScraper.hurry` cuts a slow wait short when a session starts waiting.
-
 Each worker has its own task, so a slow or hung worker delays nobody else. Errors (connect
 failures, timeouts, non-200, unparseable pages) are counted per worker and never reach callers;
 the worker simply stops getting fresh samples and turns stale, which the policy treats as
@@ -55,8 +51,7 @@ class WorkerPressure:
 
 
 class _WorkerState:
-    __slots__ = ("cache_config", "errors", "failing", "hurried", "last_error", "name", "tracker",
-                 "url")
+    __slots__ = ("cache_config", "errors", "failing", "last_error", "name", "tracker", "url")
 
     def __init__(self, name: str, url: str) -> None:
         self.name = name
@@ -67,12 +62,10 @@ class _WorkerState:
         self.failing = False
         # (block_size, num_gpu_blocks) of the running server process; re-read after a restart.
         self.cache_config: tuple[int | None, int | None] | None = None
-        self.hurried = asyncio.Event()
 
 
 class VllmScraper:
-    """Scrapes ``/metrics`` of each ``(name, base_url)`` worker every ``period_s`` while
-    ``waiting()`` is true, every ``idle_period_s`` (default: ``period_s``) otherwise.
+    """Scrapes ``/metrics`` of each ``(name, base_url)`` worker every ``period_s``.
 
     ``clock`` stamps samples and judges staleness (inject a fake one in tests); the pacing of
     scrapes uses the event loop's own timer.
@@ -84,12 +77,10 @@ class VllmScraper:
         http: aiohttp.ClientSession,
         *,
         period_s: float = 0.2,
-        idle_period_s: float | None = None,
         timeout_s: float = 0.5,
         stale_after_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         on_sample: SampleCallback | None = None,
-        waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         names = [name for name, _ in workers]
         if len(set(names)) != len(names):
@@ -97,8 +88,6 @@ class VllmScraper:
         self._workers = {name: _WorkerState(name, url) for name, url in workers}
         self._http = http
         self.period_s = period_s
-        self.idle_period_s = period_s if idle_period_s is None else idle_period_s
-        self.waiting = waiting
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
         self._clock = clock
@@ -114,18 +103,15 @@ class VllmScraper:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_sample: SampleCallback | None = None,
-        waiting: Callable[[], bool] = lambda: False,
     ) -> VllmScraper:
         return cls(
             workers,
             http,
             period_s=cfg.period_s,
-            idle_period_s=cfg.idle_period_s,
             timeout_s=cfg.timeout_s,
             stale_after_s=cfg.stale_after_s,
             clock=clock,
             on_sample=on_sample,
-            waiting=waiting,
         )
 
     @property
@@ -210,31 +196,9 @@ class VllmScraper:
         while True:
             began = loop.time()
             await self.scrape_once(state.name)
-            await self.pause(state.name, began)
-
-    def hurry(self) -> None:
-        """A session started waiting: scrape every worker now (no sooner than ``period_s``
-        after its last scrape began) rather than at the end of an idle wait."""
-        for state in self._workers.values():
-            state.hurried.set()
-
-    async def pause(self, name: str, began: float) -> None:
-        """Wait until the next scrape of ``name``, whose last one began at ``began`` (the
-        event loop's time): ``period_s`` after it while something waits; otherwise
-        ``idle_period_s`` after it, or sooner once :meth:`hurry` is called (but not sooner than
-        ``period_s`` after it). A scrape that took longer than its period is followed by the
-        next one at once (still yielding to the loop)."""
-        loop = asyncio.get_running_loop()
-        state = self._workers[name]
-        if self.idle_period_s > self.period_s and not self.waiting():
-            try:
-                async with asyncio.timeout_at(began + self.idle_period_s):
-                    await state.hurried.wait()
-            except TimeoutError:
-                return
-            finally:
-                state.hurried.clear()
-        await asyncio.sleep(max(0.0, began + self.period_s - loop.time()))
+            # Fixed period from the start of each scrape; a scrape longer than the period
+            # is followed by the next one at once (but still yields to the loop).
+            await asyncio.sleep(max(0.0, self.period_s - (loop.time() - began)))
 
     def _record_error(self, state: _WorkerState, exc: BaseException) -> None:
         state.errors += 1
@@ -243,7 +207,7 @@ class VllmScraper:
         else:
             state.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if not state.failing:
-            # Log the first error of a run only; at 1-5 scrapes/s every error would flood.
+            # Log the first error of a run only; at 5 scrapes/s every error would flood.
             state.failing = True
             log.warning(
                 "vllm scrape of %s (%s) failed: %s", state.name, state.url, state.last_error

@@ -57,10 +57,6 @@ class DispatchGate:
     def in_flight(self, worker: str) -> int:
         return len(self._running[worker])
 
-    def queued(self) -> int:
-        """Continuations held in the gated queues of all workers."""
-        return sum(len(q) for q in self._queues.values())
-
     def _order_key(self, now: float, t: Ticket) -> tuple[int, int, int, float, int]:
         # Who yields goes after (a later class, a tenant over its share), then levels.
         aged = t.level

@@ -223,7 +223,6 @@ class AdmissionShell(StoreConfirmations):
         if self._closing:
             return Refused(503, "shutting_down", 1, "the proxy is shutting down")
         fut = self.held.future(key)
-        self.telemetry.hurry()  # its admission reads the workers' gauges: fresh ones
         try:
             return await fut
         except asyncio.CancelledError:

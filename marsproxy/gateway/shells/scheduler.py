@@ -161,7 +161,6 @@ class SchedulerShell:
         if t.gated:
             self._wake(self.core.release(self.now(), [label]))
             if not t.dispatched:
-                self.telemetry.hurry()  # its release reads the workers' gauges
                 await self._wait(t)
             self.metrics.dispatch_wait.observe(t.waited_s())
         return self._hints(t, body, raw, chars)

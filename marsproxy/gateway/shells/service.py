@@ -50,7 +50,7 @@ class Gateway:
         self.now = clock
         self.workers: dict[str, WorkerConfig] = {w.url: w for w in cfg.workers}
         self.metrics = GatewayMetrics()
-        self.telemetry = tel = Telemetry(cfg, self.metrics, waiting=self.waiting)
+        self.telemetry = tel = Telemetry(cfg, self.metrics)
         # The one control plane: every decision about a session is its.
         self.plane = ControlPlane(cfg, [w.label for w in cfg.workers],
                                   tool_cpus=tel.cpu_probe.tool_cpus,
@@ -204,12 +204,6 @@ class Gateway:
         self.scheduler.finished(prepared, end, usage)
         if admitted and self.admission is not None:
             self.admission.call_ended(key, end.outcome, u.prompt_tokens + u.completion_tokens)
-
-    def waiting(self) -> bool:
-        """Whether a session waits on a decision the workers' gauges feed: in the admission
-        queue, for the store's confirmation, or in a gated dispatch queue."""
-        p = self.plane
-        return bool(len(p.admission.queue) or p.pending_count or p.scheduler.queued())
 
     # -- session lifecycle (feeds the tool tracker and the event stream) -------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -44,12 +43,8 @@ class _Sink(Protocol):
 
 
 class Telemetry:
-    def __init__(self, cfg: MarsConfig, metrics: GatewayMetrics, *,
-                 waiting: Callable[[], bool] = lambda: False) -> None:
-        """``waiting``: whether a session waits on a decision the workers' gauges feed (the
-        scrapes then run at ``probes.vllm.period_s``, else at ``idle_period_s``)."""
+    def __init__(self, cfg: MarsConfig, metrics: GatewayMetrics) -> None:
         self.cfg = cfg
-        self.waiting = waiting
         self.metrics = metrics
         self.bus = EventBus(cfg.telemetry.bus_capacity)
         self.worker_names = [w.label for w in cfg.workers]
@@ -109,8 +104,7 @@ class Telemetry:
             connector=aiohttp.TCPConnector(limit=max(4, 2 * len(self.worker_names))),
         )
         self.scraper = VllmScraper.from_config(
-            vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http,
-            waiting=self.waiting,
+            vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http
         )
         self._tasks = [
             asyncio.create_task(self._scrape_loop(name), name=f"vllm-scrape-{name}")
@@ -143,7 +137,7 @@ class Telemetry:
         # so a worker that stops answering shows up in the stream as stale).
         assert self.scraper is not None
         loop = asyncio.get_running_loop()
-        every = self.cfg.telemetry.pressure_sample_every
+        every, period = self.cfg.telemetry.pressure_sample_every, self.scraper.period_s
         n = 0
         while True:
             began = loop.time()
@@ -151,12 +145,7 @@ class Telemetry:
             n += 1
             if n % every == 0:
                 self.bus.publish(self._pressure_sample(self.scraper.snapshot(name)))
-            await self.scraper.pause(name, began)
-
-    def hurry(self) -> None:
-        """A session started waiting for admission or dispatch: fresh gauges soon."""
-        if self.scraper is not None:
-            self.scraper.hurry()
+            await asyncio.sleep(max(0.0, period - (loop.time() - began)))
 
     def _pressure_sample(self, p: WorkerPressure) -> PressureSample:
         m = p.metrics

@@ -41,7 +41,6 @@ class FakeWorker:
     active: int = 0
     cancelled: int = 0
     completed: int = 0
-    scrapes: int = 0
     healthy: bool = True
     runner: web.AppRunner | None = None
     url: str = ""
@@ -60,7 +59,6 @@ class FakeWorker:
         return web.Response(status=200 if self.healthy else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        self.scrapes += 1
         page = (
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{engine="0"}} {self.active}\n'

@@ -52,8 +52,7 @@ async def stack(run_app: Any) -> AsyncIterator[Stack]:
             "server": {"port": 0},
             "health": {"interval_s": 0.1, "timeout_s": 0.5},
             "probes": {
-                "vllm": {"period_s": 0.05, "idle_period_s": 0.1, "timeout_s": 0.2,
-                         "stale_after_s": 0.3},
+                "vllm": {"period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.3},
                 "nvml": {"enabled": False},
                 "cpu": {"period_s": 0.1},
             },

@@ -10,8 +10,7 @@ from marsproxy.probes.config import CpuProbeConfig, NvmlProbeConfig, ProbesConfi
 
 def test_defaults() -> None:
     cfg = ProbesConfig()
-    v = cfg.vllm
-    assert (v.period_s, v.idle_period_s, v.timeout_s, v.stale_after_s) == (0.2, 1.0, 0.5, 3.0)
+    assert (cfg.vllm.period_s, cfg.vllm.timeout_s, cfg.vllm.stale_after_s) == (0.2, 0.5, 1.0)
     assert cfg.nvml.enabled and cfg.nvml.gpus_by_worker == {} and cfg.nvml.period_s == 1.0
     assert (cfg.cpu.cgroup_path, cfg.cpu.tool_cpus, cfg.cpu.period_s) == ("", 0.0, 1.0)
 
@@ -25,7 +24,7 @@ def test_every_field_is_described() -> None:
 def test_from_yaml_like_mapping() -> None:
     cfg = ProbesConfig.model_validate(
         {
-            "vllm": {"period_s": 0.1, "idle_period_s": 0.4, "stale_after_s": 0.5},
+            "vllm": {"period_s": 0.1, "stale_after_s": 0.5},
             "nvml": {"gpus_by_worker": {"w0": [0, 1], "w1": [2]}},
             "cpu": {"cgroup_path": "/sys/fs/cgroup/tools.slice", "tool_cpus": 8},
         }
@@ -39,7 +38,6 @@ def test_from_yaml_like_mapping() -> None:
     [
         {"vllm": {"period_s": 0}},
         {"vllm": {"stale_after_s": 0.2}},  # not longer than the period: would always flap
-        {"vllm": {"stale_after_s": 0.9}},  # not longer than the idle period: flaps when idle
         {"vllm": {"unknown": 1}},
         {"nvml": {"gpus_by_worker": {"w0": [-1]}}},
         {"cpu": {"tool_cpus": -1}},
