@@ -180,6 +180,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--vllm-priority", choices=("true", "false", "auto"), default="auto",
                    help="the real workers run --scheduling-policy priority: true, false (the"
                    " proxy gates dispatch itself) or auto (the proxy probes at start)")
+    e.add_argument("--vllm-kv-events", action="append", default=[], metavar="ENDPOINT[,REPLAY]",
+                   help="the --vllm-url of the same position publishes KV events here (its"
+                   " --kv-events-config endpoint, with topic 'kv', and optionally its replay"
+                   " endpoint, e.g. tcp://127.0.0.1:5557,tcp://127.0.0.1:5558): the proxy"
+                   " subscribes to them")
     e.add_argument("--tool-cpus", type=float, default=0.0,
                    help="CPUs the proxy assumes for tools (0: this host's)")
     e.add_argument("--min-tool-cpu", type=float, default=0.05,
@@ -193,6 +198,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="read each proxy's /mars/v1/state every S seconds into"
                    " logs/state-*.jsonl (0: never)")
     p.set_defaults(func=main)
+
+
+def vllm_kv_events(values: list[str], urls: int) -> tuple[dict[str, str], ...]:
+    """``--vllm-kv-events`` values as the proxy's ``workers[].kv_events`` entries."""
+    if len(values) > urls:
+        raise ValueError(f"--vllm-kv-events given {len(values)} times for {urls} --vllm-url")
+    out = []
+    for v in values:
+        parts = [p.strip() for p in v.split(",")]
+        if not 1 <= len(parts) <= 2 or not all(p.startswith("tcp://") for p in parts):
+            raise ValueError(f"--vllm-kv-events {v!r}: expected tcp://HOST:PORT[,tcp://HOST:PORT]")
+        entry = {"endpoint": parts[0], "topic": "kv"}
+        if len(parts) == 2:
+            entry["replay_endpoint"] = parts[1]
+        out.append(entry)
+    return tuple(out)
 
 
 def _calibrate(urls: list[str], seed: int) -> VllmFacts:
@@ -226,6 +247,7 @@ def main(args: argparse.Namespace) -> int:
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
             kv_events=args.kv_events,
+            vllm_kv_events=vllm_kv_events(args.vllm_kv_events, len(vllm_urls)),
             min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
             system_prompt_tokens=max(1, round(600 * args.token_scale)), sets=sets,
             # A call may wait out the queue deadline, then run: the agent waits for both.
@@ -256,7 +278,8 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets, "agents report tool events": setup.report_tools,
-        "kv_events": args.kv_events, "prefix_groups": args.prefix_groups,
+        "kv_events": args.kv_events or bool(args.vllm_kv_events),
+        "prefix_groups": args.prefix_groups,
         "queue deadline": options.deadline_meta(sets, options.DEFAULT_QUEUE_DEADLINE_S,
                                                 "a day, longer than the run"),
         "agent call timeout_s": setup.request_timeout_s,

@@ -48,6 +48,9 @@ class LiveSetup:
     sets: dict[str, Any] = field(default_factory=dict)
     kv_events: bool = False
     """Emulated workers publish KV events (``--kv-events-config``) and the proxy subscribes."""
+    vllm_kv_events: tuple[dict[str, str], ...] = ()
+    """The real workers' ``kv_events`` entries, in ``vllm_urls`` order (they publish them
+    themselves: ``vllm serve --kv-events-config``); empty: the proxy subscribes to none."""
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, num_blocks=self.num_blocks)
@@ -89,6 +92,8 @@ def start_workers(setup: LiveSetup, priority: bool, logs: Path,
                   kv: dict[str, dict[str, str]] | None = None) -> Iterator[list[str]]:
     """``kv``: filled with each worker's ``kv_events`` entry (with ``setup.kv_events``)."""
     if setup.vllm_urls:
+        if kv is not None:
+            kv.update(zip(setup.vllm_urls, setup.vllm_kv_events, strict=False))
         yield list(setup.vllm_urls)
         return
     with contextlib.ExitStack() as stack:

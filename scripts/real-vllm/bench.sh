@@ -8,7 +8,9 @@
 # Env:   MODEL (medium), PORT (8741), NUM_BLOCKS (256), KV_CACHE_BYTES (256M),
 #        MAX_MODEL_LEN (4096), POLICIES (direct,fcfs,autellix,continuum,mars),
 #        RATES ("0.1,1": light, heavy; sessions/s, Poisson), SESSIONS (8),
-#        MARSPROXY (the marsproxy command; default <repo>/.venv/bin/marsproxy)
+#        MARSPROXY (the marsproxy command; default <repo>/.venv/bin/marsproxy),
+#        KV_EVENTS (1: the server publishes KV events on PORT+1, replay PORT+2, and the
+#        proxy subscribes: resident-block fit, verified retention; default 0)
 #
 # The server runs with --scheduling-policy priority (the proxy's level hints reach the engine;
 # direct and fcfs send none, so all their requests are equal and served in arrival order),
@@ -46,7 +48,12 @@ export SCHEDULING_POLICY=priority VLLM_SERVER_DEV_MODE=1
 
 trap '"$SCRIPT_DIR/stop.sh" "$PORT" >&2 || true' EXIT
 log "uptime before start: $(uptime)"
-"$SCRIPT_DIR/start.sh" "$MODEL_DIR" "$PORT" --enable-prompt-tokens-details >&2
+kv_server=() kv_bench=()
+if [ "${KV_EVENTS:-0}" = 1 ]; then
+  kv_server=(--kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:$((PORT + 1))\", \"replay_endpoint\": \"tcp://127.0.0.1:$((PORT + 2))\", \"topic\": \"kv\"}")
+  kv_bench=(--vllm-kv-events "tcp://127.0.0.1:$((PORT + 1)),tcp://127.0.0.1:$((PORT + 2))")
+fi
+"$SCRIPT_DIR/start.sh" "$MODEL_DIR" "$PORT" --enable-prompt-tokens-details "${kv_server[@]}" >&2
 
 # Workload: the packaged sample trace, the 8k input-length regime scaled by 0.2 (median peak
 # context 1.6k tokens; no prompt over max_model_len - 1024 = 3,072, room for the reply), at most
@@ -57,7 +64,7 @@ set +e
   --regimes 8k --token-scale 0.2 --max-turns 6 --tool-time-scale 0.4 \
   --sessions "${SESSIONS:-8}" --rates "${RATES:-0.1,1}" --arrivals poisson \
   --policies "${POLICIES:-direct,fcfs,autellix,continuum,mars}" \
-  --out "$OUT" "$@"
+  --out "$OUT" "${kv_bench[@]}" "$@"
 rc=$?
 set -e
 log "uptime after bench: $(uptime)"
