@@ -315,3 +315,40 @@ def test_no_later_class_no_budget_of_its_own() -> None:
     assert c.on_request(1.0, "i0", "t", 100 * 16, cls="interactive").kind is \
         DecisionKind.ADMITTED
     assert c.protected_room("w0") is None  # nobody yields: the common budget
+
+
+def test_no_forecast_exceeds_the_workers_context_limit() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    p.admit("a", "w0", 2800)  # forecast 5600 tokens, on a worker that takes at most 4096
+    p.admit("b", "w0", 1000)  # 2000: under the limit, unchanged
+    assert p.committed_tokens("w0") == 7600
+    assert p.committed_tokens("w0", cap=4096) == 4096 + 2000
+    p.observe("a", 3000, 100)  # the context so far is the floor, as without a limit
+    assert p.committed_tokens("w0", cap=3000) == 3100 + 2000
+    blocks = {"a": 10, "b": 0}  # resident: 320 tokens of a, b's first prompt not served
+    assert p.resident_committed_tokens("w0", blocks, 32) == 320 + 6000 - 3100 + 2000
+    assert p.resident_committed_tokens("w0", blocks, 32, cap=4096) == 320 + 4096 - 3100 + 2000
+
+
+def test_room_where_a_whole_context_fits_takes_any_first_prompt() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    # 512 blocks of 32, 10 % reserve → 460 usable; 300 committed → 160 blocks free.
+    committed = 300 * 32
+    assert p.room_blocks(committed, 512, 32, 0.10) == 80  # first prompt × 2 must fit
+    # Limit 4096 tokens = 128 blocks ≤ 160: no session there can outgrow the room.
+    assert p.room_blocks(committed, 512, 32, 0.10, cap=4096) == 160
+    # Limit 8192 = 256 blocks > 160: the growth still decides.
+    assert p.room_blocks(committed, 512, 32, 0.10, cap=8192) == 80
+
+
+def test_admission_counts_forecasts_at_the_context_limit() -> None:
+    # 900 usable blocks of 16; first prompts of 100 blocks forecast 300 each (growth 3), but
+    # the engine takes at most 2400 tokens (150 blocks): six fit where three did.
+    def admitted(cap: int | None) -> int:
+        c = core(window_max=16, window_init=16)
+        c.tick(0.0, {"w0": sig(max_model_len=cap)})
+        kinds = [c.on_request(1.0, f"s{i}", "t", 100 * 16).kind for i in range(8)]
+        return kinds.count(DecisionKind.ADMITTED)
+
+    assert admitted(None) == 3
+    assert admitted(2400) == 6
