@@ -264,9 +264,7 @@ class AdmissionCore(WorkerFit):
             # A worker the probes did not report on is unseen: fail closed.
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
             # The forecasts' sum once per worker: the controller's budget and the overlap.
-            sig = self._signals[w]
-            committed = (self.peaks.committed_tokens(w, sig.sessions_elsewhere,
-                                                     cap=sig.max_model_len)
+            committed = (self.peaks.committed_tokens(w, self._signals[w].sessions_elsewhere)
                          if self.cfg.tuning.kv_fit_peak else 0)
             changes = self.controllers[w].tick(now, self._control_signals(w, committed))
             self._observe_overlap(now, w, committed)

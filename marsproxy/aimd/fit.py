@@ -57,8 +57,6 @@ class WorkerSignals:
     tool_wait_ema_s: float = 0.0
     psi_some_avg10: float | None = None
     tool_cpus: float = 0.0
-    max_model_len: int | None = None
-    """The engine's context limit: no session's forecast peak exceeds it (``None``: unknown)."""
     session_blocks: Mapping[str, int] | None = None
     """Resident blocks per session from the worker's KV index (``None``: no usable index):
     the forecast-peak fit counts these instead of the measured overlap."""
@@ -127,21 +125,17 @@ class WorkerFit:
         bs = s.block_size or DEFAULT_BLOCK_SIZE
         if s.session_blocks is not None:  # KV events: what each session really holds
             resident = self.peaks.resident_committed_tokens(worker, s.session_blocks, bs,
-                                                             s.sessions_elsewhere,
-                                                             cap=s.max_model_len)
+                                                             s.sessions_elsewhere)
             # The same overcommit as the estimate's: peaks that do not coincide (measured
             # overlap, cheap preemption); without it the fit admitted less (twins 1.59× vs 1.69×).
             return self.peaks.room_blocks(resident, s.total_blocks, bs,
                                           self.cfg.kv_reserve_frac,
-                                          self.peak_factor(worker, resident),
-                                          cap=s.max_model_len)
+                                          self.peak_factor(worker, resident))
         if committed_tokens is None:
-            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere,
-                                                           cap=s.max_model_len)
+            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return self.peaks.room_blocks(committed_tokens, s.total_blocks, bs,
                                       self.cfg.kv_reserve_frac,
-                                      self.peak_factor(worker, committed_tokens),
-                                      cap=s.max_model_len)
+                                      self.peak_factor(worker, committed_tokens))
 
     def protected_room(self, worker: str) -> int | None:
         """The KV budget on ``worker`` of a session that would yield to nobody, while sessions
@@ -158,15 +152,14 @@ class WorkerFit:
         kept = len(held) - len(yielding)
         bs = s.block_size or DEFAULT_BLOCK_SIZE
         committed = self.peaks.committed_tokens(worker, s.sessions_elsewhere,
-                                                without=yielding.__contains__,
-                                                cap=s.max_model_len)
+                                                without=yielding.__contains__)
         if kept + s.sessions_elsewhere < self.cfg.tuning.peak_free_sessions:
             # As the forecast fit of a worker with few sessions: the first prompt fits beside
             # what the others are forecast to hold, its own growth not asked for.
             return self.peaks.room_blocks(committed, s.total_blocks, bs,
                                           self.cfg.kv_reserve_frac, growth=1.0)
         return self.peaks.room_blocks(committed, s.total_blocks, bs, self.cfg.kv_reserve_frac,
-                                      self.peak_factor(worker, committed), cap=s.max_model_len)
+                                      self.peak_factor(worker, committed))
 
     def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
         """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
@@ -194,8 +187,7 @@ class WorkerFit:
         if held <= 0 or speed is None or speed <= 0 or s.stale:
             return None
         if committed_tokens is None:
-            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere,
-                                                           cap=s.max_model_len)
+            committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return committed_tokens / held / speed
 
     def _observe_overlap(self, now: float, worker: str, committed_tokens: int) -> None:

@@ -117,16 +117,14 @@ class PeakForecast:
         return [k for k, s in self._sessions.items() if s.worker == worker and s.held]
 
     def committed_tokens(self, worker: str, elsewhere: int = 0, *,
-                         without: Callable[[str], bool] | None = None,
-                         cap: int | None = None) -> int:
+                         without: Callable[[str], bool] | None = None) -> int:
         """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
         (in a call, or dormant within their hold; ``without``: less those it is true of),
         plus ``elsewhere``
         sessions other replicas hold there, each counted at the typical forecast: the mean of
-        this replica's sessions on that worker, else the mean peak of finished sessions.
-        ``cap``: the worker's context limit (``max_model_len``), which no forecast exceeds."""
+        this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        mine = [_peak(s.context, s.first, g, cap) for k, s in self._sessions.items()
+        mine = [max(s.context, math.ceil(s.first * g)) for k, s in self._sessions.items()
                 if s.worker == worker and s.held and not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
@@ -141,7 +139,6 @@ class PeakForecast:
 
     def resident_committed_tokens(
         self, worker: str, blocks_of: Mapping[str, int], block_size: int, elsewhere: int = 0,
-        cap: int | None = None,
     ) -> int:
         """:meth:`committed_tokens` from a worker's KV index: each held session counts its
         resident blocks (``blocks_of``, by session) plus its forecast growth (forecast peak
@@ -153,7 +150,7 @@ class PeakForecast:
         for key, s in self._sessions.items():
             if s.worker != worker or not s.held:
                 continue
-            peak = _peak(s.context, s.first, g, cap)
+            peak = max(s.context, math.ceil(s.first * g))
             n += 1
             if not s.observed:
                 total += peak
@@ -165,28 +162,18 @@ class PeakForecast:
 
     def room_blocks(
         self, committed_tokens: int, total_blocks: int, block_size: int, reserve_frac: float,
-        overcommit: float = 1.0, growth: float | None = None, cap: int | None = None,
+        overcommit: float = 1.0, growth: float | None = None,
     ) -> int:
         """Blocks of *first prompt* a new session may have on a worker whose admitted sessions'
         forecasts sum to ``committed_tokens`` (:meth:`committed_tokens`), so that its forecast
         peak fits beside them: (usable × overcommit − committed blocks) ÷ G (may be
-        negative). ``cap``: the worker's context limit; where a session of that whole length
-        fits, so does any first prompt (its forecast cannot exceed it)."""
+        negative)."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
-        room = usable - math.ceil(committed_tokens / block_size)
-        if cap is not None and math.ceil(cap / block_size) <= room:
-            return room
-        return math.floor(room / (growth or self.growth()))
+        committed = math.ceil(committed_tokens / block_size)
+        return math.floor((usable - committed) / (growth or self.growth()))
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def __contains__(self, session: object) -> bool:
         return session in self._sessions
-
-
-def _peak(context: int, first: int, growth: float, cap: int | None) -> int:
-    """A session's forecast peak: its first prompt × G, at least its context so far, at most
-    the worker's context limit (a longer prompt is refused by the engine)."""
-    peak = max(context, math.ceil(first * growth))
-    return peak if cap is None else max(context, min(peak, cap))

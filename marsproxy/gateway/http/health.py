@@ -1,10 +1,7 @@
 """Worker health: periodic ``GET /health`` plus connect failures seen by the relay.
 
 ``WorkerHealth`` is the pure counter logic (consecutive failures eject, consecutive successes
-readmit) and what the checks learnt of each worker; ``HealthChecker`` is the asyncio loop that
-feeds it. The checker also reads each healthy worker's context limit once from
-``GET /v1/models`` (vLLM's ``max_model_len``), again after the worker was ejected (it may
-have restarted with another); a worker that does not publish it is not asked again.
+readmit); ``HealthChecker`` is the asyncio loop that feeds it.
 """
 
 from __future__ import annotations
@@ -35,18 +32,6 @@ class WorkerHealth:
         self._eject_after = unhealthy_after
         self._admit_after = healthy_after
         self._healthy = tuple(workers)  # every request asks; it changes only in record()
-        self._context: dict[str, int | None] = {}
-        """Each worker's ``max_model_len`` as read (``None``: it publishes none)."""
-
-    def max_model_len(self, worker: str) -> int | None:
-        """The worker's context limit as its ``/v1/models`` states it (``None``: not known)."""
-        return self._context.get(worker)
-
-    def context_read(self, worker: str) -> bool:
-        return worker in self._context
-
-    def set_max_model_len(self, worker: str, value: int | None) -> None:
-        self._context[worker] = value
 
     def healthy(self) -> list[str]:
         return list(self._healthy)
@@ -70,7 +55,6 @@ class WorkerHealth:
             s.oks, s.fails = 0, s.fails + 1
             if s.healthy and s.fails >= self._eject_after:
                 s.healthy = False
-                self._context.pop(worker, None)  # it may come back with another limit
                 self._changed()
                 return True
         return False
@@ -109,32 +93,10 @@ class HealthChecker:
         try:
             async with session.get(worker.url + "/health", timeout=timeout) as resp:
                 await resp.read()
-                ok = resp.status == 200
+                return resp.status == 200
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("health check of %s failed: %r", worker.label, exc)
             return False
-        if ok and not self._health.context_read(worker.url):
-            self._health.set_max_model_len(worker.url, await self._context(session, worker))
-        return ok
-
-    async def _context(self, session: aiohttp.ClientSession, worker: WorkerConfig) -> int | None:
-        """``max_model_len`` of the worker's first model (``None``: not published)."""
-        timeout = aiohttp.ClientTimeout(total=self._cfg.timeout_s)
-        try:
-            async with session.get(worker.url + "/v1/models", timeout=timeout) as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.debug("GET /v1/models of %s failed: %r", worker.label, exc)
-            return None
-        try:
-            value = body["data"][0]["max_model_len"]  # type: ignore[index]
-        except (TypeError, KeyError, IndexError):
-            value = None
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            log.info("worker %s states no max_model_len: forecasts are not capped there",
-                     worker.label)
-            return None
-        return value
 
     def start(self, session: aiohttp.ClientSession) -> None:
         self._task = asyncio.create_task(self._loop(session), name="marsproxy-health")

@@ -30,15 +30,11 @@ class _Pressures(Protocol):
 class _Health(Protocol):
     def is_healthy(self, url: str) -> bool: ...
 
-    def max_model_len(self, url: str) -> int | None: ...
-
 
 def observation(pressure: WorkerPressure | None, *, healthy: bool,
-                max_num_seqs: int | None = None,
-                max_model_len: int | None = None) -> WorkerObservation:
-    """One worker as its latest scrape shows it (and its context limit, as read)."""
-    base = WorkerObservation(healthy=healthy, stale=True, max_num_seqs=max_num_seqs,
-                             max_model_len=max_model_len)
+                max_num_seqs: int | None = None) -> WorkerObservation:
+    """One worker as its latest scrape shows it."""
+    base = WorkerObservation(healthy=healthy, stale=True, max_num_seqs=max_num_seqs)
     if pressure is None:  # the scraper is not built yet
         return base
     m = pressure.metrics
@@ -62,6 +58,5 @@ def observation(pressure: WorkerPressure | None, *, healthy: bool,
 def observations(workers: Sequence[WorkerConfig], pressures: _Pressures,
                  health: _Health) -> dict[str, WorkerObservation]:
     return {w.label: observation(pressures.worker_pressure(w.label),
-                                 healthy=health.is_healthy(w.url), max_num_seqs=w.max_num_seqs,
-                                 max_model_len=health.max_model_len(w.url))
+                                 healthy=health.is_healthy(w.url), max_num_seqs=w.max_num_seqs)
             for w in workers}
