@@ -73,8 +73,11 @@ def binding_cap(window: int, kv_cap: int, cpu_cap: int, effective_limit: int) ->
     return "window_max"
 
 
-def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int) -> str:
-    """Why ``waiting`` sessions wait: per worker, what keeps it from taking the next one."""
+def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int,
+              need_blocks: Mapping[str, int] | None = None) -> str:
+    """Why ``waiting`` sessions wait: per worker, what keeps it from taking the next one;
+    ``need_blocks``: the smallest waiting first prompt in that worker's blocks (a KV budget
+    below it admits none of them)."""
     if waiting == 0:
         return ""
     parts: list[str] = []
@@ -86,6 +89,10 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int) -> str:
             parts.append(f"{name}: full {held}/{w['limit']} ({w['binds'].replace('_', ' ')})")
         elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
             parts.append(f"{name}: no KV room for another forecast peak")
+        elif (budget := w["budget_blocks"]) is not None and budget < (need := (
+                need_blocks or {}).get(name, 0)):
+            parts.append(f"{name}: KV room for a first prompt of {budget} blocks, the smallest"
+                         f" waiting has {need}")
         elif w["limit"] >= NO_CEILING:
             parts.append(f"{name}: room (next pass)")
         else:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 
 import marsproxy
+from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE
 from marsproxy.config import WorkerConfig
+from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.service import Gateway
 from marsproxy.gateway.shells.sessions import unscoped_id
@@ -77,7 +79,8 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
         "session_lifetime_s": base["session_lifetime_s"],
         "workers": workers,
         "queue": {**base["queue"], "pending": adm.pending, "waiting": waiting,
-                  "why": queue_why(workers, base["queue"]["length"] + adm.pending)},
+                  "why": queue_why(workers, base["queue"]["length"] + adm.pending,
+                                   _smallest_blocks(adm))},
         "store": {
             "backend": adm.cfg.store.backend, "mode": store.mode, "up": store.up,
             "is_leader": store.is_leader, "live_replicas": store.live_replicas,
@@ -90,6 +93,16 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
             "psi_enter": a.tuning.psi_enter, "psi_leave": a.tuning.psi_leave,
         },
     }
+
+
+def _smallest_blocks(adm: AdmissionShell) -> dict[str, int]:
+    """The smallest waiting first prompt in each worker's blocks (none waits: empty)."""
+    q, now = adm.core.queue, adm.now()
+    smallest = min((e.est_tokens for e in q.ordered(now)), default=None)
+    if smallest is None:
+        return {}
+    return {w: blocks_for_tokens(smallest, o.block_size or DEFAULT_BLOCK_SIZE)
+            for w, o in adm.plane.observed.items()}
 
 
 def _waiting(adm: AdmissionShell) -> list[WaitingState]:

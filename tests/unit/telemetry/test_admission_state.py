@@ -68,3 +68,15 @@ def test_queue_why_says_what_holds_each_worker() -> None:
         "w2: stale pressure, nothing placed (fail closed); "
         "w3: no KV room for another forecast peak"
     )
+
+
+def test_queue_why_names_a_budget_below_the_smallest_waiting_prompt() -> None:
+    # Room for 78 blocks of first prompt, the smallest waiting one needs 84: it waits, and
+    # "room (next pass)" would mislead (a 2 Dec real-vLLM run sat 30 s under that message).
+    workers = {"w0": _aw(admitted=3, admitted_store=3, limit=NO_CEILING,
+                         effective_limit=NO_CEILING, budget_blocks=78, peak_room_blocks=78,
+                         binds="none")}
+    assert queue_why(workers, 6, {"w0": 84}) == (
+        "w0: KV room for a first prompt of 78 blocks, the smallest waiting has 84")
+    assert queue_why(workers, 6, {"w0": 78}) == "w0: room (next pass)"
+    assert queue_why(workers, 6) == "w0: room (next pass)"
