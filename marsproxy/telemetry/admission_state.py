@@ -81,7 +81,9 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int,
     if waiting == 0:
         return ""
     parts: list[str] = []
+    need_blocks = need_blocks or {}
     for name, w in workers.items():
+        budget, need = w["budget_blocks"], need_blocks.get(name, 0)
         if w["stale"]:
             parts.append(f"{name}: stale pressure, nothing placed (fail closed)")
         elif w["admitted_store"] >= w["limit"] or w["admitted"] >= w["effective_limit"]:
@@ -89,8 +91,7 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int,
             parts.append(f"{name}: full {held}/{w['limit']} ({w['binds'].replace('_', ' ')})")
         elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
             parts.append(f"{name}: no KV room for another forecast peak")
-        elif (budget := w["budget_blocks"]) is not None and budget < (need := (
-                need_blocks or {}).get(name, 0)):
+        elif budget is not None and budget < need:
             parts.append(f"{name}: KV room for a first prompt of {budget} blocks, the smallest"
                          f" waiting has {need}")
         elif w["limit"] >= NO_CEILING:

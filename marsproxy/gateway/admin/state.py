@@ -11,6 +11,7 @@ import time
 
 import marsproxy
 from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE
+from marsproxy.aimd.queue import QueueEntry
 from marsproxy.config import WorkerConfig
 from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.gateway.shells.admission import AdmissionShell
@@ -72,7 +73,9 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
         for w, v in base["workers"].items()
     }
     store, a = adm.store, adm.acfg
-    waiting = _waiting(adm)
+    now = adm.now()
+    ordered = adm.core.queue.ordered(now)  # once: the waiting list and the why both read it
+    waiting = _waiting(adm, ordered, now)
     return {
         "enabled": True,
         "peak_growth": base["peak_growth"],
@@ -80,7 +83,7 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
         "workers": workers,
         "queue": {**base["queue"], "pending": adm.pending, "waiting": waiting,
                   "why": queue_why(workers, base["queue"]["length"] + adm.pending,
-                                   _smallest_blocks(adm))},
+                                   _smallest_blocks(adm, ordered))},
         "store": {
             "backend": adm.cfg.store.backend, "mode": store.mode, "up": store.up,
             "is_leader": store.is_leader, "live_replicas": store.live_replicas,
@@ -95,24 +98,23 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
     }
 
 
-def _smallest_blocks(adm: AdmissionShell) -> dict[str, int]:
+def _smallest_blocks(adm: AdmissionShell, ordered: list[QueueEntry]) -> dict[str, int]:
     """The smallest waiting first prompt in each worker's blocks (none waits: empty)."""
-    q, now = adm.core.queue, adm.now()
-    smallest = min((e.est_tokens for e in q.ordered(now)), default=None)
-    if smallest is None:
+    if not ordered:
         return {}
+    smallest = min(e.est_tokens for e in ordered)
     return {w: blocks_for_tokens(smallest, o.block_size or DEFAULT_BLOCK_SIZE)
             for w, o in adm.plane.observed.items()}
 
 
-def _waiting(adm: AdmissionShell) -> list[WaitingState]:
+def _waiting(adm: AdmissionShell, ordered: list[QueueEntry], now: float) -> list[WaitingState]:
     """Who waits, for how long, and the Retry-After each would get (by its place in line)."""
-    q, now = adm.core.queue, adm.now()
+    q = adm.core.queue
     return [
         {"session": unscoped_id(e.session), "waited_s": max(0.0, now - e.arrival),
          "est_tokens": e.est_tokens, "long": e.long, "bypasses": q.bypasses(e.session),
          "retry_after_s": q.retry_after(now, ahead=i + 1)}
-        for i, e in enumerate(q.ordered(now)[:SHOWN_IDS])
+        for i, e in enumerate(ordered[:SHOWN_IDS])
     ]
 
 
