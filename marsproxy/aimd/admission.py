@@ -45,7 +45,6 @@ __all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "Wo
 _RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.IDLE_TIMEOUT, EndReason.DELETED})
 
 
-
 class DecisionKind(StrEnum):
     ADMITTED = "admitted"
     WAIT = "wait"
@@ -81,8 +80,8 @@ class Decision:
     retry_after_s: int | None = None
     reason: str = ""
     idle: bool = False
-    """Admitted onto an idle worker past the limit (``admission.tuning.idle_admit``): the store must
-    confirm it against the idle limit."""
+    """Admitted onto an idle worker past the limit (``tuning.idle_admit``): confirmed against
+    the idle limit."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""
     entry: QueueEntry | None = None
@@ -142,7 +141,10 @@ class AdmissionCore(WorkerFit):
         if prefix:
             self._prefix[session] = prefix
         entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child)
-        if not self.queue.push(entry):
+        # Nothing waits (every new session at light load): the pass's decision without its
+        # lanes (AdmissionQueue.admit_alone), where its waiting would change no view.
+        alone = not len(self.queue) and self.yields.single_tenant(tenant)
+        if not alone and not self.queue.push(entry):
             self._prefix.pop(session, None)
             # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
             # for its own sessions at its share of the admission rate.
@@ -152,10 +154,18 @@ class AdmissionCore(WorkerFit):
             ev = Rejected(ts=now, session=session, reason=reason, status=429)
             return Decision(DecisionKind.REJECT, status=429, retry_after_s=retry,
                             reason=reason, actions=Actions(events=[ev]))
+        if alone:
+            entry.long = est_tokens > self.cfg.tuning.long_prompt_tokens  # as push sets it
         self.sessions.queue(now, session, tenant, est_tokens, entry.long, final)
         actions = Actions(events=[SessionQueued(ts=now, session=session,
                                                 est_prompt_tokens=est_tokens)])
-        self._admit_pass(now, actions)
+        took = self.queue.admit_alone(entry, now, self._views(now)) if alone else None
+        if took is not None:
+            self._took(now, [took], actions)
+        else:
+            if alone:
+                self.queue.push(entry)  # nothing waits: never refused (queue_max >= 1)
+            self._admit_pass(now, actions)
         mine = next((a for a in actions.admitted if a.entry.session == session), None)
         if mine is None:
             return Decision(DecisionKind.WAIT, reason="queued", actions=actions)
@@ -306,7 +316,10 @@ class AdmissionCore(WorkerFit):
     def _admit_pass(self, now: float, actions: Actions) -> None:
         if not len(self.queue):
             return
-        taken = self.queue.select(now, self._views(now))
+        self._took(now, self.queue.select(now, self._views(now)), actions)
+
+    def _took(self, now: float, taken: list[Admission], actions: Actions) -> None:
+        """The sessions a pass admitted: counted on their workers, then announced."""
         for a in taken:
             self.sessions.admit(now, a.entry.session, a.worker)
             self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)

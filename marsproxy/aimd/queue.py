@@ -42,6 +42,8 @@ from marsproxy.aimd.rooms import (
     Tally,
     WorkerView,
     max_tokens,
+    place,
+    room_of,
     take,
 )
 from marsproxy.aimd.shares import TenantShares
@@ -88,13 +90,43 @@ class AdmissionQueue:
         self.refusal = self._over(entry)
         if self.refusal:
             return False
-        self._seq += 1
-        entry.seq = self._seq
-        entry.long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
+        self._number(entry)
         if not self._index.per_tenant[entry.tenant]:
             self.shares.activate(entry.tenant)
         self._index.add(entry)
         return True
+
+    def _number(self, entry: QueueEntry) -> None:
+        self._seq += 1
+        entry.seq = self._seq
+        entry.long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
+
+    def admit_alone(self, entry: QueueEntry, now: float,
+                    workers: Sequence[WorkerView]) -> Admission | None:
+        """Nothing waits: admit ``entry`` now if :meth:`push` and :meth:`select` would, leaving
+        the same state without building its lanes (every new session at light load). ``None``:
+        it would wait; nothing changed. The caller checks that its waiting changes no view."""
+        rooms = self._rooms(workers)
+        if len(self._index) or not any(r.slots > 0 for r in rooms):
+            return None
+        long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
+        bound = max_tokens(rooms, not long)
+        room = None
+        if bound is None or entry.est_tokens <= bound:
+            entry.long = long
+            room, _ = self._place(entry, rooms, not long)
+        forced = room is None
+        if room is None:  # _no_deadlock's rule
+            if any(w.admitted for w in workers):
+                return None
+            room = max((r for r in rooms if r.slots > 0), key=Room.rank)
+        self._number(entry)
+        self.shares.activate(entry.tenant)
+        self.mode = self.choose_mode(workers, waiting=1, tokens=entry.est_tokens)
+        self.shares.admitted(entry.tenant, entry.session, entry.est_tokens)
+        self.shares.settle(())
+        self._rate.record(now, 1)
+        return Admission(entry, room.view.name, forced=forced)
 
     def _over(self, e: QueueEntry) -> str:
         cap = self.cfg.queue_max
@@ -154,19 +186,24 @@ class AdmissionQueue:
         return 0 if e is None else self._index.bypasses(e)
 
     # -- order ------------------------------------------------------------------------------
-    def choose_mode(self, workers: Sequence[WorkerView]) -> OrderMode:
+    def choose_mode(self, workers: Sequence[WorkerView], *, waiting: int | None = None,
+                    tokens: int | None = None) -> OrderMode:
+        """The pass's order; ``waiting``, ``tokens``: the queue's (count, Σ first prompts)
+        when not as it is now."""
+        n = len(self._index) if waiting is None else waiting
         live = [w for w in workers if w.placeable]
         if any(w.cpu_overloaded for w in live):
             return OrderMode.ARRIVAL
         if not live or any(w.kv_overloaded for w in live):
             return OrderMode.SHORTEST_FIRST if live else OrderMode.ARRIVAL
         slots = sum(max(0, w.limit - w.admitted) for w in live)
-        if len(self._index) > slots:
+        if n > slots:
             return OrderMode.SHORTEST_FIRST
         if any(w.budget_blocks is None for w in live):
             return OrderMode.ARRIVAL
         room_tokens = sum(max(0, w.budget_blocks or 0) * w.block_size for w in live)
-        return OrderMode.ARRIVAL if self._index.tokens <= room_tokens else OrderMode.SHORTEST_FIRST
+        waiting_tokens = self._index.tokens if tokens is None else tokens
+        return OrderMode.ARRIVAL if waiting_tokens <= room_tokens else OrderMode.SHORTEST_FIRST
 
     def ordered(self, now: float, mode: OrderMode | None = None) -> list[QueueEntry]:
         """Waiting sessions, first to be admitted first."""
@@ -193,7 +230,7 @@ class AdmissionQueue:
     def select(self, now: float, workers: Sequence[WorkerView]) -> list[Admission]:
         """Admit what fits now; the admitted entries leave the queue."""
         self.mode = self.choose_mode(workers)
-        rooms = [self._room(w, i) for i, w in enumerate(workers) if w.placeable]
+        rooms = self._rooms(workers)
         out: list[Admission] = []
         if len(self._index) == 1 and any(r.slots > 0 for r in rooms):
             out = self._alone(rooms)  # the common case at light load: no order to walk
@@ -215,14 +252,15 @@ class AdmissionQueue:
         self._rate.record(now, len(out))
         return out
 
-    def _room(self, w: WorkerView, index: int) -> Room:
-        pack = None
-        if w.free_blocks is not None:
-            pack = int(self.cfg.tuning.long_pack_frac * w.free_blocks) - w.retained_blocks
-            if w.peak_room_blocks is not None:
-                pack = min(pack, w.peak_room_blocks)
-        return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                     w.long_admitted, protected=w.protected_budget_blocks)
+    def _rooms(self, workers: Sequence[WorkerView]) -> list[Room]:
+        frac = self.cfg.tuning.long_pack_frac
+        return [room_of(w, i, frac) for i, w in enumerate(workers) if w.placeable]
+
+    def _place(self, e: QueueEntry, rooms: list[Room], shorts_wait: bool) -> tuple[
+        Room | None, bool
+    ]:
+        return place(e, rooms, shorts_wait, protected=self.protected(e),
+                     max_long=self.cfg.tuning.max_long_in_flight)
 
     def _pass(self, now: float, rooms: list[Room]) -> list[Admission]:
         # Class by class, the tenants in turn, each with its urgent sessions first (deadline
@@ -293,33 +331,6 @@ class AdmissionQueue:
         tally.bound = max_tokens(rooms, tally.shorts > 0)
         out.append(Admission(e, room.view.name))
         return Offer.PLACED
-
-    def _place(self, e: QueueEntry, rooms: list[Room], shorts_wait: bool) -> tuple[
-        Room | None, bool
-    ]:
-        """The room for ``e`` (fewest sessions first) and whether only the long cap stood in
-        the way."""
-        best: Room | None = None
-        capped = False
-        protected = self.protected(e)
-        for r in rooms:
-            if r.slots <= 0:
-                continue
-            blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
-            budget = r.budget_of(protected)
-            if e.long and shorts_wait:
-                if r.long_admitted >= self.cfg.tuning.max_long_in_flight:
-                    capped = capped or fits(blocks, budget)
-                    continue
-                ok = fits(blocks, budget)
-            elif e.long:
-                # Only long ones wait: pack them into a fraction of free KV, no count cap.
-                ok = fits(blocks, r.pack if r.pack is not None else budget)
-            else:
-                ok = fits(blocks, budget)
-            if ok and (best is None or r.rank() > best.rank()):
-                best = r
-        return best, capped and best is None
 
     def _idle_admits(self, now: float, rooms: list[Room], taken: list[Admission]) -> list[
         Admission

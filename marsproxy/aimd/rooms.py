@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from marsproxy.aimd.order_index import QueueEntry
-from marsproxy.core.kv import blocks_for_tokens
+from marsproxy.core.kv import blocks_for_tokens, fits
 
-__all__ = ["Admission", "Offer", "Room", "Tally", "WorkerView", "max_tokens", "take"]
+__all__ = ["Admission", "Offer", "Room", "Tally", "WorkerView", "max_tokens", "place", "room_of",
+           "take"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,44 @@ def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
         best = max(best, cap * r.view.block_size)
     return best
 
+
+
+def room_of(w: WorkerView, index: int, long_pack_frac: float) -> Room:
+    """A placeable worker's room at the start of a pass."""
+    pack = None
+    if w.free_blocks is not None:
+        pack = int(long_pack_frac * w.free_blocks) - w.retained_blocks
+        if w.peak_room_blocks is not None:
+            pack = min(pack, w.peak_room_blocks)
+    return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
+                w.long_admitted, protected=w.protected_budget_blocks)
+
+
+def place(e: QueueEntry, rooms: list[Room], shorts_wait: bool, *, protected: bool,
+          max_long: int) -> tuple[Room | None, bool]:
+    """The room for ``e`` (fewest sessions first) and whether only the long cap
+    (``max_long`` long sessions per worker while short ones wait) stood in the way;
+    ``protected``: ``e`` would yield to nobody once admitted."""
+    best: Room | None = None
+    capped = False
+    for r in rooms:
+        if r.slots <= 0:
+            continue
+        blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
+        budget = r.budget_of(protected)
+        if e.long and shorts_wait:
+            if r.long_admitted >= max_long:
+                capped = capped or fits(blocks, budget)
+                continue
+            ok = fits(blocks, budget)
+        elif e.long:
+            # Only long ones wait: pack them into a fraction of free KV, no count cap.
+            ok = fits(blocks, r.pack if r.pack is not None else budget)
+        else:
+            ok = fits(blocks, budget)
+        if ok and (best is None or r.rank() > best.rank()):
+            best = r
+    return best, capped and best is None
 
 
 def take(room: Room, e: QueueEntry) -> None:

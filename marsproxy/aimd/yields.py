@@ -74,6 +74,11 @@ class Yields:
         return len(waiting) == 0 or (len(waiting) == 1 and (
             not self._admitted or next(iter(waiting)) in self._admitted))
 
+    def single_tenant(self, tenant: str) -> bool:
+        """Whether no tenant but ``tenant`` has sessions admitted: then one waiting session of
+        ``tenant`` changes no session's yielding (so no KV view) by waiting."""
+        return not self._admitted or (len(self._admitted) == 1 and tenant in self._admitted)
+
     def over_share(self, tenant: str, extra: int = 0) -> bool:
         """Whether ``tenant`` asks for more than its weighted share of the admitted sessions
         (its whole demand: its admitted and waiting sessions; ``extra``: that many of them
