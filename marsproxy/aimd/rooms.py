@@ -128,7 +128,6 @@ def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
     return best
 
 
-
 def room_of(w: WorkerView, index: int, long_pack_frac: float) -> Room:
     """A placeable worker's room at the start of a pass."""
     pack = None
