@@ -154,18 +154,20 @@ class AdmissionCore(WorkerFit):
             ev = Rejected(ts=now, session=session, reason=reason, status=429)
             return Decision(DecisionKind.REJECT, status=429, retry_after_s=retry,
                             reason=reason, actions=Actions(events=[ev]))
-        if alone:
-            entry.long = est_tokens > self.cfg.tuning.long_prompt_tokens  # as push sets it
         self.sessions.queue(now, session, tenant, est_tokens, entry.long, final)
         actions = Actions(events=[SessionQueued(ts=now, session=session,
                                                 est_prompt_tokens=est_tokens)])
-        took = self.queue.admit_alone(entry, now, self._views(now)) if alone else None
-        if took is not None:
-            self._took(now, [took], actions)
-        else:
-            if alone:
-                self.queue.push(entry)  # nothing waits: never refused (queue_max >= 1)
+        if not alone:
             self._admit_pass(now, actions)
+        else:
+            # Its waiting changes no view: the views serve both ways.
+            views = self._views(now)
+            took = self.queue.admit_alone(entry, now, views)
+            if took is not None:
+                self._took(now, [took], actions)
+            else:
+                self.queue.push(entry)  # nothing waits: never refused (queue_max >= 1)
+                self._took(now, self.queue.select(now, views), actions)
         mine = next((a for a in actions.admitted if a.entry.session == session), None)
         if mine is None:
             return Decision(DecisionKind.WAIT, reason="queued", actions=actions)

@@ -77,7 +77,11 @@ class AdmissionQueue:
         deadline; ``child``: a child of an admitted parent (the children's lane, first)."""
         c = cls if cls in self.classes.order else self.classes.default
         deadline = self.classes.deadline_s(c, self.cfg.queue_deadline_s)
-        return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c, child=child)
+        return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c, child=child,
+                          long=self._is_long(est_tokens))
+
+    def _is_long(self, est_tokens: int) -> bool:  # set by entry() and by push
+        return est_tokens > self.cfg.tuning.long_prompt_tokens
 
     def push(self, entry: QueueEntry) -> bool:
         """Queue ``entry``; False (→ 429, :attr:`refusal` says why) when the queue is full, or
@@ -99,22 +103,21 @@ class AdmissionQueue:
     def _number(self, entry: QueueEntry) -> None:
         self._seq += 1
         entry.seq = self._seq
-        entry.long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
+        entry.long = self._is_long(entry.est_tokens)
 
     def admit_alone(self, entry: QueueEntry, now: float,
                     workers: Sequence[WorkerView]) -> Admission | None:
         """Nothing waits: admit ``entry`` now if :meth:`push` and :meth:`select` would, leaving
         the same state without building its lanes (every new session at light load). ``None``:
         it would wait; nothing changed. The caller checks that its waiting changes no view."""
-        rooms = self._rooms(workers)
-        if len(self._index) or not any(r.slots > 0 for r in rooms):
+        rooms = [] if len(self._index) else self._rooms(workers)
+        if not any(r.slots > 0 for r in rooms):
             return None
-        long = entry.est_tokens > self.cfg.tuning.long_prompt_tokens
-        bound = max_tokens(rooms, not long)
+        shorts_wait = not entry.long  # as the pass counts it, with only this entry waiting
+        bound = max_tokens(rooms, shorts_wait)
         room = None
         if bound is None or entry.est_tokens <= bound:
-            entry.long = long
-            room, _ = self._place(entry, rooms, not long)
+            room, _ = self._place(entry, rooms, shorts_wait)
         forced = room is None
         if room is None:  # _no_deadlock's rule
             if any(w.admitted for w in workers):

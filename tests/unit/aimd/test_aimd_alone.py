@@ -97,7 +97,7 @@ def _answer(x: Decision | Actions) -> tuple[Any, ...]:
 def _state(c: AdmissionCore, now: float) -> tuple[Any, ...]:
     sessions = sorted((r.key, r.state, r.worker, r.in_flight, r.queued_at, r.admitted_at)
                       for r in c.sessions)
-    return (*queue_state(c.queue, now), sessions, [v for v in c.views(now)])
+    return (*queue_state(c.queue, now), sessions, c.views(now))
 
 
 @settings(max_examples=120, deadline=None)
