@@ -1,13 +1,12 @@
 """The admission shell's store side: pending sessions confirmed by the window store, and the
 plane's outcomes carried out against it.
 
-Two ways, one order of store calls. With a store that answers over the network (Redis) every
-call is awaited, and a lock keeps two confirmation passes from interleaving. The in-memory
-store (one replica) answers every call at once, so the shell calls it directly: a pass cannot
-interleave with another and needs no lock, and an outcome is carried out where the plane
-decided it (a final call's lease goes back before its response leaves, not in a task that runs
-after it). What a pass asks and in which order is the same both ways.
-"""
+With a store that answers over the network (Redis, several replicas) every call is awaited,
+and a lock keeps two confirmation passes from interleaving. The in-memory store serves one
+replica, whose plane is the only arbiter (as in the simulator): its proposals are confirmed
+where it makes them, without a lock, a task or a ranking, and the store records their leases;
+an outcome is carried out where the plane decided it (a final call's lease goes back before
+its response leaves, not in a task that runs after it)."""
 
 from __future__ import annotations
 
@@ -148,22 +147,15 @@ class StoreConfirmations:
                     self._store_closed(key)
 
     def _confirm_now(self, store: MemoryStore) -> None:
-        """``_confirm_pending`` on the in-memory store: nothing can end a pending session
-        while it asks, and the store is never closed."""
+        """``_confirm_pending`` on the in-memory store (one replica): the plane is the only
+        arbiter, as in the simulator, so its proposals are confirmed at once and the store
+        records their leases (for the state document and the heartbeat)."""
         if not self.plane.pending_count:
             return
         now_ms = wall_clock_ms()
-        self._store_admitted = store.admitted_counts_sync(list(self.urls))
-        room = {w: max(0, self.limit(w) - n) for w, n in self._store_admitted.items()}
-        free = sum(room.values())
         for key, p in self.plane.pending():
-            skey = self._relocated(key, room)
-            if store.admit_ranked_sync(
-                    skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
-                    now_ms, float(self._arrival_ms(p))):
-                free -= 1
-                room[p.worker] -= 1
-                self._confirmed(key)
+            store.add_lease(p.worker, self.replicas.store_key(key), now_ms)
+            self._confirmed(key)
 
     def _relocated(self, key: str, room: dict[str, int]) -> str:
         moved = self.plane.relocate(self.now(), key, room)

@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from marsproxy.aimd.stores import MemoryStore, WindowRecord, wall_clock_ms
 from marsproxy.core.events import SessionEnd, SessionQueued
 
 _Factory = Any
@@ -131,6 +132,23 @@ async def test_leases_are_renewed_while_the_session_lives(make_stack: _Factory) 
     assert not waiter.done()
     assert (await s.chat("long-lived", final=True))[0] == 200
     assert (await asyncio.wait_for(waiter, 10))[0] == 200
+
+
+async def test_one_replica_admits_what_the_plane_decides(make_stack: _Factory) -> None:
+    # The in-memory store serves one replica: the plane is the only arbiter (as in the
+    # simulator), so a store whose last published window says 0 holds nobody back, and the
+    # store keeps the lease for as long as the session lives.
+    s = await make_stack(window=2, control_interval_s=1000.0)
+    adm = s.proxy.gateway.admission
+    assert adm is not None and isinstance(adm.store, MemoryStore)
+    store = adm.store
+    store.set_windows({"w0": WindowRecord(0, 0, wall_clock_ms(), idle_limit=0)})
+    adm._windows = await store.read_windows()
+    assert (await asyncio.wait_for(s.chat("a"), 10))[0] == 200
+    row = (await s.state())["admission"]["workers"]["w0"]
+    assert row["sessions"] == ["a"] and store.admitted_counts_sync(["w0"]) == {"w0": 1}
+    assert (await asyncio.wait_for(s.chat("a", final=True), 10))[0] == 200
+    assert store.admitted_counts_sync(["w0"]) == {"w0": 0}
 
 
 def _plain_worker() -> web.Application:
