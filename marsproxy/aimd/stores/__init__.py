@@ -24,7 +24,7 @@ def make_store(
     """The store ``config.backend`` names; call ``await store.start()`` before use."""
     if config.backend == "redis":
         return RedisStore(config, clock=clock, replica_id=replica_id)
-    return MemoryStore(config, clock=clock, replica_id=replica_id)
+    return MemoryStore(config, clock=clock, replica_id=replica_id, lone=True)
 
 
 __all__ = [

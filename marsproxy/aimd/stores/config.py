@@ -89,7 +89,8 @@ class StoreConfig(_Section):
         10.0,
         gt=0,
         description="An admitted session's lease expires this long after its last heartbeat; "
-        "a crashed replica's slots come back within it.",
+        "a crashed replica's slots come back within it. With backend memory (one replica) "
+        "leases do not expire: a stalled proxy loses no session.",
     )
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="Period of renewing this replica's leases; < lease_ttl_s / 2."

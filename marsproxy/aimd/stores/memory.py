@@ -51,7 +51,13 @@ def new_replica_id() -> str:
 
 
 class MemoryStore:
-    """``WindowStore`` over a ``MemoryState`` (a private one unless given)."""
+    """``WindowStore`` over a ``MemoryState`` (a private one unless given).
+
+    ``lone``: the store of a replica that shares it with nobody (``store.backend: memory``).
+    Its leases never expire: expiry is how another replica takes a session over, and a lone
+    replica whose event loop stalled past ``lease_ttl_s`` would otherwise end every session it
+    holds at its next heartbeat.
+    """
 
     def __init__(
         self,
@@ -60,8 +66,10 @@ class MemoryStore:
         clock: ClockMs = wall_clock_ms,
         state: MemoryState | None = None,
         replica_id: str | None = None,
+        lone: bool = False,
     ) -> None:
         self._cfg = config
+        self._lone = lone
         self._clock = clock
         self._s = state if state is not None else MemoryState()
         self._id = replica_id or new_replica_id()
@@ -119,6 +127,8 @@ class MemoryStore:
     # -- leases ---------------------------------------------------------------------------------
     def _reap(self, worker: str, now_ms: int) -> dict[str, Lease]:
         held = self._s.leases.setdefault(worker, {})
+        if self._lone:
+            return held
         dead = [s for s, lease in held.items() if lease.expiry_ms <= now_ms]
         for s in dead:
             del held[s]
@@ -200,6 +210,8 @@ class MemoryStore:
         return sum(1 for lease in held.values() if lease.owner == self._id)
 
     def _live(self, worker: str) -> list[str]:
+        if self._lone:
+            return list(self._s.leases.get(worker, {}))
         now = self._clock()
         return [s for s, lease in self._s.leases.get(worker, {}).items() if lease.expiry_ms > now]
 

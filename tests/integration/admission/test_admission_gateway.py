@@ -151,6 +151,17 @@ async def test_one_replica_admits_what_the_plane_decides(make_stack: _Factory) -
     assert store.admitted_counts_sync(["w0"]) == {"w0": 0}
 
 
+async def test_a_stalled_event_loop_ends_no_session(make_stack: _Factory) -> None:
+    # One replica: its leases outlive a stall longer than their TTL (the heartbeat could not
+    # run); with several, that is when another replica may take a session over.
+    s = await make_stack(window=2, store={"lease_ttl_s": 0.3, "heartbeat_interval_s": 0.1})
+    assert (await s.chat("a"))[0] == 200
+    time.sleep(0.6)  # noqa: ASYNC251 - the stall itself: no heartbeat for twice the TTL
+    await asyncio.sleep(0.4)  # heartbeats and control ticks run again
+    row = (await s.state())["admission"]["workers"]["w0"]
+    assert row["sessions"] == ["a"] and row["admitted_store"] == 1
+
+
 def _plain_worker() -> web.Application:
     """An OpenAI-compatible upstream that is not vLLM: /health and chat, no /metrics."""
 

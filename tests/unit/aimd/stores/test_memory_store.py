@@ -33,6 +33,24 @@ async def test_a_lease_ends_exactly_at_its_expiry() -> None:
     assert await s.try_admit("w", "b", 1, clock.now)
 
 
+async def test_a_lone_stores_leases_outlive_a_late_heartbeat() -> None:
+    # One replica: a heartbeat late past the TTL (a stalled event loop) loses nothing, and the
+    # lease still counts; releasing it is what ends it.
+    clock = Clock()
+    s = MemoryStore(CFG, clock=clock, lone=True)
+    assert await s.try_admit("w", "a", 1, clock.now)
+    clock.now += 60_000
+    assert s.renew_sync(clock.now) == 1 and s.drain_lost() == []
+    assert await s.admitted_sessions("w") == ["a"] and not await s.try_admit("w", "b", 1, clock.now)
+    assert await s.release("w", "a") and await s.admitted("w") == 0
+    # Shared (replicas), the same late heartbeat reports the lease lost.
+    shared = MemoryStore(CFG, clock=clock)
+    assert await shared.try_admit("w", "a", 1, clock.now)
+    clock.now += 60_000
+    shared.renew_sync(clock.now)
+    assert shared.drain_lost() == [("w", "a")] and await shared.admitted("w") == 0
+
+
 async def test_background_heartbeat_renews_own_leases() -> None:
     clock = Clock()
     cfg = StoreConfig(lease_ttl_s=0.1, heartbeat_interval_s=0.01)
