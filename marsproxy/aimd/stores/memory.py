@@ -2,9 +2,10 @@
 
 It has the same lease, leader and queue semantics as the Redis store (an injected clock drives
 lease expiry), so tests can share one ``MemoryState`` between several instances to play
-several replicas. The gateway of one replica uses its leases, windows and wake-ups; its plane's
-admissions need no confirmation, so it never ranks there. The Redis store also keeps one of
-these per replica as its mirror of its own leases and its fallback while Redis is down.
+several replicas. The gateway of one replica keeps its leases (never expiring, see ``lone``)
+and windows here; its plane's admissions need no confirmation, so it never ranks here. The
+Redis store also keeps one of these per replica as its mirror of its own leases and its
+fallback while Redis is down.
 """
 
 from __future__ import annotations

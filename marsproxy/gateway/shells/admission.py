@@ -5,10 +5,10 @@ feeds it events (requests, response ends, session ends, control ticks with the l
 signals) and carries out its actions: wake held requests, answer expired ones, publish events,
 release leases.
 
-Core ↔ store. The local core proposes every admission. With several replicas sharing one Redis
-the ``WindowStore`` confirms it, so the store is the arbiter of the global count; with the
-in-memory store (one replica) the proposal is final and the store only keeps the lease. A proposed
-session is *pending*: the core already counts it on its worker (so this replica proposes no
+Core ↔ store. The local core proposes every admission. With the in-memory store (one replica)
+the proposal is final and the store only keeps the lease. With several replicas sharing one
+Redis the ``WindowStore`` confirms it, the arbiter of the global count: a proposed session is
+*pending*: the core already counts it on its worker (so this replica proposes no
 more than its limit there), its request stays held, and it sits in the store's global queue
 scored by its arrival time. It is confirmed with ``admit_if_ranked`` (rank below the free slots
 of all workers, and room on its worker under the published limit), retried on every control

@@ -6,7 +6,8 @@ and a lock keeps two confirmation passes from interleaving. The in-memory store 
 replica, whose plane is the only arbiter (as in the simulator): its proposals are confirmed
 where it makes them, without a lock, a task or a ranking, and the store records their leases;
 an outcome is carried out where the plane decided it (a final call's lease goes back before
-its response leaves, not in a task that runs after it)."""
+its response leaves, not in a task that runs after it).
+"""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ class StoreConfirmations:
     def _confirm_now(self, store: MemoryStore) -> None:
         """``_confirm_pending`` on the in-memory store (one replica): the plane is the only
         arbiter, as in the simulator, so its proposals are confirmed at once and the store
-        records their leases (for the state document and the heartbeat)."""
+        records their leases (for the state document)."""
         if not self.plane.pending_count:
             return
         now_ms = wall_clock_ms()
