@@ -51,29 +51,43 @@ class PeakForecast:
         self._sum_first = 0
         self._sum_peak = 0
         self._sessions: dict[str, _Session] = {}
+        # Worker → its sessions whose KV is held: the forecasts' sums walk these alone, not
+        # every open session (a plain client's may number thousands, dormant past their hold).
+        self._held: dict[str, dict[str, _Session]] = {}
 
     # -- sessions -------------------------------------------------------------------------
     def admit(self, session: str, worker: str, est_tokens: int) -> None:
         """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``."""
         est = max(0, est_tokens)
-        self._sessions[session] = _Session(worker, est, est)
+        self._unhold(session)
+        s = self._sessions[session] = _Session(worker, est, est)
+        self._held.setdefault(worker, {})[session] = s
 
     def move(self, session: str, worker: str) -> None:
         s = self._sessions.get(session)
         if s is not None:
+            held = s.held
+            self._unhold(session)
             s.worker = worker
+            if held:
+                self.hold(session)
 
     def release(self, session: str) -> None:
         """``session`` stayed dormant past its KV hold: its forecast stops counting."""
-        s = self._sessions.get(session)
-        if s is not None:
-            s.held = False
+        self._unhold(session)
 
     def hold(self, session: str) -> None:
         """``session`` is back (a request): its forecast counts again."""
         s = self._sessions.get(session)
         if s is not None:
             s.held = True
+            self._held.setdefault(s.worker, {})[session] = s
+
+    def _unhold(self, session: str) -> None:
+        s = self._sessions.get(session)
+        if s is not None and s.held:
+            s.held = False
+            self._held[s.worker].pop(session, None)
 
     def observe(self, session: str, prompt_tokens: int, completion_tokens: int = 0) -> None:
         """A call of ``session`` finished with these token counts (its context now)."""
@@ -87,6 +101,7 @@ class PeakForecast:
 
     def end(self, session: str, *, finished: bool) -> None:
         """``session`` ends; a session that ran to its final call teaches the growth."""
+        self._unhold(session)
         s = self._sessions.pop(session, None)
         if s is None or not finished or not s.observed or s.first <= 0:
             return
@@ -114,7 +129,7 @@ class PeakForecast:
 
     def held_on(self, worker: str) -> list[str]:
         """The sessions admitted on ``worker`` whose KV is held."""
-        return [k for k, s in self._sessions.items() if s.worker == worker and s.held]
+        return list(self._held.get(worker, ()))
 
     def committed_tokens(self, worker: str, elsewhere: int = 0, *,
                          without: Callable[[str], bool] | None = None) -> int:
@@ -124,8 +139,8 @@ class PeakForecast:
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        mine = [max(s.context, math.ceil(s.first * g)) for k, s in self._sessions.items()
-                if s.worker == worker and s.held and not (without and without(k))]
+        mine = [max(s.context, math.ceil(s.first * g))
+                for k, s in self._held.get(worker, {}).items() if not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
             if mine:
@@ -147,9 +162,7 @@ class PeakForecast:
         stored them. ``elsewhere`` sessions of other replicas count at this worker's mean."""
         g = self.growth()
         total = n = 0
-        for key, s in self._sessions.items():
-            if s.worker != worker or not s.held:
-                continue
+        for key, s in self._held.get(worker, {}).items():
             peak = max(s.context, math.ceil(s.first * g))
             n += 1
             if not s.observed:

@@ -13,6 +13,7 @@ Pure code: no I/O; ``now`` is a parameter.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -115,6 +116,11 @@ class SessionLifecycle:
         self._by_worker: dict[str, set[str]] = {}
         self._long_by_worker: dict[str, int] = {}
         self._held_by_worker: dict[str, int] = {}  # admitted sessions whose KV is held
+        # Per worker: admitted sessions with a request in flight, and a max-heap of when the
+        # others went dormant ((-last_active, key); stale entries dropped when read), so that
+        # neither question walks every session (a plain client's may number thousands).
+        self._active_by_worker: dict[str, int] = {}
+        self._dormant: dict[str, list[tuple[float, str]]] = {}
         # (idle deadline, key) of admitted sessions with nothing in flight, sorted, so a tick
         # finds the timed-out ones without scanning every session.
         self._idle: list[tuple[float, str]] = []
@@ -134,22 +140,22 @@ class SessionLifecycle:
 
     def active_on(self, worker: str) -> int:
         """Sessions admitted on ``worker`` with a request in flight (in an LLM call)."""
-        return sum(1 for k in self._by_worker.get(worker, ())
-                   if self._records[k].in_flight > 0)
+        return self._active_by_worker.get(worker, 0)
 
     def dormant_since(self, worker: str) -> float | None:
         """When the last of the sessions admitted on ``worker`` went into its tool phase;
         ``None`` while any of them has a request in flight, or none is admitted there."""
-        keys = self._by_worker.get(worker)
-        if not keys:
+        if not self._by_worker.get(worker) or self._active_by_worker.get(worker, 0):
             return None
-        since = 0.0
-        for k in keys:
-            rec = self._records[k]
-            if rec.in_flight > 0:
-                return None
-            since = max(since, rec.last_active)
-        return since
+        heap = self._dormant[worker]
+        while heap:
+            neg, key = heap[0]
+            rec = self._records.get(key)
+            if (rec is not None and rec.worker == worker and rec.in_flight == 0
+                    and rec.last_active == -neg and rec.state is SessionState.ADMITTED):
+                return max(0.0, -neg)
+            heapq.heappop(heap)  # it went back to work, moved or ended since
+        raise AssertionError(f"dormant sessions on {worker} missing from their index")
 
     def long_on(self, worker: str) -> int:
         return self._long_by_worker.get(worker, 0)
@@ -222,6 +228,25 @@ class SessionLifecycle:
             self._long_by_worker[rec.worker] = self._long_by_worker.get(rec.worker, 0) + sign
         if rec.kv_held:
             self._held(rec, sign)
+        self._activity(rec, sign)
+
+    def _activity(self, rec: SessionRecord, sign: int) -> None:
+        """Count an admitted session in (+1) or out of (-1) its worker's activity index, as it
+        is now: in flight, or dormant since ``last_active``."""
+        assert rec.worker is not None
+        w = rec.worker
+        if rec.in_flight > 0:
+            self._active_by_worker[w] = self._active_by_worker.get(w, 0) + sign
+            return
+        if sign < 0:
+            return  # its heap entry goes stale; dropped when read, or at the next rebuild
+        heap = self._dormant.setdefault(w, [])
+        heapq.heappush(heap, (-rec.last_active, rec.key))
+        if len(heap) > 2 * len(self._by_worker.get(w, ())) + 64:  # too many stale entries
+            self._dormant[w] = heap = [
+                (-r.last_active, k) for k in self._by_worker.get(w, ())
+                if (r := self._records[k]).in_flight == 0]
+            heapq.heapify(heap)
 
     def _held(self, rec: SessionRecord, sign: int) -> None:
         assert rec.worker is not None
@@ -235,18 +260,22 @@ class SessionLifecycle:
         if not rec.kv_held:
             rec.kv_held = True
             self._held(rec, +1)
+        self._activity(rec, -1)
         rec.in_flight += 1
         rec.turns += 1
         rec.phase = Phase.LLM
         rec.last_active = now
         rec.final = rec.final or final
+        self._activity(rec, +1)
         return rec
 
     def response_end(self, now: float, key: str, usual_tool_s: float | None) -> SessionRecord:
         """A request of an admitted session finished (well or not); a tool phase may begin."""
         rec = self._require(key, SessionState.ADMITTED)
+        self._activity(rec, -1)
         rec.in_flight = max(0, rec.in_flight - 1)
         rec.last_active = now
+        self._activity(rec, +1)
         if rec.in_flight == 0:
             rec.phase = Phase.TOOL
             rec.idle_timeout_s = idle_timeout_s(usual_tool_s, *self._idle_args)

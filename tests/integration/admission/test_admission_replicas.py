@@ -12,8 +12,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 _Factory = Any
+# A generous op timeout: on a loaded machine a 0.5 s one expired, and the local fallback it
+# switched to decides without the other replica's leases (not what these tests are about).
 STORE = {"lease_ttl_s": 2.0, "heartbeat_interval_s": 0.2, "leader_ttl_s": 1.0,
-         "op_timeout_s": 0.5, "reconnect_interval_s": 0.2}
+         "op_timeout_s": 2.0, "reconnect_interval_s": 0.2}
 
 
 def _where(state: dict[str, Any], session: str) -> str | None:

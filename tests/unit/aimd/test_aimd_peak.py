@@ -3,9 +3,12 @@ at its forecast peak, and the admission core holding back what would overflow la
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
@@ -315,3 +318,37 @@ def test_no_later_class_no_budget_of_its_own() -> None:
     assert c.on_request(1.0, "i0", "t", 100 * 16, cls="interactive").kind is \
         DecisionKind.ADMITTED
     assert c.protected_room("w0") is None  # nobody yields: the common budget
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["admit", "observe", "release", "hold", "move", "end"]),
+    st.integers(0, 6), st.sampled_from(["w0", "w1"]), st.integers(1, 5000),
+), max_size=80))
+def test_held_index_matches_a_full_scan(ops: list[tuple[str, int, str, int]]) -> None:
+    # The forecasts' sums walk an index of held sessions per worker; a scan of every session
+    # (as the fit once did) is the reference.
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=2)
+    for kind, n, worker, tokens in ops:
+        key = f"s{n}"
+        if kind == "admit":
+            p.admit(key, worker, tokens)
+        elif kind == "observe":
+            p.observe(key, tokens, tokens // 10)
+        elif kind == "release":
+            p.release(key)
+        elif kind == "hold":
+            p.hold(key)
+        elif kind == "move":
+            p.move(key, worker)
+        else:
+            p.end(key, finished=True)
+        g = p.growth()
+        for w in ("w0", "w1"):
+            held = {k: s for k, s in p._sessions.items() if s.worker == w and s.held}
+            assert sorted(p.held_on(w)) == sorted(held)
+            assert p.committed_tokens(w) == sum(max(s.context, math.ceil(s.first * g))
+                                                for s in held.values())
+            assert p.resident_committed_tokens(w, dict.fromkeys(held, 2), 16) == sum(
+                (2 * 16 + max(s.context, math.ceil(s.first * g)) - s.context) if s.observed
+                else max(s.context, math.ceil(s.first * g)) for s in held.values())

@@ -140,3 +140,35 @@ def test_idle_index_matches_a_full_scan(ops: list[tuple[float, str, int, float |
             r.key for r in t if (d := r.idle_deadline()) is not None and now >= d
         )
         assert sorted(r.key for r in t.idle_expired(now)) == brute
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(
+    st.floats(0.0, 5.0), st.sampled_from(["new", "req", "resp", "end", "move"]),
+    st.integers(0, 6), st.sampled_from(["w0", "w1"]),
+), max_size=80))
+def test_activity_index_matches_a_full_scan(ops: list[tuple[float, str, int, str]]) -> None:
+    # active_on and dormant_since keep per-worker indexes; a full scan is the reference.
+    t = table()
+    now = 0.0
+    for dt, kind, n, worker in ops:
+        now += dt
+        key = f"s{n}"
+        rec = t.get(key)
+        if kind == "new" and rec is None:
+            t.queue(now, key, "t", 1, long=False)
+            t.admit(now, key, worker)
+        elif kind == "req" and rec is not None:
+            t.request(now, key)
+        elif kind == "resp" and rec is not None and rec.in_flight > 0:
+            t.response_end(now, key, None)
+        elif kind == "end":
+            t.end(now, key, EndReason.DELETED)
+        elif kind == "move" and rec is not None:
+            t.move(key, worker)
+        for w in ("w0", "w1"):
+            on = [r for r in t if r.worker == w]
+            assert t.active_on(w) == sum(1 for r in on if r.in_flight > 0)
+            dormant = None if not on or any(r.in_flight > 0 for r in on) else max(
+                0.0, max(r.last_active for r in on))
+            assert t.dormant_since(w) == dormant
