@@ -151,8 +151,9 @@ class SessionLifecycle:
         while heap:
             neg, key = heap[0]
             rec = self._records.get(key)
+            # Only admitted sessions have a worker; an ended one is gone from the records.
             if (rec is not None and rec.worker == worker and rec.in_flight == 0
-                    and rec.last_active == -neg and rec.state is SessionState.ADMITTED):
+                    and rec.last_active == -neg):
                 return max(0.0, -neg)
             heapq.heappop(heap)  # it went back to work, moved or ended since
         raise AssertionError(f"dormant sessions on {worker} missing from their index")
