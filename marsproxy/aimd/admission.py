@@ -318,7 +318,11 @@ class AdmissionCore(WorkerFit):
     def _admit_pass(self, now: float, actions: Actions) -> None:
         if not len(self.queue):
             return
-        self._took(now, self.queue.select(now, self._views(now)), actions)
+        views = self._views(now)
+        taken = self.queue.select(now, views)
+        self._took(now, taken, actions)
+        if taken and len(self.queue) and self.capped(views):  # the fit alone may take more
+            self._took(now, self.queue.select(now, self._views(now)), actions)
 
     def _took(self, now: float, taken: list[Admission], actions: Actions) -> None:
         """The sessions a pass admitted: counted on their workers, then announced."""

@@ -131,7 +131,8 @@ class AdmissionTuning(_Section):
         description="Where the worker re-prefills a typical forecast peak of its sessions (their"
         " mean forecast over its measured prefill speed) within this many seconds, and fewer than"
         " peak_free_sessions of them are in an LLM call, the fit overcommits by"
-        " peak_overcommit_max: such preemptions cost less than sessions held back while the"
+        " peak_overcommit_max for as many admissions as bring the sessions in a call back to"
+        " peak_free_sessions: such preemptions cost less than sessions held back while the"
         " engine has little to run. 0: off. Keep it below a second: on workers that take longer"
         " to re-prefill, the preemptions it lets in cost more than they save.",
     )

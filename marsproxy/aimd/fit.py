@@ -167,15 +167,32 @@ class WorkerFit:
         :meth:`reprefill_s`) and fewer than ``peak_free_sessions`` sessions are in a call
         (those of other replicas count as in a call: this replica cannot see them)."""
         factor = self.overlaps.factor(worker)
+        return self.overlaps.ceiling if self.cheap_slots(worker, committed_tokens) else factor
+
+    def cheap_slots(self, worker: str, committed_tokens: int | None = None) -> int:
+        """Sessions the cheap-preemption ceiling may let in on ``worker`` now: as many as
+        bring its sessions in a call to ``peak_free_sessions`` (0: the ceiling does not apply,
+        the measured overlap's factor rules). Each one admitted goes into a call, so a pass
+        that let in more on the ceiling would break the premise it was granted on: a drained
+        worker took 8 at once on the twins, then preempted. That holds also below
+        ``peak_free_sessions`` held, where the pass skips the forecast fit. The views cap the
+        pass's count by these; the core then runs the fit without the ceiling for the rest."""
         limit = self.cfg.tuning.peak_cheap_reprefill_s
-        if limit <= 0 or factor >= self.overlaps.ceiling:
-            return factor
+        if (limit <= 0 or not self.cfg.tuning.kv_fit_peak
+                or self._signals[worker].total_blocks is None
+                or self.overlaps.factor(worker) >= self.overlaps.ceiling):
+            return 0
         reprefill = self.reprefill_s(worker, committed_tokens)
         if reprefill is None or reprefill > limit:
-            return factor
+            return 0
         # The price first: counting the sessions in a call walks them all.
         in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
-        return self.overlaps.ceiling if in_call < self.cfg.tuning.peak_free_sessions else factor
+        return max(0, self.cfg.tuning.peak_free_sessions - in_call)
+
+    def capped(self, views: list[WorkerView]) -> bool:
+        """Whether the cheap ceiling capped the count of any of these views (the sessions it
+        let in are in a call now: the fit without it decides on the rest)."""
+        return any(v.limit < self.controllers[v.name].effective_limit for v in views)
 
     def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
         """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held
@@ -251,8 +268,12 @@ class WorkerFit:
             s, c = self._signals[w], self.controllers[w]
             # Each once: the forecast's room sums over every session on the worker.
             free, peak = self.free_budget(w), self.peak_room(w)
+            admitted, limit = self.sessions.admitted_on(w), c.effective_limit
+            cheap = self.cheap_slots(w)
+            if cheap:  # the ceiling's room is for these few: the pass takes no more
+                limit = min(limit, admitted + cheap)
             out.append(WorkerView(
-                name=w, admitted=self.sessions.admitted_on(w), limit=c.effective_limit,
+                name=w, admitted=admitted, limit=limit,
                 healthy=s.healthy, stale=s.stale, budget_blocks=_smaller(free, peak),
                 free_blocks=self._free(w), retained_blocks=s.retained_blocks,
                 peak_room_blocks=peak,

@@ -206,6 +206,46 @@ def test_cheap_preemption_overcommits_while_few_sessions_are_in_a_call() -> None
     assert c.on_request(3.0, "y", "t", 10 * 16).kind is DecisionKind.WAIT
 
 
+def test_the_cheap_ceiling_lets_in_only_enough_to_fill_its_calls() -> None:
+    # Four sessions wait while both admitted ones are in a call (strict fit, no room). Once
+    # both sit in tools the ceiling's room (600 first-prompt blocks) would take all four in one
+    # pass; it takes two, which bring the sessions in a call back to peak_free_sessions, and
+    # the strict fit has no room for the others.
+    c = _cheap_core(72_000.0)
+    for i in range(2):
+        c.on_request(1.0, f"s{i}", "t", 150 * 16)
+    assert c.peak_factor("w0") == 1.0
+    waiting = [f"x{i}" for i in range(4)]
+    for k in waiting:
+        assert c.on_request(1.1, k, "t", 150 * 16).kind is DecisionKind.WAIT
+    for i in range(2):
+        c.on_response_end(1.5, f"s{i}", prompt_tokens=150 * 16)
+    assert c.peak_factor("w0") == 3.0 and c.peak_room("w0") == 600
+    assert c.cheap_slots("w0") == 2
+    actions = c.tick(2.0, {"w0": sig(prefill_tokens_per_s=72_000.0)})
+    assert [a.entry.session for a in actions.admitted] == waiting[:2]
+    assert c.sessions.active_on("w0") == 2 and c.cheap_slots("w0") == 0
+    assert c.peak_factor("w0") == 1.0  # the strict fit again for the other two
+
+
+def test_a_pass_the_cheap_ceiling_capped_still_takes_what_the_strict_fit_allows() -> None:
+    # Small sessions: the strict fit has room for all four waiting (held back by a full cache
+    # until the tick). The ceiling's two go first; the strict fit takes the other two at once.
+    c = _cheap_core(72_000.0)
+    for i in range(2):
+        c.on_request(0.6, f"s{i}", "t", 50 * 16)  # forecasts 150 blocks each
+    c.tick(0.8, {"w0": sig(prefill_tokens_per_s=72_000.0, free_blocks=100)})
+    waiting = [f"x{i}" for i in range(4)]
+    for k in waiting:
+        assert c.on_request(0.9, k, "t", 20 * 16).kind is DecisionKind.WAIT
+    for i in range(2):
+        c.on_response_end(1.0, f"s{i}", prompt_tokens=50 * 16)
+    assert c.cheap_slots("w0") == 2
+    actions = c.tick(1.2, {"w0": sig(prefill_tokens_per_s=72_000.0)})
+    assert [a.entry.session for a in actions.admitted] == waiting
+    assert c.peak_factor("w0") == 1.0 and c.peak_room("w0") >= 0
+
+
 @pytest.mark.parametrize(("speed", "cfg"), [
     (1_000.0, {}),  # 7.2 s to re-prefill a forecast: a preemption is dear, the fit holds
     (8_000.0, {}),  # 0.9 s, what the real vLLM on a 2-core CPU takes: dear too
