@@ -45,6 +45,8 @@ class Sampler:
     topo: SentinelSet
     peak: Counter[str] = field(default_factory=Counter)
     samples: int = 0
+    at: list[float] = field(default_factory=list)
+    """When each sample was taken (monotonic)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _once(self) -> dict[str, int] | None:
@@ -66,6 +68,7 @@ class Sampler:
             got = await asyncio.to_thread(self._once)
             if got is not None:
                 self.samples += 1
+                self.at.append(time.monotonic())
                 for w, n in got.items():
                     self.peak[w] = max(self.peak[w], n)
             await asyncio.sleep(0.05)
@@ -177,8 +180,11 @@ async def _run(lab: Lab, topo: SentinelSet) -> None:
         q = (await p.state())["admission"]["queue"]
         assert q["length"] == 0 and q["pending"] == 0, q
 
-    # Never more live leases on a worker than its window, before, during and after.
-    assert sampler.samples >= 40, sampler.samples
+    # Never more live leases on a worker than its window, before, during and after: samples
+    # on the old primary under load and on the new one (how many depends on the machine).
+    before = sum(t < t_kill for t in sampler.at)
+    after = sum(t > t_recovered for t in sampler.at)
+    assert before >= 10 and after >= 3, (before, after)
     assert all(sampler.peak[w] <= WINDOW for w in WORKERS), sampler.peak
     during = [t - t_kill for t in load.refused_at]
     print(f"\nfailover figures: primary {old_port} killed; replica {new_port} promoted after"
@@ -186,7 +192,8 @@ async def _run(lab: Lab, topo: SentinelSet) -> None:
           f" new sessions refused from +{min(during):.1f} s to +{max(during):.1f} s;"
           f" sessions: {completed} completed, {len(refused)} refused 503 store_unavailable"
           f" (new, during the failover), 0 admitted lost; peak leases {dict(sampler.peak)}"
-          f" (window {WINDOW}) over {sampler.samples} samples")
+          f" (window {WINDOW}) over {sampler.samples} samples ({before} before the kill,"
+          f" {after} after recovery)")
 
 
 def _cmd(port: int, *args: str) -> None:
