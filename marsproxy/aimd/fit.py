@@ -182,12 +182,13 @@ class WorkerFit:
                 or self._signals[worker].total_blocks is None
                 or self.overlaps.factor(worker) >= self.overlaps.ceiling):
             return 0
-        reprefill = self.reprefill_s(worker, committed_tokens)
-        if reprefill is None or reprefill > limit:
-            return 0
-        # The price first: counting the sessions in a call walks them all.
+        # The count first (an index lookup); the price sums the worker's forecasts.
         in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
-        return max(0, self.cfg.tuning.peak_free_sessions - in_call)
+        slots = max(0, self.cfg.tuning.peak_free_sessions - in_call)
+        if not slots:
+            return 0
+        reprefill = self.reprefill_s(worker, committed_tokens)
+        return slots if reprefill is not None and reprefill <= limit else 0
 
     def capped(self, views: list[WorkerView]) -> bool:
         """Whether the cheap ceiling capped the count of any of these views (the sessions it
