@@ -113,29 +113,37 @@ class WorkerFit:
     def peak_room(self, worker: str, committed_tokens: int | None = None) -> int | None:
         """With ``kv_fit_peak``: first-prompt blocks a new session on ``worker`` may have so
         that its forecast peak fits beside the forecasts of the sessions admitted there
-        (``None``: off, or the worker reports no block counts); ``committed_tokens``: those
-        forecasts' sum, when the caller has it. A worker with a KV index counts each session's
-        resident blocks plus its forecast growth instead."""
+        (``None``: off, the worker reports no block counts, or it holds fewer than
+        ``peak_free_sessions``); ``committed_tokens``: those forecasts' sum, when the caller
+        has it. A worker with a KV index counts each session's resident blocks plus its
+        forecast growth instead."""
+        fit = self._fit_tokens(worker, committed_tokens)
+        return None if fit is None else self._room(worker, fit, self.peak_factor(worker, fit))
+
+    def _fit_tokens(self, worker: str, committed_tokens: int | None = None) -> int | None:
+        """What the forecast-peak fit counts on ``worker`` (see :meth:`peak_room`)."""
         s = self._signals[worker]
         if not self.cfg.tuning.kv_fit_peak or s.total_blocks is None:
             return None
         held = self.sessions.admitted_on(worker) + s.sessions_elsewhere
         if held < self.cfg.tuning.peak_free_sessions:
             return None
-        bs = s.block_size or DEFAULT_BLOCK_SIZE
         if s.session_blocks is not None:  # KV events: what each session really holds
-            resident = self.peaks.resident_committed_tokens(worker, s.session_blocks, bs,
-                                                             s.sessions_elsewhere)
             # The same overcommit as the estimate's: peaks that do not coincide (measured
             # overlap, cheap preemption); without it the fit admitted less (twins 1.59× vs 1.69×).
-            return self.peaks.room_blocks(resident, s.total_blocks, bs,
-                                          self.cfg.kv_reserve_frac,
-                                          self.peak_factor(worker, resident))
+            return self.peaks.resident_committed_tokens(
+                worker, s.session_blocks, s.block_size or DEFAULT_BLOCK_SIZE,
+                s.sessions_elsewhere)
         if committed_tokens is None:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
-        return self.peaks.room_blocks(committed_tokens, s.total_blocks, bs,
-                                      self.cfg.kv_reserve_frac,
-                                      self.peak_factor(worker, committed_tokens))
+        return committed_tokens
+
+    def _room(self, worker: str, fit_tokens: int, factor: float) -> int:
+        s = self._signals[worker]
+        assert s.total_blocks is not None  # _fit_tokens gave a count: the worker has blocks
+        return self.peaks.room_blocks(fit_tokens, s.total_blocks,
+                                      s.block_size or DEFAULT_BLOCK_SIZE,
+                                      self.cfg.kv_reserve_frac, factor)
 
     def protected_room(self, worker: str) -> int | None:
         """The KV budget on ``worker`` of a session that would yield to nobody, while sessions
@@ -268,9 +276,12 @@ class WorkerFit:
         for w in self.workers:
             s, c = self._signals[w], self.controllers[w]
             # Each once: the forecast's room sums over every session on the worker.
-            free, peak = self.free_budget(w), self.peak_room(w)
+            # The ceiling once for the room and the count: its price sums the forecasts.
+            fit = self._fit_tokens(w)
+            cheap = self.cheap_slots(w, fit)
+            factor = self.overlaps.ceiling if cheap else self.overlaps.factor(w)
+            free, peak = self.free_budget(w), None if fit is None else self._room(w, fit, factor)
             admitted, limit = self.sessions.admitted_on(w), c.effective_limit
-            cheap = self.cheap_slots(w)
             if cheap:  # the ceiling's room is for these few: the pass takes no more
                 limit = min(limit, admitted + cheap)
             out.append(WorkerView(
