@@ -58,7 +58,8 @@ class LimitsConfig(_Section):
     max_sessions_per_tenant: int = Field(
         10_000, ge=1,
         description="Most sessions one API key (tenant) may hold; a request that would start"
-        " another gets 429.",
+        " another forgets the key's least recently seen session with nothing in flight, or gets"
+        " 429 if each has a request in flight.",
     )
     max_session_id_chars: int = Field(
         256, ge=1,

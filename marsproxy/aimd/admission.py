@@ -40,8 +40,7 @@ from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
 # WorkerSignals is the core's input: importable from here with the core that reads it.
 __all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "WorkerSignals"]
 
-# Endings after which a session's largest context is its peak (agents that send no final flag
-# end by idle timeout or DELETE), so the growth forecast may learn from it.
+# Endings after which a session's largest context is its peak: the growth forecast learns it.
 _RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.IDLE_TIMEOUT, EndReason.DELETED})
 
 
@@ -80,8 +79,7 @@ class Decision:
     retry_after_s: int | None = None
     reason: str = ""
     idle: bool = False
-    """Admitted onto an idle worker past the limit (``tuning.idle_admit``): confirmed against
-    the idle limit."""
+    """Admitted onto an idle worker past the limit (tuning.idle_admit): confirmed against it."""
     actions: Actions = field(default_factory=Actions)
     """Side effects of this request: events, and other sessions admitted in the same pass."""
     entry: QueueEntry | None = None
@@ -101,7 +99,7 @@ class AdmissionCore(WorkerFit):
         self.queue.protected = self.yields.protected
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
-            cfg.tuning.kv_hold_min_s,
+            cfg.tuning.kv_hold_min_s, cfg.tuning.return_history,
         )
         self.estimator = PromptEstimator(cfg.tuning.chars_per_token)
         t = cfg.tuning
@@ -255,6 +253,8 @@ class AdmissionCore(WorkerFit):
             self.peaks.observe(session, prompt_tokens, completion_tokens)
         self._settle(session)  # the worker has seen its prompt now
         rec = self.sessions.response_end(now, session, usual_tool_s)
+        if not rec.kv_held:  # a first call whose kind of session seldom returns
+            self.peaks.release(session)
         if rec.final and rec.in_flight == 0:
             self._end(now, session, EndReason.FINAL, actions)
             self._admit_pass(now, actions)

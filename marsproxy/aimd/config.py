@@ -156,6 +156,12 @@ class AdmissionTuning(_Section):
         " history: this long). A session away longer than that (a plain client's finished"
         " task) stays admitted but no longer holds KV room; it counts again when it is back.",
     )
+    return_history: int = Field(
+        16, ge=1,
+        description="A session dormant after its first call holds KV room only where at least"
+        " half of its tenant's latest this-many such sessions came back within their hold (none"
+        " seen yet: not held). A plain client's one-shot tasks never come back.",
+    )
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."
     )

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
+from marsproxy.core.returns import ReturnTally
+
 
 class SessionState(StrEnum):
     QUEUED = "queued"
@@ -95,6 +97,9 @@ class SessionRecord:
     """Its place in the KV-hold index while it is dormant and its KV budget still held."""
     kv_held: bool = True
     """Whether its forecast counts in the KV fit (false once dormant past its hold)."""
+    first_gap: bool = False
+    """Dormant after its first call and not back yet: whether it comes back within its hold
+    is still open (its tenant's return tally waits for it)."""
 
     def idle_deadline(self) -> float | None:
         """When an idle session times out; ``None`` while a request is in flight."""
@@ -107,9 +112,10 @@ class SessionLifecycle:
     """The live sessions of the admission plane, and the counts per worker."""
 
     def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
-                 hold_min_s: float = 0.0) -> None:
+                 hold_min_s: float = 0.0, return_history: int = 16) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
+        self.returns = ReturnTally(return_history)
         # (hold deadline, key) of dormant sessions whose KV budget is still held, sorted.
         self._holds: list[tuple[float, str]] = []
         self._records: dict[str, SessionRecord] = {}
@@ -258,6 +264,9 @@ class SessionLifecycle:
         rec = self._require(key, SessionState.ADMITTED)
         self._unidle(rec)
         self._unhold(rec)
+        if rec.first_gap:  # back within its hold (or its idle timeout, where that is shorter)
+            rec.first_gap = False
+            self.returns.record(rec.tenant, True)
         if not rec.kv_held:
             rec.kv_held = True
             self._held(rec, +1)
@@ -289,6 +298,11 @@ class SessionLifecycle:
             if hold < rec.idle_timeout_s:  # else the idle timeout ends it first
                 rec.hold_key = (rec.last_active + hold, key)
                 bisect.insort(self._holds, rec.hold_key)
+            if rec.turns == 1:  # after its first call: held only where its kind comes back
+                rec.first_gap = True
+                if rec.kv_held and not self.returns.likely(rec.tenant):
+                    rec.kv_held = False  # its hold deadline stays, to see whether it returns
+                    self._held(rec, -1)
         return rec
 
     def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
@@ -296,6 +310,8 @@ class SessionLifecycle:
         rec = self._records.pop(key, None)
         if rec is None:
             return None
+        if rec.first_gap and reason is not EndReason.MOVED:
+            self.returns.record(rec.tenant, False)
         self._unidle(rec)
         self._unhold(rec)
         if rec.state is SessionState.ADMITTED and rec.worker is not None:
@@ -312,14 +328,20 @@ class SessionLifecycle:
 
     def hold_expired(self, now: float) -> list[SessionRecord]:
         """Dormant sessions past their KV hold, now released (their forecasts stop counting
-        until their next request)."""
+        until their next request). One dormant after its first call did not come back in time."""
         end = bisect.bisect_right(self._holds, now, key=lambda k: k[0])
-        out = [self._records[key] for _, key in self._holds[:end]]
+        due = [self._records[key] for _, key in self._holds[:end]]
         del self._holds[:end]
-        for rec in out:
+        out = []
+        for rec in due:
             rec.hold_key = None
-            rec.kv_held = False
-            self._held(rec, -1)
+            if rec.first_gap:
+                rec.first_gap = False
+                self.returns.record(rec.tenant, False)
+            if rec.kv_held:
+                rec.kv_held = False
+                self._held(rec, -1)
+                out.append(rec)
         return out
 
     def release_hold(self, key: str) -> bool:

@@ -39,6 +39,7 @@ def core_state(
     return {
         "peak_growth": core.peaks.growth(),
         "session_lifetime_s": finite(core.overlaps.lifetime_s),
+        "returns": {t: list(r) for t, r in core.sessions.returns.rates().items()},
         "workers": {w: _worker(core, w, now, show_id) for w in core.controllers},
         "queue": queue,
     }

@@ -242,6 +242,8 @@ class AdmissionCoreState(TypedDict):
     """G of the forecast-peak fit: the prior, or Σ peak / Σ first prompt of finished sessions."""
     session_lifetime_s: float | None
     """Mean time admitted of recent sessions that ran their course (the overlap's pace)."""
+    returns: dict[str, list[int]]
+    """Per tenant: [came back, seen] of its latest sessions dormant after their first call."""
     workers: dict[str, AdmissionCoreWorkerState]
     queue: AdmissionCoreQueueState
 

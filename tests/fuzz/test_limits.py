@@ -173,19 +173,21 @@ def test_connection_cap_answers_429_then_frees(
     assert _refused(live, 429) >= 1  # counted in marsproxy_refused_total (read once freed)
 
 
-def test_sessions_per_tenant_cap_answers_429(make_live: Callable[[dict[str, Any]], Live]) -> None:
+def test_sessions_per_tenant_cap_evicts_the_least_recently_seen(
+    make_live: Callable[[dict[str, Any]], Live],
+) -> None:
+    # One-shot sessions never ended: at the cap the next one takes the place of the key's
+    # least recently seen session with nothing in flight, not a 429 (tests/unit/gateway/
+    # test_gw_session_caps.py has the 429, where every one is in flight).
     live = make_live({"limits": {"max_sessions_per_tenant": 2}})
+    sessions = live.running.gateway.sessions
     assert live.chat("s1").status_code == 200
     assert live.chat("s2").status_code == 200
-    r = live.chat("s3")
-    assert r.status_code == 429
-    err = _err(r)
-    assert err["code"] == "tenant_session_cap" and "max_sessions_per_tenant" in err["message"]
-    assert live.chat("s1").status_code == 200  # an existing session goes on
-    assert live.chat("s3", key="sk-other").status_code == 200  # another tenant is not held
-    assert live.http.delete("/mars/v1/sessions/s1", headers=A).status_code == 200
-    assert live.chat("s3").status_code == 200  # room again
-    assert live.on_loop(lambda: live.running.gateway.sessions.tenant_sessions("x")) == 0
+    assert live.chat("s1").status_code == 200  # s1 seen again: s2 is the least recent now
+    assert live.chat("s3").status_code == 200
+    assert sorted(k.rsplit("/", 1)[1] for k in live.on_loop(sessions.keys)) == ["s1", "s3"]
+    assert live.chat("s4", key="sk-other").status_code == 200  # another key's are its own
+    assert live.on_loop(lambda: len(sessions)) == 3
 
 
 def test_session_id_problems_answer_400(live: Live) -> None:

@@ -10,7 +10,7 @@ and duration. Session keys are ``<tenant>/id/<explicit id>``, ``<tenant>/chain/<
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from marsproxy.core.canon import History, Reply
 from marsproxy.core.sessions import Session, SessionTable, Turn
 
 EndReason = Literal["final", "idle", "evicted", "deleted"]
+"""evicted: over ``sessions.max_sessions``, or its tenant at ``limits.max_sessions_per_tenant``."""
 END_REASONS: tuple[EndReason, ...] = ("final", "idle", "evicted", "deleted")
 EndCallback = Callable[[Session, EndReason, float, float | None], None]
 """Called with (session, reason, seconds since it began, served seconds) as it is forgotten.
@@ -65,8 +66,12 @@ def keys_for(tenant: str, session_id: str) -> tuple[str, ...]:
 
 
 class ObservedSessions(SessionTable):
-    """Also enforces ``limits.max_sessions_per_tenant`` and ``limits.max_session_id_chars``
-    (None: no cap): :meth:`start` raises :class:`SessionRefused` instead of such a session."""
+    """Also enforces ``limits.max_session_id_chars`` (:meth:`start` raises
+    :class:`SessionRefused` for such an id) and ``limits.max_sessions_per_tenant`` (None: no
+    cap): a tenant at its cap that starts a session forgets its own least recently seen one
+    with nothing in flight, as the table does over ``max_sessions`` (a batch client's one-shot
+    tasks, never ended, would otherwise be refused once the cap is full); 429 only where every
+    one of its sessions has a request in flight."""
 
     def __init__(
         self,
@@ -83,6 +88,7 @@ class ObservedSessions(SessionTable):
         self._max_per_tenant = max_per_tenant
         self._max_id_chars = max_id_chars
         self._per_tenant: Counter[str] = Counter()
+        self._recent: dict[str, OrderedDict[str, None]] = {}  # per tenant, least recent first
         self._idle_ttl = idle_ttl_s
         self._on_end = on_end
         self._born: dict[str, float] = {}
@@ -111,13 +117,7 @@ class ObservedSessions(SessionTable):
             if self._per_tenant[tenant] >= cap and self._would_create(
                 tenant, explicit_id, history
             ):
-                raise SessionRefused(
-                    429,
-                    "tenant_session_cap",
-                    f"this API key holds limits.max_sessions_per_tenant ({cap})"
-                    " sessions; end some (final turn or"
-                    " DELETE /mars/v1/sessions/{id}) or let them idle out",
-                )
+                self._evict_for(tenant, cap)
         turn = super().start(
             tenant=tenant,
             explicit_id=explicit_id,
@@ -129,7 +129,29 @@ class ObservedSessions(SessionTable):
         if turn.session not in self._born:
             self._born[turn.session] = now
             self._per_tenant[tenant] += 1
+        recent = self._recent.setdefault(tenant, OrderedDict())
+        recent[turn.session] = None
+        recent.move_to_end(turn.session)
         return turn
+
+    def _evict_for(self, tenant: str, cap: int) -> None:
+        """Make room for a new session of ``tenant`` at its cap: forget its least recently
+        seen session with nothing in flight, or refuse."""
+        for key in self._recent.get(tenant, ()):
+            sess = self.get(key)
+            if sess is not None and not sess.in_flight:
+                self._reason = "evicted"
+                try:
+                    self.forget(key)
+                finally:
+                    self._reason = None
+                return
+        raise SessionRefused(
+            429,
+            "tenant_session_cap",
+            f"each of the limits.max_sessions_per_tenant ({cap}) sessions this API key holds"
+            " has a request in flight; retry when one is answered",
+        )
 
     def _would_create(self, tenant: str, explicit_id: str | None, history: History | None) -> bool:
         """Whether :meth:`start` would add a session (the same decision, without making it)."""
@@ -155,6 +177,9 @@ class ObservedSessions(SessionTable):
             super().finish(turn, ok=ok, reply=reply, now=now)
         finally:
             self._reason = None
+        sess = self.get(turn.session)
+        if sess is not None:  # seen now: the last of its tenant's to evict
+            self._recent[sess.tenant].move_to_end(turn.session)
 
     def expire(self, now: float) -> None:
         self._now = now
@@ -183,8 +208,10 @@ class ObservedSessions(SessionTable):
             left = self._per_tenant[sess.tenant] - 1
             if left > 0:
                 self._per_tenant[sess.tenant] = left
+                self._recent[sess.tenant].pop(key, None)
             else:
                 del self._per_tenant[sess.tenant]
+                self._recent.pop(sess.tenant, None)
             # Before the table lets go, so the callback still sees the session's worker.
             self._on_end(sess, reason, max(0.0, self._now - born),
                          None if answered is None else max(0.0, answered - born))

@@ -26,6 +26,8 @@ def core(**cfg: Any) -> AdmissionCore:
                                 idle_admit_after_s=0.5)
     base.update(cfg)
     c = AdmissionCore(_config(base), ["w0"])
+    # Agents: tenant t's sessions come back after a call, so dormant ones hold KV room.
+    c.sessions.returns.record("t", True)
     c.tick(0.0, {"w0": sig()})
     return c
 

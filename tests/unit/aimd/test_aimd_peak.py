@@ -87,6 +87,8 @@ def core(**cfg: Any) -> AdmissionCore:
                                 idle_admit=False)
     base.update(cfg)
     c = AdmissionCore(_config(base), ["w0"])
+    # Agents: tenant t's sessions come back after a call, so dormant ones hold KV room.
+    c.sessions.returns.record("t", True)
     c.tick(0.0, {"w0": sig()})
     return c
 
@@ -271,17 +273,15 @@ def test_other_replicas_sessions_count_as_in_a_call() -> None:
 
 
 def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
-    # One-call sessions that never say they are done: while they are dormant within their hold
+    # Sessions of a tenant whose sessions come back: while they are dormant within their hold
     # their forecasts fill the fit; once past it (factor 4 × a usual tool time of 1 s, at least
     # kv_hold_min_s 2 s) they stay admitted but no longer hold room, and one that comes back
     # counts again.
-    from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
-    from marsproxy.aimd.config import AdmissionConfig
-
     cfg = AdmissionConfig(
         tuning=AdmissionTuning(
             kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
     core = AdmissionCore(cfg, ["w0"])
+    core.sessions.returns.record("t", True)
     sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16)
     core.tick(0.0, {"w0": sig})
     for i in range(2):  # 2 × 640 tokens × growth 2.0 = 160 of 180 usable blocks: full
@@ -296,6 +296,31 @@ def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     assert core.on_request(5.0, "s0", "t", 700).kind is DecisionKind.ADMITTED
     assert core.sessions.get("s0").kv_held
     assert core.peaks.committed_tokens("w0") == 2 * 1280  # s0 and "late" count, s1 not
+
+
+@pytest.mark.parametrize("agents", [False, True])
+def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) -> None:
+    # A plain client's one-shot tasks (each its own session, no final flag) one after another:
+    # each is forecast at 2 × 40 blocks while in its call, and 2 of them fill the 180 usable.
+    # Dormant ones hold no room while nothing says sessions of their tenant come back, so
+    # every next one is admitted; where its sessions do come back, their holds fill the fit.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    core = AdmissionCore(cfg, ["w0"])
+    if agents:
+        core.sessions.returns.record("t", True)
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200,
+                                        block_size=16)})
+    kinds = []
+    for i in range(10):
+        kinds.append(core.on_request(1.0 + i, f"s{i}", "t", 640).kind)
+        core.on_response_end(1.5 + i, f"s{i}", prompt_tokens=640)
+    if agents:
+        assert kinds[:2] == [DecisionKind.ADMITTED] * 2 and kinds[2] is DecisionKind.WAIT
+    else:
+        assert kinds == [DecisionKind.ADMITTED] * 10
+        assert core.sessions.admitted_on("w0") == 10 and core.sessions.held_on("w0") == 0
+        assert core.peaks.committed_tokens("w0") == 0
 
 
 def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:

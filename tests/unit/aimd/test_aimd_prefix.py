@@ -86,6 +86,7 @@ def test_resident_blocks_replace_the_forecast_of_served_sessions() -> None:
 
 def test_the_fit_reads_resident_blocks_where_an_index_exists() -> None:
     c = AdmissionCore(AdmissionConfig(), ["w0"])
+    c.sessions.returns.record("t", True)  # agents: dormant sessions hold their room
     c.tick(0.0, {"w0": sig(total_blocks=1000, free_blocks=1000)})
     for i in range(4):
         c.on_request(0.0, f"s{i}", "t", 1600)

@@ -172,3 +172,45 @@ def test_activity_index_matches_a_full_scan(ops: list[tuple[float, str, int, str
             dormant = None if not on or any(r.in_flight > 0 for r in on) else max(
                 0.0, max(r.last_active for r in on))
             assert t.dormant_since(w) == dormant
+
+
+def _dormant_after_first_call(t: SessionLifecycle, key: str, at: float) -> None:
+    t.queue(at, key, "t", 500, long=False)
+    t.admit(at, key, "w0")
+    t.response_end(at + 1.0, key, usual_tool_s=None)
+
+
+def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() -> None:
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    _dormant_after_first_call(t, "a", 0.0)  # nothing seen of tenant t yet: not held
+    a = t.get("a")
+    assert a is not None and not a.kv_held and a.first_gap and t.held_on("w0") == 0
+    t.request(5.0, "a")  # back within its hold: tenant t's sessions come back
+    assert not a.first_gap and a.kv_held and t.returns.rates() == {"t": (1, 1)}
+    _dormant_after_first_call(t, "b", 6.0)
+    b = t.get("b")
+    assert b is not None and b.kv_held and t.held_on("w0") == 2  # a in a call, b held
+    t.response_end(8.0, "a", usual_tool_s=None)  # a's second gap: held whatever the tally
+    assert a.kv_held and not a.first_gap
+    # b stays away past its hold (7 + 20 s): released, and counted as not come back.
+    assert [r.key for r in t.hold_expired(27.5)] == ["b"]
+    assert not b.kv_held and t.returns.rates() == {"t": (1, 2)}
+
+
+def test_a_first_gap_not_held_is_still_watched_until_its_hold_would_end() -> None:
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    _dormant_after_first_call(t, "a", 0.0)
+    assert t.hold_expired(21.5) == []  # nothing held to release ...
+    assert t.returns.rates() == {"t": (0, 1)}  # ... but it did not come back in time
+    t.request(30.0, "a")  # later: nothing more recorded
+    assert t.returns.rates() == {"t": (0, 1)}
+
+
+@pytest.mark.parametrize(("reason", "counted"), [
+    (EndReason.IDLE_TIMEOUT, True), (EndReason.DELETED, True), (EndReason.MOVED, False)])
+def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: bool) -> None:
+    # An idle timeout shorter than the hold ends it first (no hold deadline is kept then).
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=10.0, idle_max_s=1800.0, hold_min_s=20.0)
+    _dormant_after_first_call(t, "a", 0.0)
+    t.end(11.0, "a", reason)
+    assert t.returns.rates() == ({"t": (0, 1)} if counted else {})

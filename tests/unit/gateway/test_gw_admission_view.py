@@ -74,6 +74,7 @@ def _admission() -> AdmissionState:
         "enabled": True,
         "peak_growth": 2.0,
         "session_lifetime_s": None,
+        "returns": {},
         "workers": {"w0": row, "w1": {**row, "kv_overloaded": False, "admitted": 1,
                                       "peak_overcommit": 1.6}},  # type: ignore[typeddict-item]
         "queue": {"length": 3, "pending": 1, "mode": "shortest_first", "order": ["x", "y", "z"],

@@ -31,9 +31,10 @@ def test_tenant_cap_counts_every_way_a_session_ends() -> None:
     t = _table(cap=2, max_sessions=3)
     a = t.start(tenant="t", explicit_id="a", history=None, final=True, now=0.0)
     _start(t, "t", "b")
-    with pytest.raises(SessionRefused) as exc:
+    with pytest.raises(SessionRefused) as exc:  # both have a request in flight
         _start(t, "t", "c")
     assert exc.value.status == 429 and exc.value.code == "tenant_session_cap"
+    assert "in flight" in exc.value.message
     _start(t, "t", "b")  # an existing session is not a new one
     _start(t, "u", "c")  # another tenant is not held
     t.finish(a, ok=True, reply=None, now=1.0)  # final turn: forgotten
@@ -47,6 +48,27 @@ def test_tenant_cap_counts_every_way_a_session_ends() -> None:
     assert t.tenant_sessions("u") == 0 and t.tenant_sessions("t") == 2
     _start(t, "w", "g", now=20.0)  # all idle past the TTL
     assert t.tenant_sessions("t") == 0 and t.tenant_sessions("w") == 1
+
+
+def test_a_new_session_at_the_cap_evicts_the_tenants_least_recently_seen_idle_one() -> None:
+    ended: list[tuple[str, str]] = []
+    t = ObservedSessions(idle_ttl_s=1000.0, on_end=lambda s, why, *_: ended.append((s.key, why)),
+                         max_per_tenant=3, max_sessions=100)
+    for i, sid in enumerate(("a", "b", "c")):  # one-shot tasks, answered, never ended
+        turn = t.start(tenant="t", explicit_id=sid, history=None, final=False, now=float(i))
+        t.finish(turn, ok=True, reply=None, now=float(i) + 0.5)
+    _start(t, "u", "x", now=3.0)  # another tenant's, older than what follows: not touched
+    busy = t.start(tenant="t", explicit_id="a", history=None, final=False, now=4.0)  # a again
+    _start(t, "t", "d", now=5.0)  # at the cap: b goes (a was seen later, and is in flight)
+    assert ended == [("t/id/b", "evicted")] and t.tenant_sessions("t") == 3
+    _start(t, "t", "e", now=6.0)  # then c; a, d and e are in flight now
+    assert ended[-1] == ("t/id/c", "evicted")
+    with pytest.raises(SessionRefused) as exc:
+        _start(t, "t", "f", now=7.0)
+    assert exc.value.status == 429 and t.tenant_sessions("u") == 1
+    t.finish(busy, ok=True, reply=None, now=8.0)  # a answered: it may go for the next one
+    _start(t, "t", "f", now=9.0)
+    assert ended[-1] == ("t/id/a", "evicted") and t.tenant_sessions("t") == 3
 
 
 def test_a_chain_continuation_at_the_cap_is_not_a_new_session() -> None:

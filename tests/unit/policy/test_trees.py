@@ -93,6 +93,8 @@ def _plane(trees: bool = True, **admission: object) -> tuple[ControlPlane, Decis
         "workers": ["http://a:1"], "admission": admission, "sessions": {"trees": trees}})
     log = DecisionLog()
     plane = ControlPlane(cfg, ["a"], tool_cpus=4.0, log=log)
+    # Agents: tenant t's sessions come back after a call, so dormant ones hold KV room.
+    plane.admission.sessions.returns.record("t", True)
     plane.tick(0.0, {"a": FRESH}, at=0.0, cpu=None)
     return plane, log
 

@@ -1,0 +1,37 @@
+"""Whether a tenant's sessions come back after their first call (core/returns.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marsproxy.core.returns import ReturnTally
+
+
+def test_nothing_seen_is_not_likely() -> None:
+    assert not ReturnTally(4).likely("t")
+
+
+def test_at_least_half_came_back_is_likely_per_tenant() -> None:
+    r = ReturnTally(4)
+    r.record("a", True)
+    r.record("a", False)
+    r.record("b", False)
+    assert r.likely("a") and not r.likely("b")
+    r.record("a", False)
+    assert not r.likely("a")  # 1 of 3
+    assert r.rates() == {"a": (1, 3), "b": (0, 1)}
+
+
+def test_only_the_latest_are_remembered() -> None:
+    r = ReturnTally(3)
+    for back in (False, False, False, True, True):
+        r.record("t", back)
+    assert r.likely("t") and r.rates()["t"] == (2, 3)  # the first two are forgotten
+    for _ in range(2):
+        r.record("t", False)
+    assert not r.likely("t") and r.rates()["t"] == (1, 3)
+
+
+def test_history_must_hold_one() -> None:
+    with pytest.raises(ValueError, match="history"):
+        ReturnTally(0)
