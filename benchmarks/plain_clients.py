@@ -1,0 +1,116 @@
+"""A plain client direct to a worker and through marsproxy on defaults, side by side (prints
+numbers, not a test).
+
+    .venv/bin/python benchmarks/plain_clients.py [--concurrency 8] [--seconds 15] [--rounds 2]
+        [--num-blocks 512] [--prompt-chars 2000] [--max-tokens 32]
+
+The client is what a batch job with a stock OpenAI client sends: ``--concurrency`` loops, each
+sending one chat call after another, every call a new task (a fresh random prompt, so no prefix
+is shared), no session header, no final flag. One emulated worker (``marsproxy emulate
+--profile tiny --num-blocks N``) serves every run; each round runs the client direct to it,
+then through a fresh ``marsproxy serve --worker URL`` without a config file (the embedded
+defaults). Per run: calls done (with the errors), mean, P50, P99 and worst call; per round the
+proxy's mean over direct's. "Never worse than no proxy" is a ratio near 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from marsproxy.bench.procs import CLI, free_port, stop_all, wait_up
+
+
+@dataclass
+class Run:
+    latencies_s: list[float] = field(default_factory=list)
+    errors: dict[int, int] = field(default_factory=dict)
+
+    def line(self, name: str) -> str:
+        lat = sorted(self.latencies_s)
+        if not lat:
+            return f"{name:>8}: no call done, errors {self.errors}"
+        ms = [x * 1000 for x in lat]
+        return (f"{name:>8}: {len(lat)} calls (errors {sum(self.errors.values())}), mean"
+                f" {statistics.mean(ms):.1f} ms, P50 {ms[len(ms) // 2]:.1f}, P99"
+                f" {ms[min(len(ms) - 1, int(len(ms) * 0.99))]:.1f}, worst {ms[-1]:.1f}")
+
+
+async def client(url: str, concurrency: int, seconds: float, chars: int,
+                 max_tokens: int) -> Run:
+    run, rnd = Run(), random.Random()
+    end = time.monotonic() + seconds
+    letters = string.ascii_lowercase + " "
+
+    async def loop(session: aiohttp.ClientSession, i: int) -> None:
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+            text = f"task {i}-{n}: " + "".join(rnd.choices(letters, k=chars))
+            body = {"model": "tiny-emulated", "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": text}]}
+            t0 = time.monotonic()
+            async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+                await r.read()
+                if r.status != 200:
+                    run.errors[r.status] = run.errors.get(r.status, 0) + 1
+                    continue
+            run.latencies_s.append(time.monotonic() - t0)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(loop(session, i) for i in range(concurrency)))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=15.0, help="per run")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--num-blocks", type=int, default=512, help="the worker's KV blocks")
+    ap.add_argument("--prompt-chars", type=int, default=2000)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    a = ap.parse_args(argv)
+    shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        wport = free_port()
+        worker = subprocess.Popen(
+            [*CLI, "emulate", "--profile", "tiny", "--num-blocks", str(a.num_blocks),
+             "--port", str(wport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(worker)
+        direct_url = f"http://127.0.0.1:{wport}"
+        wait_up(f"{direct_url}/health", worker)
+        print(f"{a.concurrency} at a time, {a.prompt_chars}-character prompts, {a.max_tokens}"
+              f" tokens out, {a.seconds:g} s per run, worker tiny with {a.num_blocks} blocks")
+        for r in range(a.rounds):
+            direct = asyncio.run(client(direct_url, *shape))
+            pport = free_port()
+            proxy = subprocess.Popen(
+                [*CLI, "serve", "--worker", direct_url, "--port", str(pport)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_up(f"http://127.0.0.1:{pport}/readyz", proxy)
+                proxied = asyncio.run(client(f"http://127.0.0.1:{pport}", *shape))
+            finally:
+                stop_all([proxy])
+            print(f"round {r}:\n{direct.line('direct')}\n{proxied.line('marsproxy')}")
+            if direct.latencies_s and proxied.latencies_s:
+                ratio = statistics.mean(proxied.latencies_s) / statistics.mean(direct.latencies_s)
+                print(f"   mean marsproxy / direct: {ratio:.2f}x")
+    finally:
+        stop_all(procs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
