@@ -298,7 +298,7 @@ class SessionLifecycle:
             if hold < rec.idle_timeout_s:  # else the idle timeout ends it first
                 rec.hold_key = (rec.last_active + hold, key)
                 bisect.insort(self._holds, rec.hold_key)
-            if rec.turns == 1:  # after its first call: held only where its kind comes back
+            if rec.turns == 1 and not rec.final:  # held only where its kind comes back
                 rec.first_gap = True
                 if rec.kv_held and not self.returns.likely(rec.tenant):
                     rec.kv_held = False  # its hold deadline stays, to see whether it returns

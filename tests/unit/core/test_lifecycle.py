@@ -206,6 +206,18 @@ def test_a_first_gap_not_held_is_still_watched_until_its_hold_would_end() -> Non
     assert t.returns.rates() == {"t": (0, 1)}
 
 
+def test_a_final_first_call_is_no_gap() -> None:
+    # One call that says it is the last: it never goes dormant, so it says nothing of whether
+    # its tenant's other sessions come back after a first call.
+    t = table()
+    t.queue(0.0, "s", "t", 500, long=False, final=True)
+    t.admit(0.0, "s", "w0")
+    rec = t.response_end(1.0, "s", usual_tool_s=None)
+    assert not rec.first_gap
+    t.end(1.0, "s", EndReason.FINAL)
+    assert t.returns.rates() == {}
+
+
 @pytest.mark.parametrize(("reason", "counted"), [
     (EndReason.IDLE_TIMEOUT, True), (EndReason.DELETED, True), (EndReason.MOVED, False)])
 def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: bool) -> None:
