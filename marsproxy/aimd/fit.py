@@ -294,7 +294,7 @@ class WorkerFit:
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
-                held=self.sessions.held_on(w), protected_budget_blocks=self.protected_room(w),
+                held=self.sessions.load_on(w), protected_budget_blocks=self.protected_room(w),
             ))
         return out
 

@@ -48,8 +48,8 @@ class WorkerView:
     """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
     bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
     held: int | None = None
-    """Admitted sessions that hold KV room there (in a call, or dormant within their hold):
-    the load placement balances; ``None``: as admitted."""
+    """Admitted sessions in a call there, or dormant within their hold (``load_on``): the
+    load placement balances; ``None``: as admitted."""
     protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""

@@ -122,6 +122,7 @@ class SessionLifecycle:
         self._by_worker: dict[str, set[str]] = {}
         self._long_by_worker: dict[str, int] = {}
         self._held_by_worker: dict[str, int] = {}  # admitted sessions whose KV is held
+        self._watched_by_worker: dict[str, int] = {}  # first gaps not held, within their hold
         # Per worker: admitted sessions with a request in flight, and a max-heap of when the
         # others went dormant ((-last_active, key); stale entries dropped when read), so that
         # neither question walks every session (a plain client's may number thousands).
@@ -171,6 +172,11 @@ class SessionLifecycle:
         """Sessions admitted on ``worker`` that hold KV room: in a call, or dormant within
         their hold (the load a new session would share)."""
         return self._held_by_worker.get(worker, 0)
+
+    def load_on(self, worker: str) -> int:
+        """Sessions admitted on ``worker`` in a call or dormant within their hold, held or not
+        (a first gap): the load placement balances, whether or not it holds room in the fit."""
+        return self._held_by_worker.get(worker, 0) + self._watched_by_worker.get(worker, 0)
 
     def sessions_on(self, worker: str) -> list[str]:
         return sorted(self._by_worker.get(worker, ()))
@@ -235,6 +241,8 @@ class SessionLifecycle:
             self._long_by_worker[rec.worker] = self._long_by_worker.get(rec.worker, 0) + sign
         if rec.kv_held:
             self._held(rec, sign)
+        elif rec.first_gap:
+            self._watched(rec, sign)
         self._activity(rec, sign)
 
     def _activity(self, rec: SessionRecord, sign: int) -> None:
@@ -259,14 +267,17 @@ class SessionLifecycle:
         assert rec.worker is not None
         self._held_by_worker[rec.worker] = self._held_by_worker.get(rec.worker, 0) + sign
 
+    def _watched(self, rec: SessionRecord, sign: int) -> None:
+        assert rec.worker is not None
+        self._watched_by_worker[rec.worker] = self._watched_by_worker.get(rec.worker, 0) + sign
+
     def request(self, now: float, key: str, final: bool = False) -> SessionRecord:
         """A continuation of an admitted session: served at once, never held by the window."""
         rec = self._require(key, SessionState.ADMITTED)
         self._unidle(rec)
         self._unhold(rec)
         if rec.first_gap:  # back within its hold (or its idle timeout, where that is shorter)
-            rec.first_gap = False
-            self.returns.record(rec.tenant, True)
+            self._end_gap(rec, came_back=True)
         if not rec.kv_held:
             rec.kv_held = True
             self._held(rec, +1)
@@ -303,6 +314,7 @@ class SessionLifecycle:
                 if rec.kv_held and not self.returns.likely(rec.tenant):
                     rec.kv_held = False  # its hold deadline stays, to see whether it returns
                     self._held(rec, -1)
+                    self._watched(rec, +1)
         return rec
 
     def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
@@ -310,12 +322,13 @@ class SessionLifecycle:
         rec = self._records.pop(key, None)
         if rec is None:
             return None
-        if rec.first_gap and reason is not EndReason.MOVED:
-            self.returns.record(rec.tenant, False)
         self._unidle(rec)
         self._unhold(rec)
         if rec.state is SessionState.ADMITTED and rec.worker is not None:
             self._count(rec, -1)
+        if rec.first_gap and reason is not EndReason.MOVED:
+            rec.first_gap = False
+            self.returns.record(rec.tenant, False)
         rec.state = SessionState.ENDED
         rec.end_reason = reason
         rec.last_active = max(rec.last_active, now)
@@ -336,8 +349,7 @@ class SessionLifecycle:
         for rec in due:
             rec.hold_key = None
             if rec.first_gap:
-                rec.first_gap = False
-                self.returns.record(rec.tenant, False)
+                self._end_gap(rec, came_back=False)
             if rec.kv_held:
                 rec.kv_held = False
                 self._held(rec, -1)
@@ -355,6 +367,13 @@ class SessionLifecycle:
         rec.kv_held = False
         self._held(rec, -1)
         return True
+
+    def _end_gap(self, rec: SessionRecord, came_back: bool) -> None:
+        """Its first gap is over: it came back, or its hold deadline passed."""
+        rec.first_gap = False
+        self.returns.record(rec.tenant, came_back)
+        if not rec.kv_held:
+            self._watched(rec, -1)
 
     def _unhold(self, rec: SessionRecord) -> None:
         if rec.hold_key is None:

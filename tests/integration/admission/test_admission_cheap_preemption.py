@@ -24,8 +24,9 @@ def _worker() -> web.Application:
 
 
 async def _two_in_tools_and_a_third(s: Any) -> asyncio.Task[Any]:
-    for name in ("a", "b"):
-        assert (await s.chat(name, content=_PROMPT))[0] == 200  # now in its tool phase
+    for name in ("a", "b"):  # agents: back after a call, so their tool phases hold KV room
+        for _ in range(2):
+            assert (await s.chat(name, content=_PROMPT))[0] == 200  # then in its tool phase
 
     async def measured() -> bool:
         row = (await s.state())["admission"]["workers"]["w0"]

@@ -23,7 +23,8 @@ def _small_worker() -> web.Application:
 
 
 async def _holder_in_its_tool_phase(s: Any) -> asyncio.Task[Any]:
-    assert (await s.chat("holder", content=_PROMPT))[0] == 200  # now in its tool phase
+    for _ in range(2):  # an agent: back after a call, so its tool phase holds KV room
+        assert (await s.chat("holder", content=_PROMPT))[0] == 200  # then in its tool phase
     waiter = asyncio.create_task(s.chat("waiter", content=_PROMPT))
     await s.until(lambda: _queued(s, 1))
     return waiter

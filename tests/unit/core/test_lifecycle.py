@@ -226,3 +226,21 @@ def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: boo
     _dormant_after_first_call(t, "a", 0.0)
     t.end(11.0, "a", reason)
     assert t.returns.rates() == ({"t": (0, 1)} if counted else {})
+
+
+def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    _dormant_after_first_call(t, "a", 0.0)
+    assert (t.held_on("w0"), t.load_on("w0")) == (0, 1)
+    t.move("a", "w1")  # (as the core moves one not served yet)
+    assert (t.load_on("w0"), t.load_on("w1")) == (0, 1)
+    t.request(5.0, "a")  # back: held, and still load
+    assert (t.held_on("w1"), t.load_on("w1")) == (1, 1)
+    t.response_end(6.0, "a", usual_tool_s=None)  # second gap: held (its kind comes back now)
+    _dormant_after_first_call(t, "b", 6.0)
+    assert (t.held_on("w1"), t.load_on("w1"), t.load_on("w0")) == (1, 1, 1)
+    t.end(7.0, "b", EndReason.IDLE_TIMEOUT)
+    assert t.load_on("w0") == 0
+    _dormant_after_first_call(t, "c", 8.0)  # 1 of 2 came back (a, not b): c is held
+    assert t.get("c").kv_held  # type: ignore[union-attr]
+    assert t.hold_expired(30.0) and t.load_on("w0") == 0 and t.load_on("w1") == 0
