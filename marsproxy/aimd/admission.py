@@ -21,6 +21,7 @@ from enum import StrEnum
 from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.controller import AimdController
 from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
+from marsproxy.aimd.gauge import GaugeLag
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.prefix import prefer_prefix
@@ -106,10 +107,7 @@ class AdmissionCore(WorkerFit):
         self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)
         self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
-        # Blocks promised to sessions admitted whose first prompt the worker has not served
-        # yet: its free-block gauge cannot show them, so the budget must.
-        self._pending: dict[str, tuple[str, int]] = {}
-        self._pending_on: dict[str, int] = dict.fromkeys(self.workers, 0)
+        self.gauge = GaugeLag(self.workers)  # what the free-block gauge cannot show yet
         self.placement = placement or PlacementConfig()
         # Resident prefix tokens of a waiting session's first prompt per worker with a KV
         # index (prefix placement, aimd/prefix.py); kept until it is admitted or gone.
@@ -128,6 +126,7 @@ class AdmissionCore(WorkerFit):
         if rec is not None and rec.state is SessionState.ADMITTED:
             released = not rec.kv_held
             self.sessions.request(now, session, final)
+            self.gauge.resumed(session)  # its blocks are in use again
             if released:
                 self.peaks.hold(session)  # back after its hold: its forecast counts again
             return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")
@@ -203,7 +202,7 @@ class AdmissionCore(WorkerFit):
         rec = self.sessions.get(session)
         if rec is None or rec.state is not SessionState.ADMITTED or rec.worker is None:
             return None
-        if rec.turns > rec.in_flight or session not in self._pending:
+        if rec.turns > rec.in_flight or not self.gauge.is_promised(session):
             return None  # it was served there already: its prefix lives on that worker
         best: tuple[int, str] | None = None
         for v in self._views():
@@ -223,16 +222,13 @@ class AdmissionCore(WorkerFit):
 
     def _move(self, session: str, worker: str, est_tokens: int) -> None:
         """An admitted session not served yet goes to ``worker`` (its promise with it)."""
-        self._settle(session)
         self.sessions.move(session, worker)
         self.peaks.move(session, worker)
         self._promise(session, worker, est_tokens)
 
     def _promise(self, session: str, worker: str, est_tokens: int) -> None:
         block_size = self._signals[worker].block_size or DEFAULT_BLOCK_SIZE
-        blocks = blocks_for_tokens(est_tokens, block_size)
-        self._pending[session] = (worker, blocks)
-        self._pending_on[worker] += blocks
+        self.gauge.promise(session, worker, blocks_for_tokens(est_tokens, block_size))
 
     def on_response_end(
         self, now: float, session: str, *, prompt_chars: int | None = None,
@@ -251,7 +247,12 @@ class AdmissionCore(WorkerFit):
             self.estimator.observe(session, prompt_chars, prompt_tokens)
         if prompt_tokens is not None:
             self.peaks.observe(session, prompt_tokens, completion_tokens)
-        self._settle(session)  # the worker has seen its prompt now
+        self.gauge.settle(session)  # the worker has seen its prompt now
+        if rec.worker is not None and prompt_tokens is not None:  # its blocks are free now
+            s = self._signals[rec.worker]
+            blocks = blocks_for_tokens(prompt_tokens + completion_tokens,
+                                       s.block_size or DEFAULT_BLOCK_SIZE)
+            self.gauge.ended(session, rec.worker, rec.last_active, now, blocks, s.sampled_at)
         rec = self.sessions.response_end(now, session, usual_tool_s)
         if not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
@@ -275,6 +276,7 @@ class AdmissionCore(WorkerFit):
         for w in self.workers:
             # A worker the probes did not report on is unseen: fail closed.
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
+            self.gauge.read(w, self._signals[w].sampled_at)
             # The forecasts' sum once per worker: the controller's budget and the overlap.
             committed = (self.peaks.committed_tokens(w, self._signals[w].sessions_elsewhere)
                          if self.cfg.tuning.kv_fit_peak else 0)
@@ -375,14 +377,9 @@ class AdmissionCore(WorkerFit):
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="admission_disabled",
                         actions=Actions(events=[ev]))
 
-    def _settle(self, session: str) -> None:
-        promise = self._pending.pop(session, None)
-        if promise is not None:
-            self._pending_on[promise[0]] -= promise[1]
-
     def _end(self, now: float, session: str, reason: EndReason, actions: Actions) -> bool:
         rec = self.sessions.end(now, session, reason)
-        self._settle(session)
+        self.gauge.settle(session)
         self.queue.forget(session)
         self._prefix.pop(session, None)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)

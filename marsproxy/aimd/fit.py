@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from marsproxy.aimd.config import AdmissionConfig
 from marsproxy.aimd.controller import AimdController, ControlSignals
+from marsproxy.aimd.gauge import GaugeLag
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import WorkerView
@@ -73,8 +74,7 @@ class WorkerFit:
     yields: Yields
     overlaps: OverlapTracker
     _signals: dict[str, WorkerSignals]
-    _pending: dict[str, tuple[str, int]]
-    _pending_on: dict[str, int]
+    gauge: GaugeLag
 
     def budget(self, worker: str, committed_tokens: int | None = None) -> int | None:
         """KV blocks a new session may use on ``worker`` (``None``: no block counts);
@@ -90,7 +90,7 @@ class WorkerFit:
         if s.free_blocks is None or s.total_blocks is None:
             return None
         return kv_budget(s.free_blocks, s.total_blocks, self.cfg.kv_reserve_frac,
-                         s.retained_blocks) - self._pending_on[worker]
+                         s.retained_blocks) + self._lag(worker)
 
     def idle_s(self, now: float, worker: str) -> float | None:
         """How long ``worker`` has run nothing while every session admitted on it sits in a
@@ -230,16 +230,23 @@ class WorkerFit:
                               preemptions_total=s.preemptions_total)
 
     def _free(self, worker: str) -> int | None:
-        # Free blocks as the load balancer should see them: less what is promised already.
+        # Free blocks as the load balancer should see them: the gauge's, corrected by its lag.
         s = self._signals[worker]
         if s.stale:
             return 0
-        return None if s.free_blocks is None else s.free_blocks - self._pending_on[worker]
+        return None if s.free_blocks is None else s.free_blocks + self._lag(worker)
+
+    def _lag(self, worker: str) -> int:
+        """Blocks freed since the gauge was read, less those promised (``gauge.py``)."""
+        s = self._signals[worker]
+        used = 0 if s.total_blocks is None or s.free_blocks is None else (
+            s.total_blocks - s.free_blocks)
+        return self.gauge.freed_on(worker, used) - self.gauge.promised_on(worker)
 
     def promised(self) -> tuple[int, int]:
         """(sessions, blocks) promised to admitted sessions whose first prompt the worker has
         not served yet (all workers)."""
-        return len(self._pending), sum(self._pending_on.values())
+        return self.gauge.promised()
 
     def views(self, now: float | None = None) -> list[WorkerView]:
         return self._views(now)

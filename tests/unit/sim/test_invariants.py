@@ -112,8 +112,7 @@ def test_d_flags_a_leaked_promise_and_queue_entry() -> None:
     core.on_response_end(1.0, "s1", prompt_tokens=800)
     assert check_drained(core, None, NOTHING_LEFT) == []
     # A promise nobody settles (the bug to catch), and a session left in the queue.
-    core._pending["s2"] = ("w0", 7)
-    core._pending_on["w0"] += 7
+    core.gauge.promise("s2", "w0", 7)
     core.queue.push(core.queue.entry("s3", "t", 2.0, 10))
     found = {v.what for v in check_drained(core, None, NOTHING_LEFT, 9.0)}
     assert found == {"pending block promises: 1 left at the end",
