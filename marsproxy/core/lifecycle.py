@@ -98,8 +98,7 @@ class SessionRecord:
     kv_held: bool = True
     """Whether its forecast counts in the KV fit (false once dormant past its hold)."""
     first_gap: bool = False
-    """Dormant after its first call and not back yet: whether it comes back within its hold
-    is still open (its tenant's return tally waits for it)."""
+    """Dormant after its first call, not back yet: its tenant's return tally waits for it."""
 
     def idle_deadline(self) -> float | None:
         """When an idle session times out; ``None`` while a request is in flight."""
@@ -116,7 +115,7 @@ class SessionLifecycle:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
         self.returns = ReturnTally(return_history)
-        # (hold deadline, key) of dormant sessions whose KV budget is still held, sorted.
+        # (hold deadline, key) of dormant sessions whose KV budget is held (or watched), sorted.
         self._holds: list[tuple[float, str]] = []
         self._records: dict[str, SessionRecord] = {}
         self._by_worker: dict[str, set[str]] = {}
@@ -169,8 +168,7 @@ class SessionLifecycle:
         return self._long_by_worker.get(worker, 0)
 
     def held_on(self, worker: str) -> int:
-        """Sessions admitted on ``worker`` that hold KV room: in a call, or dormant within
-        their hold (the load a new session would share)."""
+        """Sessions admitted on ``worker`` that hold KV room: in a call, or dormant and held."""
         return self._held_by_worker.get(worker, 0)
 
     def load_on(self, worker: str) -> int:
@@ -312,9 +310,7 @@ class SessionLifecycle:
             if rec.turns == 1 and not rec.final:  # held only where its kind comes back
                 rec.first_gap = True
                 if rec.kv_held and not self.returns.likely(rec.tenant):
-                    rec.kv_held = False  # its hold deadline stays, to see whether it returns
-                    self._held(rec, -1)
-                    self._watched(rec, +1)
+                    self._release(rec)  # its hold deadline stays, to see whether it returns
         return rec
 
     def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
@@ -341,7 +337,7 @@ class SessionLifecycle:
 
     def hold_expired(self, now: float) -> list[SessionRecord]:
         """Dormant sessions past their KV hold, now released (their forecasts stop counting
-        until their next request). One dormant after its first call did not come back in time."""
+        until their next request); a first gap among them did not come back in time."""
         end = bisect.bisect_right(self._holds, now, key=lambda k: k[0])
         due = [self._records[key] for _, key in self._holds[:end]]
         del self._holds[:end]
@@ -351,8 +347,7 @@ class SessionLifecycle:
             if rec.first_gap:
                 self._end_gap(rec, came_back=False)
             if rec.kv_held:
-                rec.kv_held = False
-                self._held(rec, -1)
+                self._release(rec)
                 out.append(rec)
         return out
 
@@ -364,13 +359,18 @@ class SessionLifecycle:
                 or not rec.kv_held or rec.worker is None):
             return False
         self._unhold(rec)
-        rec.kv_held = False
-        self._held(rec, -1)
+        self._release(rec)
         return True
 
+    def _release(self, rec: SessionRecord) -> None:
+        """Its forecast stops counting; in a first gap it is still load (``load_on``)."""
+        rec.kv_held = False
+        self._held(rec, -1)
+        if rec.first_gap:
+            self._watched(rec, +1)
+
     def _end_gap(self, rec: SessionRecord, came_back: bool) -> None:
-        """Its first gap is over: it came back, or its hold deadline passed."""
-        rec.first_gap = False
+        rec.first_gap = False  # it came back, or its hold deadline passed
         self.returns.record(rec.tenant, came_back)
         if not rec.kv_held:
             self._watched(rec, -1)

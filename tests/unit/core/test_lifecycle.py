@@ -244,3 +244,17 @@ def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
     _dormant_after_first_call(t, "c", 8.0)  # 1 of 2 came back (a, not b): c is held
     assert t.get("c").kv_held  # type: ignore[union-attr]
     assert t.hold_expired(30.0) and t.load_on("w0") == 0 and t.load_on("w1") == 0
+
+
+def test_a_first_gap_released_early_stays_load_until_it_ends() -> None:
+    # Held (its tenant's sessions come back), then released early (it waits on its children):
+    # no longer held, still load, and the counts come back to zero when it ends.
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t.returns.record("t", True)
+    _dormant_after_first_call(t, "p", 0.0)
+    assert (t.held_on("w0"), t.load_on("w0")) == (1, 1)
+    assert t.release_hold("p")
+    assert (t.held_on("w0"), t.load_on("w0")) == (0, 1)
+    t.end(5.0, "p", EndReason.IDLE_TIMEOUT)
+    assert (t.held_on("w0"), t.load_on("w0")) == (0, 0)
+    assert t.returns.rates() == {"t": (1, 2)}
