@@ -100,7 +100,7 @@ class AdmissionCore(WorkerFit):
         self.queue.protected = self.yields.protected
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
-            cfg.tuning.kv_hold_min_s, cfg.tuning.return_history,
+            cfg.tuning.kv_hold_min_s, return_history=cfg.tuning.return_history,
         )
         self.estimator = PromptEstimator(cfg.tuning.chars_per_token)
         t = cfg.tuning

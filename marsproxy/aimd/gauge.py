@@ -25,13 +25,12 @@ class GaugeLag:
     def __init__(self, workers: Iterable[str]) -> None:
         self._promised: dict[str, tuple[str, int]] = {}  # session → (worker, blocks)
         self._promised_on: dict[str, int] = {}
-        # Per worker, by session: (end, blocks) of calls running at its last reading that ended
-        # since, of sessions not back yet.
-        self._freed: dict[str, dict[str, tuple[float, int]]] = {}
+        # session → (worker, end, blocks): its call ran at the worker's last reading and ended
+        # since, and it is not back yet.
+        self._freed: dict[str, tuple[str, float, int]] = {}
         self._freed_on: dict[str, int] = {}
-        self._freed_where: dict[str, str] = {}  # session → its worker, while it has an entry
         for w in workers:
-            self._promised_on[w], self._freed[w], self._freed_on[w] = 0, {}, 0
+            self._promised_on[w], self._freed_on[w] = 0, 0
 
     # -- promised ---------------------------------------------------------------------------
     def promise(self, session: str, worker: str, blocks: int) -> None:
@@ -64,20 +63,21 @@ class GaugeLag:
         self.resumed(session)
         if read_at is None or started_at > read_at or blocks <= 0:
             return  # the reading cannot have counted it
-        self._freed[worker][session] = (now, blocks)
+        self._freed[session] = (worker, now, blocks)
         self._freed_on[worker] += blocks
-        self._freed_where[session] = worker
 
     def resumed(self, session: str) -> None:
-        """The session's next call (or its end): its blocks are its own again, or gone."""
-        worker = self._freed_where.pop(session, None)
-        if worker is not None:
-            self._freed_on[worker] -= self._freed[worker].pop(session)[1]
+        """The session's next call: its blocks are its own again."""
+        f = self._freed.pop(session, None)
+        if f is not None:
+            self._freed_on[f[0]] -= f[2]
 
     def read(self, worker: str, read_at: float | None) -> None:
         """The worker's gauge as read at ``read_at``: calls that ended by then are in it."""
-        freed = self._freed[worker]
-        for session in [k for k, (end, _) in freed.items() if read_at is None or end <= read_at]:
+        if not self._freed_on[worker]:
+            return
+        for session in [k for k, (w, end, _) in self._freed.items()
+                        if w == worker and (read_at is None or end <= read_at)]:
             self.resumed(session)
 
     def freed_on(self, worker: str, used_blocks: int) -> int:

@@ -111,7 +111,7 @@ class SessionLifecycle:
     """The live sessions of the admission plane, and the counts per worker."""
 
     def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
-                 hold_min_s: float = 0.0, return_history: int = 16) -> None:
+                 hold_min_s: float = 0.0, *, return_history: int) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
         self.returns = ReturnTally(return_history)

@@ -26,24 +26,19 @@ class ReturnTally:
             raise ValueError(f"history must be ≥ 1, got {history}")
         self._history = history
         self._seen: dict[str, deque[bool]] = {}
-        self._back: dict[str, int] = {}
 
     def record(self, tenant: str, came_back: bool) -> None:
         seen = self._seen.get(tenant)
         if seen is None:
             seen = self._seen[tenant] = deque(maxlen=self._history)
-            self._back[tenant] = 0
-        if len(seen) == self._history:
-            self._back[tenant] -= seen[0]
         seen.append(came_back)
-        self._back[tenant] += came_back
 
     def likely(self, tenant: str) -> bool:
         """Whether a session of ``tenant`` dormant after its first call is likely to return:
         at least half of the tenant's remembered ones did (none remembered: no)."""
         seen = self._seen.get(tenant)
-        return seen is not None and 2 * self._back[tenant] >= len(seen)
+        return seen is not None and 2 * sum(seen) >= len(seen)
 
     def rates(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (came back, remembered)."""
-        return {t: (self._back[t], len(s)) for t, s in self._seen.items()}
+        return {t: (sum(s), len(s)) for t, s in self._seen.items()}

@@ -272,67 +272,6 @@ def test_other_replicas_sessions_count_as_in_a_call() -> None:
     assert c.peak_factor("w0") == 1.0
 
 
-def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
-    # Sessions of a tenant whose sessions come back: while they are dormant within their hold
-    # their forecasts fill the fit; once past it (factor 4 × a usual tool time of 1 s, at least
-    # kv_hold_min_s 2 s) they stay admitted but no longer hold room, and one that comes back
-    # counts again.
-    cfg = AdmissionConfig(
-        tuning=AdmissionTuning(
-            kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
-    core = AdmissionCore(cfg, ["w0"])
-    core.sessions.returns.record("t", True)
-    sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16)
-    core.tick(0.0, {"w0": sig})
-    for i in range(2):  # 2 × 640 tokens × growth 2.0 = 160 of 180 usable blocks: full
-        assert core.on_request(0.0, f"s{i}", "t", 640).kind is DecisionKind.ADMITTED
-        core.on_response_end(0.1, f"s{i}", prompt_tokens=640, usual_tool_s=1.0)
-    assert core.on_request(0.2, "late", "t", 640).kind is DecisionKind.WAIT
-    core.tick(4.0, {"w0": sig})  # 4 × 1 s after its call: still held
-    assert core.queue.get("late") is not None
-    acts = core.tick(4.2, {"w0": sig})  # past 0.1 + 4 s: both released, "late" fits
-    assert [a.entry.session for a in acts.admitted] == ["late"]
-    assert core.sessions.admitted_on("w0") == 3 and not core.sessions.get("s0").kv_held
-    assert core.on_request(5.0, "s0", "t", 700).kind is DecisionKind.ADMITTED
-    assert core.sessions.get("s0").kv_held
-    assert core.peaks.committed_tokens("w0") == 2 * 1280  # s0 and "late" count, s1 not
-
-
-@pytest.mark.parametrize("agents", [False, True])
-def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) -> None:
-    # A plain client's one-shot tasks (each its own session, no final flag) one after another:
-    # each is forecast at 2 × 40 blocks while in its call, and 2 of them fill the 180 usable.
-    # Dormant ones hold no room while nothing says sessions of their tenant come back, so
-    # every next one is admitted; where its sessions do come back, their holds fill the fit.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
-    core = AdmissionCore(cfg, ["w0"])
-    if agents:
-        core.sessions.returns.record("t", True)
-    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200,
-                                        block_size=16)})
-    kinds = []
-    for i in range(10):
-        kinds.append(core.on_request(1.0 + i, f"s{i}", "t", 640).kind)
-        core.on_response_end(1.5 + i, f"s{i}", prompt_tokens=640)
-    if agents:
-        assert kinds[:2] == [DecisionKind.ADMITTED] * 2 and kinds[2] is DecisionKind.WAIT
-    else:
-        assert kinds == [DecisionKind.ADMITTED] * 10
-        assert core.sessions.admitted_on("w0") == 10 and core.sessions.held_on("w0") == 0
-        assert core.peaks.committed_tokens("w0") == 0
-
-
-def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:
-    from marsproxy.core.lifecycle import kv_hold_s
-
-    assert kv_hold_s(None, 4.0, 5.0, 60.0) == 5.0  # no tool history: the floor
-    assert kv_hold_s(None, 4.0, 90.0, 60.0) == 60.0
-    assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
-    assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
-    assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0
-
-
 def _config(flat: dict[str, Any]) -> AdmissionConfig:
     """``flat`` keys of both levels: the tuning ones go under ``tuning``."""
     tuned = {k: v for k, v in flat.items() if k in AdmissionTuning.model_fields}

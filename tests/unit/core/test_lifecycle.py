@@ -17,7 +17,7 @@ from marsproxy.core.lifecycle import (
 
 
 def table() -> SessionLifecycle:
-    return SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0)
+    return SessionLifecycle(return_history=16, idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0)
 
 
 @pytest.mark.parametrize(
@@ -174,6 +174,12 @@ def test_activity_index_matches_a_full_scan(ops: list[tuple[float, str, int, str
             assert t.dormant_since(w) == dormant
 
 
+def _held_lifecycle(idle_min_s: float = 60.0) -> SessionLifecycle:
+    """Holds of at least 20 s; a tenant's record of its latest 16 first gaps."""
+    return SessionLifecycle(idle_factor=4.0, idle_min_s=idle_min_s, idle_max_s=1800.0,
+                            hold_min_s=20.0, return_history=16)
+
+
 def _dormant_after_first_call(t: SessionLifecycle, key: str, at: float) -> None:
     t.queue(at, key, "t", 500, long=False)
     t.admit(at, key, "w0")
@@ -181,7 +187,7 @@ def _dormant_after_first_call(t: SessionLifecycle, key: str, at: float) -> None:
 
 
 def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() -> None:
-    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t = _held_lifecycle()
     _dormant_after_first_call(t, "a", 0.0)  # nothing seen of tenant t yet: not held
     a = t.get("a")
     assert a is not None and not a.kv_held and a.first_gap and t.held_on("w0") == 0
@@ -198,7 +204,7 @@ def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() 
 
 
 def test_a_first_gap_not_held_is_still_watched_until_its_hold_would_end() -> None:
-    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t = _held_lifecycle()
     _dormant_after_first_call(t, "a", 0.0)
     assert t.hold_expired(21.5) == []  # nothing held to release ...
     assert t.returns.rates() == {"t": (0, 1)}  # ... but it did not come back in time
@@ -222,14 +228,14 @@ def test_a_final_first_call_is_no_gap() -> None:
     (EndReason.IDLE_TIMEOUT, True), (EndReason.DELETED, True), (EndReason.MOVED, False)])
 def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: bool) -> None:
     # An idle timeout shorter than the hold ends it first (no hold deadline is kept then).
-    t = SessionLifecycle(idle_factor=4.0, idle_min_s=10.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t = _held_lifecycle(idle_min_s=10.0)
     _dormant_after_first_call(t, "a", 0.0)
     t.end(11.0, "a", reason)
     assert t.returns.rates() == ({"t": (0, 1)} if counted else {})
 
 
 def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
-    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t = _held_lifecycle()
     _dormant_after_first_call(t, "a", 0.0)
     assert (t.held_on("w0"), t.load_on("w0")) == (0, 1)
     t.move("a", "w1")  # (as the core moves one not served yet)
@@ -249,7 +255,7 @@ def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
 def test_a_first_gap_released_early_stays_load_until_it_ends() -> None:
     # Held (its tenant's sessions come back), then released early (it waits on its children):
     # no longer held, still load, and the counts come back to zero when it ends.
-    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0)
+    t = _held_lifecycle()
     t.returns.record("t", True)
     _dormant_after_first_call(t, "p", 0.0)
     assert (t.held_on("w0"), t.load_on("w0")) == (1, 1)
