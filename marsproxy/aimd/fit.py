@@ -238,10 +238,14 @@ class WorkerFit:
 
     def _lag(self, worker: str) -> int:
         """Blocks freed since the gauge was read, less those promised (``gauge.py``)."""
+        return self.freed_blocks(worker) - self.gauge.promised_on(worker)
+
+    def freed_blocks(self, worker: str) -> int:
+        """Blocks of calls the gauge's reading counted that have ended since (``gauge.py``)."""
         s = self._signals[worker]
         used = 0 if s.total_blocks is None or s.free_blocks is None else (
             s.total_blocks - s.free_blocks)
-        return self.gauge.freed_on(worker, used) - self.gauge.promised_on(worker)
+        return self.gauge.freed_on(worker, used)
 
     def promised(self) -> tuple[int, int]:
         """(sessions, blocks) promised to admitted sessions whose first prompt the worker has

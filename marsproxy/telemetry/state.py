@@ -158,6 +158,8 @@ class AdmissionCoreWorkerState(TypedDict):
     cpu_overloaded: bool
     stale: bool
     budget_blocks: int | None
+    freed_blocks: int
+    """Of the budget: blocks of calls that ended since the gauge was read (``gauge.py``)."""
     peak_room_blocks: int | None
     """First-prompt blocks the forecast-peak fit leaves (``None``: off or no block counts)."""
     peak_overlap: float

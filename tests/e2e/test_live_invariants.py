@@ -62,8 +62,10 @@ def _could_take(doc: dict[str, Any], tokens: int) -> list[str]:
     healthy = {w["name"]: w["healthy"] for w in doc["workers"]}
     out = []
     for name, w in doc["admission"]["workers"].items():
+        # Room the last reading confirms: blocks freed since (gauge.py) are acted on at the next
+        # control tick, whose fresh reading may show them taken by calls that grew meanwhile.
         budget = w["budget_blocks"]
-        fits = budget is None or math.ceil(tokens / sizes[name]) <= budget
+        fits = budget is None or math.ceil(tokens / sizes[name]) <= budget - w["freed_blocks"]
         if (healthy[name] and not w["stale"] and not w["kv_overloaded"]
                 and not w["cpu_overloaded"] and w["admitted"] < w["limit"] and fits):
             out.append(name)
