@@ -188,7 +188,8 @@ class AdmissionCore(WorkerFit):
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
                             turns=turns)
-        self.peaks.admit(session, worker, est_tokens)
+        self.peaks.admit(session, worker, est_tokens,
+                         grows=not self.sessions.returns.one_shot(tenant))
         self.yields.admitted(session, tenant, None)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
 
@@ -252,7 +253,7 @@ class AdmissionCore(WorkerFit):
             s = self._signals[rec.worker]
             blocks = blocks_for_tokens(prompt_tokens + completion_tokens,
                                        s.block_size or DEFAULT_BLOCK_SIZE)
-            self.gauge.ended(session, rec.worker, rec.last_active, now, blocks, s.sampled_at)
+            self.gauge.ended(session, rec.worker, rec.last_active, now, blocks)
         rec = self.sessions.response_end(now, session, usual_tool_s)
         if not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
@@ -330,7 +331,8 @@ class AdmissionCore(WorkerFit):
         """The sessions a pass admitted: counted on their workers, then announced."""
         for a in taken:
             self.sessions.admit(now, a.entry.session, a.worker)
-            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens)
+            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens,
+                             grows=not self.sessions.returns.one_shot(a.entry.tenant))
             self.yields.admitted(a.entry.session, a.entry.tenant, a.entry.cls)
             self._promise(a.entry.session, a.worker, a.entry.est_tokens)
         for a in taken:  # all of the pass counted: a move sees every slot it took
@@ -372,7 +374,8 @@ class AdmissionCore(WorkerFit):
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, worker)
-        self.peaks.admit(session, worker, est_tokens)
+        self.peaks.admit(session, worker, est_tokens,
+                         grows=not self.sessions.returns.one_shot(tenant))
         ev = SessionAdmitted(ts=now, session=session, worker=worker, wait_s=0.0)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="admission_disabled",
                         actions=Actions(events=[ev]))

@@ -25,12 +25,16 @@ class GaugeLag:
     def __init__(self, workers: Iterable[str]) -> None:
         self._promised: dict[str, tuple[str, int]] = {}  # session → (worker, blocks)
         self._promised_on: dict[str, int] = {}
-        # session → (worker, end, blocks): its call ran at the worker's last reading and ended
-        # since, and it is not back yet.
-        self._freed: dict[str, tuple[str, float, int]] = {}
+        # session → (worker, start, end, blocks): its call ended after the worker's latest
+        # reading, and it is not back yet; the freed blocks are those of the calls the reading
+        # counted as running (begun by then).
+        self._ended: dict[str, tuple[str, float, float, int]] = {}
+        self._ended_on: dict[str, set[str]] = {}
         self._freed_on: dict[str, int] = {}
+        self._read_at: dict[str, float | None] = {}
         for w in workers:
             self._promised_on[w], self._freed_on[w] = 0, 0
+            self._ended_on[w], self._read_at[w] = set(), None
 
     # -- promised ---------------------------------------------------------------------------
     def promise(self, session: str, worker: str, blocks: int) -> None:
@@ -55,30 +59,49 @@ class GaugeLag:
         return len(self._promised), sum(self._promised_on.values())
 
     # -- freed ------------------------------------------------------------------------------
-    def ended(self, session: str, worker: str, started_at: float, now: float, blocks: int,
-              read_at: float | None) -> None:
+    def ended(self, session: str, worker: str, started_at: float, now: float,
+              blocks: int) -> None:
         """A call of ``session`` on ``worker`` that began at ``started_at`` ended at ``now``
-        holding ``blocks``; ``read_at``: when the worker's gauge was last read (``None``:
-        unknown)."""
+        holding ``blocks``. Kept until a reading shows it ended or the session is back: a
+        reading taken while it ran counts its blocks as used, also one that reaches the proxy
+        only after its end (a scrape takes time, and the control tick applies it later)."""
         self.resumed(session)
-        if read_at is None or started_at > read_at or blocks <= 0:
-            return  # the reading cannot have counted it
-        self._freed[session] = (worker, now, blocks)
-        self._freed_on[worker] += blocks
+        if blocks <= 0:
+            return
+        self._ended[session] = (worker, started_at, now, blocks)
+        self._ended_on[worker].add(session)
+        if self._counted(worker, started_at):
+            self._freed_on[worker] += blocks
+
+    def _counted(self, worker: str, started_at: float) -> bool:
+        """Whether the worker's latest reading was taken after a call began (so counted it)."""
+        at = self._read_at[worker]
+        return at is not None and started_at <= at
 
     def resumed(self, session: str) -> None:
         """The session's next call: its blocks are its own again."""
-        f = self._freed.pop(session, None)
+        f = self._ended.pop(session, None)
         if f is not None:
-            self._freed_on[f[0]] -= f[2]
+            worker, started_at, _, blocks = f
+            self._ended_on[worker].discard(session)
+            if self._counted(worker, started_at):
+                self._freed_on[worker] -= blocks
 
     def read(self, worker: str, read_at: float | None) -> None:
-        """The worker's gauge as read at ``read_at``: calls that ended by then are in it."""
-        if not self._freed_on[worker]:
+        """The worker's gauge as read at ``read_at``: calls that ended by then are in it as
+        free, calls that ran then as used."""
+        if read_at == self._read_at[worker]:
             return
-        for session in [k for k, (w, end, _) in self._freed.items()
-                        if w == worker and (read_at is None or end <= read_at)]:
-            self.resumed(session)
+        self._read_at[worker] = read_at
+        freed = 0
+        for session in list(self._ended_on[worker]):
+            _, started_at, end, blocks = self._ended[session]
+            if read_at is None or end <= read_at:
+                self._ended_on[worker].discard(session)
+                del self._ended[session]
+            elif started_at <= read_at:
+                freed += blocks
+        self._freed_on[worker] = freed
 
     def freed_on(self, worker: str, used_blocks: int) -> int:
         """Blocks freed on ``worker`` since its reading, at most the ``used_blocks`` it read."""

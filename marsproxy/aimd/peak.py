@@ -9,7 +9,9 @@ or in a tool phase — is budgeted at its forecast peak
 
     forecast = max(context so far, first prompt × G)
 
-where G, the growth factor, is the ratio Σ peak / Σ first prompt over recently finished
+(``max(context so far, first prompt)`` for a session of a tenant whose sessions are known
+not to return after their first call, ``core/returns.py``: it will not grow) where G, the
+growth factor, is the ratio Σ peak / Σ first prompt over recently finished
 sessions (a ratio of sums: the budget is a sum over sessions, so the aggregate growth is what
 counts, and one session with a tiny first prompt cannot dominate it). Until enough sessions
 have finished, G is the configured prior. A worker's *peak room* is its usable blocks less the
@@ -37,6 +39,11 @@ class _Session:
     observed: bool = False
     held: bool = True
     """Counted in the worker's committed forecasts (false: dormant past its KV hold)."""
+    grows: bool = True
+    """Forecast to grow by G (false: its tenant's sessions are known not to return)."""
+
+    def peak(self, growth: float) -> int:
+        return max(self.context, math.ceil(self.first * growth) if self.grows else self.first)
 
 
 class PeakForecast:
@@ -56,11 +63,12 @@ class PeakForecast:
         self._held: dict[str, dict[str, _Session]] = {}
 
     # -- sessions -------------------------------------------------------------------------
-    def admit(self, session: str, worker: str, est_tokens: int) -> None:
-        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``."""
+    def admit(self, session: str, worker: str, est_tokens: int, *, grows: bool = True) -> None:
+        """``session`` is admitted on ``worker`` with a first prompt of about ``est_tokens``;
+        ``grows``: false where it is known to end after its call (no growth forecast)."""
         est = max(0, est_tokens)
         self._unhold(session)
-        s = self._sessions[session] = _Session(worker, est, est)
+        s = self._sessions[session] = _Session(worker, est, est, grows=grows)
         self._held.setdefault(worker, {})[session] = s
 
     def move(self, session: str, worker: str) -> None:
@@ -123,9 +131,7 @@ class PeakForecast:
     def forecast(self, session: str) -> int:
         """Forecast peak context of an admitted session in tokens (0: unknown session)."""
         s = self._sessions.get(session)
-        if s is None:
-            return 0
-        return max(s.context, math.ceil(s.first * self.growth()))
+        return 0 if s is None else s.peak(self.growth())
 
     def held_on(self, worker: str) -> list[str]:
         """The sessions admitted on ``worker`` whose KV is held."""
@@ -139,8 +145,8 @@ class PeakForecast:
         sessions other replicas hold there, each counted at the typical forecast: the mean of
         this replica's sessions on that worker, else the mean peak of finished sessions."""
         g = self.growth()
-        mine = [max(s.context, math.ceil(s.first * g))
-                for k, s in self._held.get(worker, {}).items() if not (without and without(k))]
+        mine = [s.peak(g) for k, s in self._held.get(worker, {}).items()
+                if not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
             if mine:
@@ -163,7 +169,7 @@ class PeakForecast:
         g = self.growth()
         total = n = 0
         for key, s in self._held.get(worker, {}).items():
-            peak = max(s.context, math.ceil(s.first * g))
+            peak = s.peak(g)
             n += 1
             if not s.observed:
                 total += peak

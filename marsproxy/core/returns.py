@@ -10,6 +10,10 @@ session that never returns shuts out work the engine has room for, while an agen
 phase unheld costs at most one re-prefill of its first prompt, and its tenant's first return
 turns holding on.
 
+A tenant whose full history is remembered and mostly did not come back sends one-shot tasks:
+its new sessions are forecast without growth (``aimd/peak.py``), since a task that never
+returns holds only what its one call holds.
+
 Pure code: no I/O, no clock.
 """
 
@@ -38,6 +42,12 @@ class ReturnTally:
         at least half of the tenant's remembered ones did (none remembered: no)."""
         seen = self._seen.get(tenant)
         return seen is not None and 2 * sum(seen) >= len(seen)
+
+    def one_shot(self, tenant: str) -> bool:
+        """Whether ``tenant``'s sessions are known not to return: its whole history is
+        remembered and fewer than half of it came back (too little seen: no)."""
+        seen = self._seen.get(tenant)
+        return seen is not None and len(seen) == seen.maxlen and 2 * sum(seen) < len(seen)
 
     def rates(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (came back, remembered)."""

@@ -20,19 +20,37 @@ def test_promises_until_settled() -> None:
 
 def test_calls_the_reading_counted_that_ended_since_are_freed() -> None:
     g = GaugeLag(["w0"])
-    g.ended("a", "w0", started_at=1.0, now=2.5, blocks=30, read_at=2.0)  # counted, ended since
-    g.ended("b", "w0", started_at=2.2, now=2.6, blocks=40, read_at=2.0)  # began after it
-    g.ended("c", "w0", started_at=0.5, now=2.7, blocks=20, read_at=None)  # no reading
+    g.ended("c", "w0", started_at=0.5, now=1.2, blocks=20)  # no reading yet: nothing known
+    assert g.freed_on("w0", used_blocks=100) == 0
+    g.read("w0", 2.0)  # c ended before this reading: it shows c's blocks free
+    g.ended("a", "w0", started_at=1.0, now=2.5, blocks=30)  # counted, ended since
+    g.ended("b", "w0", started_at=2.2, now=2.6, blocks=40)  # began after it
     assert g.freed_on("w0", used_blocks=100) == 30
-    g.ended("d", "w0", started_at=1.5, now=2.8, blocks=20, read_at=2.0)
+    g.ended("d", "w0", started_at=1.5, now=2.8, blocks=20)
     assert g.freed_on("w0", used_blocks=100) == 50
     assert g.freed_on("w0", used_blocks=35) == 35  # at most what the reading counted as used
     g.resumed("a")  # a's next call takes its blocks again
     assert g.freed_on("w0", used_blocks=100) == 20
-    g.read("w0", 2.9)  # a newer reading shows d's end
+    g.read("w0", 2.9)  # a newer reading shows b's and d's ends
     assert g.freed_on("w0", used_blocks=100) == 0
-    g.ended("d", "w0", started_at=2.85, now=3.0, blocks=25, read_at=2.9)
+    g.ended("d", "w0", started_at=2.85, now=3.0, blocks=25)
     g.read("w0", None)  # nothing known of the worker: nothing to add back
+    assert g.freed_on("w0", used_blocks=100) == 0
+
+
+def test_a_reading_applied_after_calls_it_counted_ended() -> None:
+    # A scrape reaches the control tick some time after it was taken: calls that ran at the
+    # sample and ended before the tick are in it as used, and free now.
+    g = GaugeLag(["w0"])
+    g.read("w0", 1.0)
+    g.ended("a", "w0", started_at=1.1, now=1.25, blocks=30)  # after the latest reading ...
+    g.ended("b", "w0", started_at=1.3, now=1.4, blocks=10)
+    assert g.freed_on("w0", used_blocks=100) == 0
+    g.read("w0", 1.2)  # ... but the next one, sampled while a ran, arrives only now
+    assert g.freed_on("w0", used_blocks=100) == 30  # b began after the sample: not in it
+    g.read("w0", 1.3)  # sampled after a's end, while b ran
+    assert g.freed_on("w0", used_blocks=100) == 10
+    g.resumed("b")
     assert g.freed_on("w0", used_blocks=100) == 0
 
 
@@ -67,3 +85,12 @@ def test_the_budget_adds_back_what_ended_since_the_gauge_was_read() -> None:
     assert core.free_budget("w0") == 100 - 20 + 100
     _read(core, 1.5, free=200, at=1.4)  # ... and a newer one shows it free: nothing added back
     assert core.free_budget("w0") == 200 - 20
+
+
+def test_a_late_reading_counts_the_calls_it_saw_end_as_free() -> None:
+    core = _core()
+    assert core.on_request(0.1, "a", "t", 1600).kind is DecisionKind.ADMITTED  # 100 blocks
+    core.on_response_end(0.3, "a", prompt_tokens=1584, completion_tokens=16)
+    assert core.free_budget("w0") == 200 - 20  # the reading at 0.0 never saw a running
+    _read(core, 0.4, free=100, at=0.2)  # sampled while a ran, applied after its end
+    assert core.free_budget("w0") == 100 - 20 + 100

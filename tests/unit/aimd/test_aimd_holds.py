@@ -7,6 +7,7 @@ import pytest
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
+from marsproxy.core.lifecycle import EndReason
 
 
 def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
@@ -58,6 +59,28 @@ def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) ->
         assert kinds == [DecisionKind.ADMITTED] * 10
         assert core.sessions.admitted_on("w0") == 10 and core.sessions.held_on("w0") == 0
         assert core.peaks.committed_tokens("w0") == 0
+
+
+def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> None:
+    # Once a tenant's whole history (4) of first gaps did not come back, its sessions are
+    # forecast at their first prompt (40 blocks), not at 2 × it. 360 usable blocks: at 2 × 40,
+    # 4 in a call at once fill the fit; without growth, 8 fit (a new one still needs room for
+    # its own first prompt × 2 beside the others).
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    core = AdmissionCore(cfg, ["w0"])
+    sig = WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400, block_size=16)
+    core.tick(0.0, {"w0": sig})
+    first = [core.on_request(1.0, f"s{i}", "t", 640).kind for i in range(5)]
+    assert first == [DecisionKind.ADMITTED] * 4 + [DecisionKind.WAIT]
+    core.on_session_end(1.0, "s4", EndReason.ABANDONED)
+    for i in range(4):
+        core.on_response_end(1.5, f"s{i}", prompt_tokens=640)
+    core.tick(30.0, {"w0": sig})  # past their holds: none came back
+    assert core.sessions.returns.one_shot("t")
+    kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(9)]
+    assert kinds == [DecisionKind.ADMITTED] * 8 + [DecisionKind.WAIT]
+    assert core.peaks.committed_tokens("w0") == 8 * 640
 
 
 def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:

@@ -62,6 +62,17 @@ def test_forecast_is_the_larger_of_context_and_growth() -> None:
     assert p.forecast("unknown") == 0
 
 
+def test_a_session_known_not_to_return_is_forecast_without_growth() -> None:
+    p = PeakForecast(prior_growth=3.0, history=8, min_samples=4)
+    p.admit("a", "w0", 1000, grows=False)
+    p.admit("b", "w0", 1200)
+    assert (p.forecast("a"), p.forecast("b")) == (1000, 3600)
+    assert p.committed_tokens("w0") == 4600
+    p.observe("a", 1000, 250)
+    assert p.forecast("a") == 1250  # its context: the one call's prompt and reply
+    assert p.resident_committed_tokens("w0", {"a": 79, "b": 0}, 16) == 79 * 16 + 3600
+
+
 def test_room_counts_every_admitted_session_on_the_worker() -> None:
     p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
     p.admit("a", "w0", 160)  # forecast 320 tokens = 20 blocks of 16

@@ -32,6 +32,21 @@ def test_only_the_latest_are_remembered() -> None:
     assert not r.likely("t") and r.rates()["t"] == (1, 3)
 
 
+def test_one_shot_only_on_a_full_history_mostly_not_back() -> None:
+    r = ReturnTally(4)
+    assert not r.one_shot("t")  # nothing seen
+    for _ in range(3):
+        r.record("t", False)
+    assert not r.one_shot("t") and not r.likely("t")  # too little seen to say
+    r.record("t", False)
+    assert r.one_shot("t")
+    r.record("t", True)
+    assert r.one_shot("t")  # 1 of 4
+    r.record("t", True)
+    assert not r.one_shot("t") and r.likely("t")  # 2 of 4
+    assert not r.one_shot("other")
+
+
 def test_history_must_hold_one() -> None:
     with pytest.raises(ValueError, match="history"):
         ReturnTally(0)
