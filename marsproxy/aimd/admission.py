@@ -109,8 +109,7 @@ class AdmissionCore(WorkerFit):
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         self.gauge = GaugeLag(self.workers)  # what the free-block gauge cannot show yet
         self.placement = placement or PlacementConfig()
-        # Resident prefix tokens of a waiting session's first prompt per worker with a KV
-        # index (prefix placement, aimd/prefix.py); kept until it is admitted or gone.
+        # A waiting session's resident prefix per indexed worker (aimd/prefix.py), till admitted.
         self._prefix: dict[str, Mapping[str, int]] = {}
 
     # -- requests -----------------------------------------------------------------------------
@@ -137,7 +136,8 @@ class AdmissionCore(WorkerFit):
             return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
         if prefix:
             self._prefix[session] = prefix
-        entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child)
+        entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child,
+                                 grows=not self.sessions.returns.one_shot(tenant))
         # Nothing waits (every new session at light load): the pass's decision without its
         # lanes (AdmissionQueue.admit_alone), where its waiting would change no view.
         alone = not len(self.queue) and self.yields.single_tenant(tenant)
@@ -255,11 +255,13 @@ class AdmissionCore(WorkerFit):
                                        s.block_size or DEFAULT_BLOCK_SIZE)
             self.gauge.ended(session, rec.worker, rec.last_active, now, blocks)
         rec = self.sessions.response_end(now, session, usual_tool_s)
-        if not rec.kv_held:  # a first call whose kind of session seldom returns
-            self.peaks.release(session)
         if rec.final and rec.in_flight == 0:
             self._end(now, session, EndReason.FINAL, actions)
             self._admit_pass(now, actions)
+        elif not rec.kv_held:  # a first call whose kind of session seldom returns
+            self.peaks.release(session)
+            if self.sessions.returns.one_shot(rec.tenant):  # as good as ended: let in who waits
+                self._admit_pass(now, actions)
         return actions
 
     def on_session_end(self, now: float, session: str, reason: EndReason) -> Actions:
@@ -331,8 +333,7 @@ class AdmissionCore(WorkerFit):
         """The sessions a pass admitted: counted on their workers, then announced."""
         for a in taken:
             self.sessions.admit(now, a.entry.session, a.worker)
-            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens,
-                             grows=not self.sessions.returns.one_shot(a.entry.tenant))
+            self.peaks.admit(a.entry.session, a.worker, a.entry.est_tokens, grows=a.entry.grows)
             self.yields.admitted(a.entry.session, a.entry.tenant, a.entry.cls)
             self._promise(a.entry.session, a.worker, a.entry.est_tokens)
         for a in taken:  # all of the pass counted: a move sees every slot it took

@@ -160,9 +160,7 @@ class AdmissionTuning(_Section):
         16, ge=1,
         description="A session dormant after its first call holds KV room only where at least"
         " half of its tenant's latest this-many such sessions came back within their hold (none"
-        " seen yet: not held). A plain client's one-shot tasks never come back; once this many"
-        " are remembered and fewer than half came back, the tenant's new sessions are forecast"
-        " without growth.",
+        " seen: not held); with this many seen and under half back, new ones are forecast flat.",
     )
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."

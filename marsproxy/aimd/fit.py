@@ -138,12 +138,13 @@ class WorkerFit:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return committed_tokens
 
-    def _room(self, worker: str, fit_tokens: int, factor: float) -> int:
+    def _room(self, worker: str, fit_tokens: int, factor: float,
+              growth: float | None = None) -> int:
         s = self._signals[worker]
         assert s.total_blocks is not None  # _fit_tokens gave a count: the worker has blocks
         return self.peaks.room_blocks(fit_tokens, s.total_blocks,
                                       s.block_size or DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac, factor)
+                                      self.cfg.kv_reserve_frac, factor, growth)
 
     def protected_room(self, worker: str) -> int | None:
         """The KV budget on ``worker`` of a session that would yield to nobody, while sessions
@@ -292,6 +293,8 @@ class WorkerFit:
             cheap = self.cheap_slots(w, fit)
             factor = self.overlaps.ceiling if cheap else self.overlaps.factor(w)
             free, peak = self.free_budget(w), None if fit is None else self._room(w, fit, factor)
+            # A session that will not grow needs room for its first prompt alone.
+            flat = None if fit is None else self._room(w, fit, factor, growth=1.0)
             admitted, limit = self.sessions.admitted_on(w), c.effective_limit
             if cheap:  # the ceiling's room is for these few: the pass takes no more
                 limit = min(limit, admitted + cheap)
@@ -306,6 +309,7 @@ class WorkerFit:
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
                 held=self.sessions.load_on(w), protected_budget_blocks=self.protected_room(w),
+                flat_budget_blocks=None if flat is None else _smaller(free, flat),
             ))
         return out
 

@@ -46,6 +46,9 @@ class QueueEntry:
     child: bool = False
     """A child of an admitted parent session (agent trees): it waits in the children's lane,
     ahead of every class."""
+    grows: bool = True
+    """Forecast to grow by the learnt growth (false: its tenant's sessions are known not to
+    return, ``core/returns.py``): fitted against ``WorkerView.flat_budget_blocks``."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:

@@ -3,8 +3,8 @@
 Waiting sessions are ordered by the load: arrival order while everything fits, and while tool
 CPUs are the bottleneck (a first prompt hardly tells a session's tool work apart, so no order by
 prompt length would favour tool-light work), otherwise shortest first (most sessions per
-block). Long sessions are capped per worker while
-short ones wait, and packed into a fraction of free KV once only long ones remain.
+block). Long sessions are capped per worker while short ones wait, and packed into a fraction
+of free KV once only long ones remain.
 
 Reordering must not make anyone miss a deadline. A session is *urgent* when its slack no
 longer covers admitting it and every session due before it at the observed admission rate
@@ -71,14 +71,14 @@ class AdmissionQueue:
     # -- membership -------------------------------------------------------------------------
     def entry(
         self, session: str, tenant: str, now: float, est_tokens: int, cls: str | None = None,
-        *, child: bool = False,
+        *, child: bool = False, grows: bool = True,
     ) -> QueueEntry:
         """A new entry of class ``cls`` (``None`` or unknown: the default) with its class's
         deadline; ``child``: a child of an admitted parent (the children's lane, first)."""
         c = cls if cls in self.classes.order else self.classes.default
         deadline = self.classes.deadline_s(c, self.cfg.queue_deadline_s)
         return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c, child=child,
-                          long=self._is_long(est_tokens))
+                          long=self._is_long(est_tokens), grows=grows)
 
     def _is_long(self, est_tokens: int) -> bool:  # set by entry() and by push
         return est_tokens > self.cfg.tuning.long_prompt_tokens
@@ -114,7 +114,7 @@ class AdmissionQueue:
         if not any(r.slots > 0 for r in rooms):
             return None
         shorts_wait = not entry.long  # as the pass counts it, with only this entry waiting
-        bound = max_tokens(rooms, shorts_wait)
+        bound = max_tokens(rooms, shorts_wait, entry.grows)
         room = None
         if bound is None or entry.est_tokens <= bound:
             room, _ = self._place(entry, rooms, shorts_wait)
@@ -269,7 +269,8 @@ class AdmissionQueue:
         # Class by class, the tenants in turn, each with its urgent sessions first (deadline
         # order), then the mode's order. A class that leaves a session unplaced holds the rest.
         shorts = self._index.shorts
-        tally = Tally(sum(r.slots for r in rooms), shorts, max_tokens(rooms, shorts > 0))
+        tally = Tally(sum(r.slots for r in rooms), shorts)
+        tally.rebound(rooms)
         out: list[Admission] = []
         t = self.cfg.tuning
         urgency = Urgency(now, t.aging_margin_s, t.max_bypass, self._rate.per_second(now))
@@ -295,7 +296,7 @@ class AdmissionQueue:
         # decides the pass (placed, or nothing is). The same bound and room as _offer's.
         e = self._index.only()
         shorts = self._index.shorts
-        bound = max_tokens(rooms, shorts > 0)
+        bound = max_tokens(rooms, shorts > 0, e.grows)
         if bound is not None and e.est_tokens > bound:
             return []
         room, _ = self._place(e, rooms, shorts > 0)
@@ -314,7 +315,7 @@ class AdmissionQueue:
         """Place ``e`` if it fits, or say how the pass goes on."""
         if tally.slots <= 0:
             return Offer.STOP
-        if tally.bound is not None and e.est_tokens > tally.bound:
+        if tally.beyond(e):
             room, capped = None, False  # too large for every room: no need to look
         else:
             room, capped = self._place(e, rooms, tally.shorts > 0)
@@ -323,7 +324,7 @@ class AdmissionQueue:
                 return Offer.PASSED  # only the long cap stood in the way: others may go
             if urgent and self._holds(e, now):
                 return Offer.STOP  # hold the capacity for it rather than hand it to others
-            if tally.bound is not None and tally.bound < self._index.smallest_tokens():
+            if tally.flat_bound is not None and tally.flat_bound < self._index.smallest_tokens():
                 return Offer.STOP  # not even the smallest waiting session fits anywhere
             if not urgent and self.mode is OrderMode.SHORTEST_FIRST:
                 return Offer.SKIP  # its tenant's later sessions are larger: none fits either
@@ -331,7 +332,7 @@ class AdmissionQueue:
         take(room, e)
         tally.slots -= 1
         tally.shorts -= 0 if e.long else 1
-        tally.bound = max_tokens(rooms, tally.shorts > 0)
+        tally.rebound(rooms)
         out.append(Admission(e, room.view.name))
         return Offer.PLACED
 

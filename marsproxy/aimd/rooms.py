@@ -53,6 +53,9 @@ class WorkerView:
     protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
+    flat_budget_blocks: int | None = None
+    """The budget of a session forecast not to grow (``QueueEntry.grows``): the forecast fit's
+    room for a peak of its first prompt alone (``None``: ``budget_blocks``)."""
 
     @property
     def placeable(self) -> bool:
@@ -82,13 +85,18 @@ class Room:
     placed: int = 0
     protected: int | None = None
     """``WorkerView.protected_budget_blocks``, shrinking as ``budget``."""
+    flat: int | None = None
+    """``WorkerView.flat_budget_blocks``, shrinking as ``budget``."""
 
-    def budget_of(self, protected: bool) -> int | None:
-        """The budget a session that would yield to nobody (or one that would) is fitted
-        against."""
+    def budget_of(self, protected: bool, grows: bool = True) -> int | None:
+        """The budget a session that would yield to nobody (or one that would), forecast to
+        grow (or not), is fitted against."""
+        budget = self.budget
+        if not grows and self.flat is not None:
+            budget = self.flat if budget is None else max(budget, self.flat)
         if protected and self.protected is not None:
-            return max(self.protected, self.budget) if self.budget is not None else self.protected
-        return self.budget
+            return max(self.protected, budget) if budget is not None else self.protected
+        return budget
 
     def rank(self) -> tuple[int, int]:
         # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
@@ -109,18 +117,30 @@ class Offer(Enum):
 class Tally:
     slots: int  # free slots left in this pass, all workers together
     shorts: int  # short sessions still waiting
-    bound: float | None  # no prompt larger than this fits anywhere (None: no limit known)
+    bound: float | None = None  # no prompt larger fits anywhere (None: no limit known)
+    flat_bound: float | None = None  # the same for sessions forecast not to grow
+
+    def beyond(self, e: QueueEntry) -> bool:
+        """Whether ``e`` is too large for every room."""
+        bound = self.bound if e.grows else self.flat_bound
+        return bound is not None and e.est_tokens > bound
+
+    def rebound(self, rooms: list[Room]) -> None:
+        """The bounds of the rooms as they are now."""
+        self.bound = max_tokens(rooms, self.shorts > 0)
+        self.flat_bound = max_tokens(rooms, self.shorts > 0, grows=False)
 
 
 
 
-def max_tokens(rooms: list[Room], shorts_wait: bool) -> float | None:
-    """The largest prompt any room could take now (``None``: no limit known)."""
+def max_tokens(rooms: list[Room], shorts_wait: bool, grows: bool = True) -> float | None:
+    """The largest prompt any room could take now (``None``: no limit known); ``grows``: of a
+    session forecast to grow."""
     best = 0.0
     for r in rooms:
         if r.slots <= 0:
             continue
-        budget = r.budget_of(True)
+        budget = r.budget_of(True, grows)
         cap = budget if shorts_wait or r.pack is None else max(r.pack, budget or 0)
         if cap is None:
             return None
@@ -136,7 +156,8 @@ def room_of(w: WorkerView, index: int, long_pack_frac: float) -> Room:
         if w.peak_room_blocks is not None:
             pack = min(pack, w.peak_room_blocks)
     return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                w.long_admitted, protected=w.protected_budget_blocks)
+                w.long_admitted, protected=w.protected_budget_blocks,
+                flat=w.flat_budget_blocks)
 
 
 def place(e: QueueEntry, rooms: list[Room], shorts_wait: bool, *, protected: bool,
@@ -150,7 +171,7 @@ def place(e: QueueEntry, rooms: list[Room], shorts_wait: bool, *, protected: boo
         if r.slots <= 0:
             continue
         blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
-        budget = r.budget_of(protected)
+        budget = r.budget_of(protected, e.grows)
         if e.long and shorts_wait:
             if r.long_admitted >= max_long:
                 capped = capped or fits(blocks, budget)
@@ -174,6 +195,8 @@ def take(room: Room, e: QueueEntry) -> None:
         room.budget -= blocks
     if room.protected is not None:
         room.protected -= blocks
+    if room.flat is not None:
+        room.flat -= blocks
     if room.pack is not None:
         room.pack -= blocks
     if e.long:

@@ -254,6 +254,7 @@ class AdmissionState(TypedDict):
     enabled: bool
     peak_growth: float
     session_lifetime_s: float | None
+    returns: dict[str, list[int]]
     workers: dict[str, AdmissionWorkerState]
     queue: AdmissionQueueState
     store: StoreState

@@ -80,6 +80,7 @@ def _admission(adm: AdmissionShell) -> AdmissionState:
         "enabled": True,
         "peak_growth": base["peak_growth"],
         "session_lifetime_s": base["session_lifetime_s"],
+        "returns": base["returns"],
         "workers": workers,
         "queue": {**base["queue"], "pending": adm.pending, "waiting": waiting,
                   "why": queue_why(workers, base["queue"]["length"] + adm.pending,

@@ -143,6 +143,19 @@ async def test_state_shows_load_then_staleness(stack: Stack) -> None:
     assert stale == {"w0": 0.0, "w1": 1.0}
 
 
+async def test_state_shows_whether_a_keys_sessions_come_back(stack: Stack) -> None:
+    # A session dormant after its first call that sends a second one came back: the record
+    # that decides whether such sessions hold KV room (and grow) shows it per tenant.
+    body = {"model": "tiny-emulated", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):
+        async with stack.http.post(stack.url("/v1/chat/completions"), json=body,
+                                   headers={"x-session-id": "agent-1"}) as r:
+            assert r.status == 200
+    doc = await stack.state()
+    assert list(doc["admission"]["returns"].values()) == [[1, 1]]
+
+
 async def test_state_paging_and_bad_queries(stack: Stack) -> None:
     for i in range(5):
         async with stack.http.post(

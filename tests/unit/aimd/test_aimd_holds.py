@@ -64,8 +64,8 @@ def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) ->
 def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> None:
     # Once a tenant's whole history (4) of first gaps did not come back, its sessions are
     # forecast at their first prompt (40 blocks), not at 2 × it. 360 usable blocks: at 2 × 40,
-    # 4 in a call at once fill the fit; without growth, 8 fit (a new one still needs room for
-    # its own first prompt × 2 beside the others).
+    # 4 in a call at once fill the fit; without growth, 9. A call's end lets the next in at
+    # once, as a session's end does.
     cfg = AdmissionConfig(tuning=AdmissionTuning(
         peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
     core = AdmissionCore(cfg, ["w0"])
@@ -78,9 +78,11 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
         core.on_response_end(1.5, f"s{i}", prompt_tokens=640)
     core.tick(30.0, {"w0": sig})  # past their holds: none came back
     assert core.sessions.returns.one_shot("t")
-    kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(9)]
-    assert kinds == [DecisionKind.ADMITTED] * 8 + [DecisionKind.WAIT]
-    assert core.peaks.committed_tokens("w0") == 8 * 640
+    kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(10)]
+    assert kinds == [DecisionKind.ADMITTED] * 9 + [DecisionKind.WAIT]
+    assert core.peaks.committed_tokens("w0") == 9 * 640
+    acts = core.on_response_end(31.1, "n0", prompt_tokens=640)
+    assert [a.entry.session for a in acts.admitted] == ["n9"]
 
 
 def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:

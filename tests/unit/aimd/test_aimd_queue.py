@@ -340,3 +340,20 @@ def test_critical_prefix_follows_the_admission_rate(monkeypatch: pytest.MonkeyPa
     assert order(62.0) == ["s0", "s1", "s2", "s3"]
     assert order(89.0) == ["s0", "s1", "s2", "s3"]
 
+
+
+def test_sessions_that_will_not_grow_fit_the_flat_budget() -> None:
+    # The forecast fit leaves 20 blocks of first prompt for a session that grows (its peak at
+    # the learnt growth) and 40 for one that will not (its tenant's sessions do not return):
+    # each is fitted against its own, and each placement shrinks both.
+    q = AdmissionQueue(CFG)
+    for i, grows in enumerate([True, False, False, True]):
+        assert q.push(q.entry(f"s{i}", "t", float(i), 16 * 15, grows=grows))  # 15 blocks
+    w = worker(budget_blocks=20, flat_budget_blocks=40)
+    # s0 (grows) takes 15 of 20; s1 fits the flat 25 left, s2 no longer (10 left), nor s3.
+    assert picked(q, 10.0, [w]) == ["s0", "s1"]
+    q2 = AdmissionQueue(CFG)
+    assert q2.push(q2.entry("a", "t", 0.0, 16 * 30, grows=False))
+    busy = {"admitted": 1, "budget_blocks": 20}  # something runs: no no-deadlock admission
+    assert picked(q2, 1.0, [worker(**busy)]) == []  # no flat budget: the budget
+    assert picked(q2, 1.0, [worker(**busy, flat_budget_blocks=40)]) == ["a"]
