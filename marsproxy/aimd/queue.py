@@ -325,7 +325,7 @@ class AdmissionQueue:
             if urgent and self._holds(e, now):
                 return Offer.STOP  # hold the capacity for it rather than hand it to others
             if tally.flat_bound is not None and tally.flat_bound < self._index.smallest_tokens():
-                return Offer.STOP  # not even the smallest waiting session fits anywhere
+                return Offer.STOP  # the smallest waiting fits nowhere, even if it will not grow
             if not urgent and self.mode is OrderMode.SHORTEST_FIRST:
                 return Offer.SKIP  # its tenant's later sessions are larger: none fits either
             return Offer.HELD
