@@ -11,7 +11,8 @@ is shared), no session header, no final flag. One emulated worker (``marsproxy e
 then through a fresh ``marsproxy serve --worker URL`` without a config file (the embedded
 defaults). Per run: calls done (with the errors), mean, P50, P99 and worst call, and the mean
 of the calls after the first 30 s (by then a key's one-shot tasks are known for what they are);
-per round the proxy's mean over direct's, overall and after 30 s. "Never worse than no proxy" is a ratio near 1.
+per round the proxy's mean over direct's, overall and after 30 s. "Never worse than no proxy"
+is a ratio near 1.
 """
 
 from __future__ import annotations
@@ -43,12 +44,17 @@ class Run:
     """When each call ended, from the run's start."""
     errors: dict[int, int] = field(default_factory=dict)
 
+    def late(self) -> float | None:
+        """Mean latency of the calls that ended after ``LEARNT_S`` (``None``: none did)."""
+        late = [x for x, t in zip(self.latencies_s, self.ended_s) if t >= LEARNT_S]
+        return statistics.mean(late) if late else None
+
     def line(self, name: str) -> str:
         lat = sorted(self.latencies_s)
         if not lat:
             return f"{name:>8}: no call done, errors {self.errors}"
         ms = [x * 1000 for x in lat]
-        late = _late(self)
+        late = self.late()
         after = f", after {LEARNT_S:g} s {late * 1000:.1f} ms" if late else ""
         return (f"{name:>8}: {len(lat)} calls (errors {sum(self.errors.values())}), mean"
                 f" {statistics.mean(ms):.1f} ms, P50 {ms[len(ms) // 2]:.1f}, P99"
@@ -82,11 +88,6 @@ async def client(url: str, concurrency: int, seconds: float, chars: int,
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(loop(session, i) for i in range(concurrency)))
     return run
-
-
-def _late(run: Run) -> float | None:
-    late = [x for x, t in zip(run.latencies_s, run.ended_s) if t >= LEARNT_S]
-    return statistics.mean(late) if late else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r}:\n{direct.line('direct')}\n{proxied.line('marsproxy')}")
             if direct.latencies_s and proxied.latencies_s:
                 ratio = statistics.mean(proxied.latencies_s) / statistics.mean(direct.latencies_s)
-                late = [_late(run) for run in (proxied, direct)]
-                after = (f"; after {LEARNT_S:g} s {late[0] / late[1]:.2f}x"
-                         if late[0] and late[1] else "")
+                p_late, d_late = proxied.late(), direct.late()
+                after = (f"; after {LEARNT_S:g} s {p_late / d_late:.2f}x"
+                         if p_late and d_late else "")
                 print(f"   mean marsproxy / direct: {ratio:.2f}x{after}")
     finally:
         stop_all(procs)

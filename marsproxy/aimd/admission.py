@@ -137,7 +137,7 @@ class AdmissionCore(WorkerFit):
         if prefix:
             self._prefix[session] = prefix
         entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child,
-                                 grows=not self.sessions.returns.one_shot(tenant))
+                                 grows=self._grows(tenant))
         # Nothing waits (every new session at light load): the pass's decision without its
         # lanes (AdmissionQueue.admit_alone), where its waiting would change no view.
         alone = not len(self.queue) and self.yields.single_tenant(tenant)
@@ -188,8 +188,7 @@ class AdmissionCore(WorkerFit):
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.adopt(now, session, tenant, worker, est_tokens, long, final=final,
                             turns=turns)
-        self.peaks.admit(session, worker, est_tokens,
-                         grows=not self.sessions.returns.one_shot(tenant))
+        self.peaks.admit(session, worker, est_tokens, grows=self._grows(tenant))
         self.yields.admitted(session, tenant, None)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
 
@@ -227,6 +226,9 @@ class AdmissionCore(WorkerFit):
         self.peaks.move(session, worker)
         self._promise(session, worker, est_tokens)
 
+    def _grows(self, tenant: str) -> bool:  # its sessions come back (core/returns.py)
+        return not self.sessions.returns.one_shot(tenant)
+
     def _promise(self, session: str, worker: str, est_tokens: int) -> None:
         block_size = self._signals[worker].block_size or DEFAULT_BLOCK_SIZE
         self.gauge.promise(session, worker, blocks_for_tokens(est_tokens, block_size))
@@ -260,7 +262,7 @@ class AdmissionCore(WorkerFit):
             self._admit_pass(now, actions)
         elif not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
-            if self.sessions.returns.one_shot(rec.tenant):  # as good as ended: let in who waits
+            if not self._grows(rec.tenant):  # as good as ended: let in who waits
                 self._admit_pass(now, actions)
         return actions
 
@@ -305,9 +307,8 @@ class AdmissionCore(WorkerFit):
         return actions
 
     def release_hold(self, session: str) -> bool:
-        """A dormant session waits on its children (agent trees): its KV hold ends now, so its
-        forecast stops counting in the KV fit until its next request. False: it was not
-        dormant within a hold."""
+        """A dormant session waits on its children (agent trees): its forecast stops counting
+        in the KV fit until its next request. False: it was not dormant within a hold."""
         if not self.sessions.release_hold(session):
             return False
         self.peaks.release(session)
@@ -375,8 +376,7 @@ class AdmissionCore(WorkerFit):
         long = est_tokens > self.cfg.tuning.long_prompt_tokens
         self.sessions.queue(now, session, tenant, est_tokens, long, final)
         self.sessions.admit(now, session, worker)
-        self.peaks.admit(session, worker, est_tokens,
-                         grows=not self.sessions.returns.one_shot(tenant))
+        self.peaks.admit(session, worker, est_tokens, grows=self._grows(tenant))
         ev = SessionAdmitted(ts=now, session=session, worker=worker, wait_s=0.0)
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="admission_disabled",
                         actions=Actions(events=[ev]))

@@ -9,14 +9,13 @@ or in a tool phase — is budgeted at its forecast peak
 
     forecast = max(context so far, first prompt × G)
 
-(``max(context so far, first prompt)`` for a session of a tenant whose sessions are known
-not to return after their first call, ``core/returns.py``: it will not grow) where G, the
-growth factor, is the ratio Σ peak / Σ first prompt over recently finished
+where G, the growth factor, is the ratio Σ peak / Σ first prompt over recently finished
 sessions (a ratio of sums: the budget is a sum over sessions, so the aggregate growth is what
 counts, and one session with a tiny first prompt cannot dominate it). Until enough sessions
-have finished, G is the configured prior. A worker's *peak room* is its usable blocks less the
-forecast of every session admitted on it, expressed in first-prompt blocks (÷ G), so the
-queue's existing fit check (the first prompt's blocks against a budget) tests the forecast.
+have finished, G is the configured prior; a session of a tenant whose sessions do not return
+(``core/returns.py``) will not grow: its G is 1. A worker's *peak room* is its usable blocks
+less the forecast of every session admitted on it, expressed in first-prompt blocks (÷ G), so
+the queue's existing fit check (the first prompt's blocks against a budget) tests the forecast.
 
 Pure code: no I/O, no clock.
 """
