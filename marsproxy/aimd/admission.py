@@ -102,8 +102,8 @@ class AdmissionCore(WorkerFit):
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
             cfg.tuning.kv_hold_min_s, return_history=cfg.tuning.return_history,
         )
-        self.estimator = PromptEstimator(cfg.tuning.chars_per_token)
         t = cfg.tuning
+        self.estimator = PromptEstimator(t.chars_per_token, t.estimate_history)
         self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)
         self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}

@@ -163,7 +163,11 @@ class AdmissionTuning(_Section):
         " seen: not held); with this many seen and under half back, new ones are forecast flat.",
     )
     chars_per_token: float = Field(
-        4.0, gt=0, description="Prompt characters per token before a session's usage corrects it."
+        4.0, gt=0, description="Prompt characters per token before any first prompt's usage."
+    )
+    estimate_history: int = Field(
+        64, ge=1, description="A new session's first prompt is estimated at the tokens per"
+        " character of this many latest first prompts (their usage).",
     )
     tokenize_timeout_s: float = Field(
         0.5, gt=0,
@@ -343,8 +347,7 @@ class AdmissionConfig(_Section):
         " tenants gets 429 tenant_over_share.",
     )
     tuning: AdmissionTuning = Field(
-        AdmissionTuning(),
-        description="Internals of the window, the KV fit and the queue order.",
+        AdmissionTuning(), description="Internals of the window, the KV fit and the queue order."
     )
 
     @model_validator(mode="after")
@@ -352,15 +355,11 @@ class AdmissionConfig(_Section):
         problems = []
         top = self.window_init if self.window_max is None else self.window_max  # no bound
         if not self.window_min <= self.window_init <= top:
-            problems.append(
-                f"need window_min ≤ window_init ≤ window_max, got {self.window_min} ≤ "
-                f"{self.window_init} ≤ {self.window_max}"
-            )
+            problems.append(f"need window_min ≤ window_init ≤ window_max, got {self.window_min}"
+                            f" ≤ {self.window_init} ≤ {self.window_max}")
         if self.idle_timeout_min_s > self.idle_timeout_max_s:
-            problems.append(
-                f"need idle_timeout_min_s ≤ idle_timeout_max_s, got {self.idle_timeout_min_s}"
-                f" and {self.idle_timeout_max_s}"
-            )
+            problems.append(f"need idle_timeout_min_s ≤ idle_timeout_max_s, got"
+                            f" {self.idle_timeout_min_s} and {self.idle_timeout_max_s}")
         if self.tuning.aging_margin_s >= self.queue_deadline_s:
             problems.append(
                 f"need tuning.aging_margin_s < queue_deadline_s, got "

@@ -15,6 +15,7 @@ Pure code: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
@@ -47,26 +48,53 @@ def fits(blocks: int, budget: int | None) -> bool:
 
 
 class PromptEstimator:
-    """Prompt-token estimates per session, corrected by the usage each call reports."""
+    """Prompt-token estimates per session, corrected by the usage each call reports.
 
-    def __init__(self, chars_per_token: float) -> None:
+    A session not seen yet is estimated at the tokens per character of the latest sessions'
+    first prompts (``history`` of them): a tokenizer that counts more tokens per character
+    than ``chars_per_token`` says would otherwise make every new session look smaller than it
+    is, and with clients whose every call is a new session no call would ever correct it."""
+
+    def __init__(self, chars_per_token: float, history: int = 1) -> None:
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be positive, got {chars_per_token}")
+        if history < 1:
+            raise ValueError(f"history must be ≥ 1, got {history}")
         self.chars_per_token = chars_per_token
         self._correction: dict[str, float] = {}  # session → real tokens / raw estimate
+        self._firsts: deque[tuple[int, int]] = deque(maxlen=history)  # (chars, tokens)
+        self._chars = self._tokens = 0
 
     def raw(self, chars: int) -> float:
         return max(0, chars) / self.chars_per_token
 
+    def fresh(self) -> float:
+        """The correction of a session not seen yet: Σ tokens / Σ raw estimates of the latest
+        first prompts, at least 1. Only upwards: the raw estimate counts the whole body (JSON
+        syntax, other fields), so small prompts read below 1, and a larger one that follows
+        would be taken for smaller than it is."""
+        if not self._chars:
+            return 1.0
+        return max(1.0, self._tokens * self.chars_per_token / self._chars)
+
     def estimate(self, session: str, chars: int) -> int:
         """Estimated prompt tokens of a request of ``chars`` characters."""
-        return math.ceil(self.raw(chars) * self._correction.get(session, 1.0))
+        c = self._correction.get(session)
+        return math.ceil(self.raw(chars) * (self.fresh() if c is None else c))
 
     def observe(self, session: str, chars: int, prompt_tokens: int) -> None:
         """The worker reported ``prompt_tokens`` for a request of ``chars`` characters."""
         raw = self.raw(chars)
         if raw <= 0 or prompt_tokens <= 0:
             return  # nothing to learn from an empty prompt or a missing usage block
+        if session not in self._correction:  # its first prompt
+            if len(self._firsts) == self._firsts.maxlen:
+                c, t = self._firsts[0]
+                self._chars -= c
+                self._tokens -= t
+            self._firsts.append((chars, prompt_tokens))
+            self._chars += chars
+            self._tokens += prompt_tokens
         self._correction[session] = prompt_tokens / raw
 
     def restore(self, session: str, correction: float) -> None:
@@ -75,7 +103,8 @@ class PromptEstimator:
             self._correction[session] = correction
 
     def correction(self, session: str) -> float:
-        return self._correction.get(session, 1.0)
+        c = self._correction.get(session)
+        return self.fresh() if c is None else c
 
     def forget(self, session: str) -> None:
         self._correction.pop(session, None)

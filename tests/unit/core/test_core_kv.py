@@ -52,11 +52,28 @@ def test_estimator_corrected_by_usage() -> None:
     assert est.correction("s") == 1.5
     assert est.estimate("s", 4000) == 1500
     assert est.estimate("s", 8000) == 3000
-    assert est.estimate("other", 4000) == 1000  # per session
+    est.observe("t", 4000, 1000)  # another session: its own ratio
+    assert est.estimate("t", 4000) == 1000
     est.observe("s", 8000, 2000)  # the newest call wins
     assert est.estimate("s", 8000) == 2000
     est.forget("s")
-    assert est.estimate("s", 8000) == 2000 and len(est) == 0
+    assert len(est) == 1
+
+
+def test_a_new_session_is_estimated_from_the_latest_first_prompts() -> None:
+    est = PromptEstimator(4.0, history=2)
+    assert est.estimate("new", 4000) == 1000  # nothing seen: chars_per_token
+    est.observe("a", 4000, 2000)
+    assert est.estimate("new", 4000) == 2000 and est.correction("new") == 2.0
+    est.observe("a", 4000, 4000)  # a later call of a: not a first prompt
+    assert est.estimate("new", 4000) == 2000
+    est.observe("b", 12000, 3000)  # Σ tokens / Σ raw over a's and b's first prompts
+    assert est.estimate("new", 4000) == 1250
+    est.observe("c", 4000, 500)  # history 2: a's first prompt leaves; never below 1
+    assert est.estimate("new", 4000) == 1000
+    assert est.estimate("a", 4000) == 4000  # a session's own ratio wins
+    with pytest.raises(ValueError):
+        PromptEstimator(4.0, history=0)
 
 
 def test_estimator_ignores_useless_usage() -> None:
