@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-blocks", type=int, default=512, help="the worker's KV blocks")
     ap.add_argument("--prompt-chars", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--config", default=None,
+                    help="marsproxy's config file (default: none, the embedded defaults)")
     a = ap.parse_args(argv)
     shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens)
     procs: list[subprocess.Popen[bytes]] = []
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             direct = asyncio.run(client(direct_url, *shape))
             pport = free_port()
             proxy = subprocess.Popen(
-                [*CLI, "serve", "--worker", direct_url, "--port", str(pport)],
+                [*CLI, "serve", "--worker", direct_url, "--port", str(pport),
+                 *(["--config", a.config] if a.config else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 wait_up(f"http://127.0.0.1:{pport}/readyz", proxy)

@@ -267,7 +267,7 @@ class WorkerFit:
             budget_blocks=self.budget(w, committed_tokens), tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
-            admitted=self.sessions.admitted_on(w),
+            admitted=self.sessions.load_on(w),
         )
 
     def kv_signal(self, worker: str) -> float | None:
@@ -295,7 +295,7 @@ class WorkerFit:
             free, peak = self.free_budget(w), None if fit is None else self._room(w, fit, factor)
             # A session that will not grow needs room for its first prompt alone.
             flat = None if fit is None else self._room(w, fit, factor, growth=1.0)
-            admitted, limit = self.sessions.admitted_on(w), c.effective_limit
+            admitted, limit = self.sessions.load_on(w), c.effective_limit
             if cheap:  # the ceiling's room is for these few: the pass takes no more
                 limit = min(limit, admitted + cheap)
             out.append(WorkerView(

@@ -1,11 +1,10 @@
 """Session lifecycle for admission: QUEUED → ADMITTED (LLM and TOOL phases) → ENDED.
 
-A session's first request waits in the admission queue (QUEUED). Once admitted it holds a slot
-on one worker across all its tool phases, because releasing the slot between calls would let
-other sessions push its prefix out of the KV cache. It ends on its final request, on an explicit
-delete, or when it stays idle (no request in flight) longer than a timeout scaled by its own
-usual tool time: an agent that died must not hold a slot forever, and a slow test suite must
-not lose its slot mid-run.
+A session's first request waits in the admission queue (QUEUED). Once admitted on a worker it
+holds a slot there in its calls and tool phases (freed between calls, others would push its
+prefix out of the KV cache) until dormant past its KV hold, or done after one call where its
+tenant's sessions never return; back, it is served at once. It ends on its final request, a
+delete, or idle past a timeout scaled by its usual tool time.
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from marsproxy.core.returns import ReturnTally
+from marsproxy.core.timeouts import idle_timeout_s, kv_hold_s
 
 
 class SessionState(StrEnum):
@@ -50,28 +50,6 @@ class LifecycleError(ValueError):
     """A transition the lifecycle does not allow (a bug in the caller)."""
 
 
-def kv_hold_s(usual_tool_s: float | None, factor: float, min_s: float, idle_s: float) -> float:
-    """How long a dormant session's KV budget is held for it: factor × its usual tool time, at
-    least ``min_s``, at most its idle timeout; without tool history, ``min_s``. A session that
-    stays away longer than its tools ever took is likely done (a plain client's one-shot task):
-    its forecast stops counting, though it stays admitted until the idle timeout."""
-    if usual_tool_s is None:
-        return min(idle_s, min_s)
-    return min(idle_s, max(min_s, factor * usual_tool_s))
-
-
-def idle_timeout_s(usual_tool_s: float | None, factor: float, min_s: float, max_s: float) -> float:
-    """clamp(factor × usual tool time, min, max); without any tool history, the floor.
-
-    No history means no session has come back from a tool phase yet (e.g. clients that send
-    one request per session without the final flag): holding their slots for the cap would
-    starve everyone else, while a session that does return after the floor just queues again.
-    """
-    if usual_tool_s is None:
-        return min_s
-    return max(min_s, min(max_s, factor * usual_tool_s))
-
-
 @dataclass(slots=True)
 class SessionRecord:
     key: str
@@ -99,6 +77,9 @@ class SessionRecord:
     """Whether its forecast counts in the KV fit (false once dormant past its hold)."""
     first_gap: bool = False
     """Dormant after its first call, not back yet: its tenant's return tally waits for it."""
+    watched: bool = False
+    """It holds a slot but no KV room: a first gap of a tenant whose sessions seldom come back,
+    or a parent waiting on its children."""
 
     def idle_deadline(self) -> float | None:
         """When an idle session times out; ``None`` while a request is in flight."""
@@ -121,7 +102,7 @@ class SessionLifecycle:
         self._by_worker: dict[str, set[str]] = {}
         self._long_by_worker: dict[str, int] = {}
         self._held_by_worker: dict[str, int] = {}  # admitted sessions whose KV is held
-        self._watched_by_worker: dict[str, int] = {}  # first gaps not held, within their hold
+        self._watched_by_worker: dict[str, int] = {}  # slots held without KV room (watched)
         # Per worker: admitted sessions with a request in flight, and a max-heap of when the
         # others went dormant ((-last_active, key); stale entries dropped when read), so that
         # neither question walks every session (a plain client's may number thousands).
@@ -171,9 +152,13 @@ class SessionLifecycle:
         """Sessions admitted on ``worker`` that hold KV room: in a call, or dormant and held."""
         return self._held_by_worker.get(worker, 0)
 
+    def slotless_on(self, worker: str) -> int:
+        """Sessions admitted on ``worker`` that hold no slot (outside :meth:`load_on`)."""
+        return self.admitted_on(worker) - self.load_on(worker)
+
     def load_on(self, worker: str) -> int:
-        """Sessions admitted on ``worker`` in a call or dormant within their hold, held or not
-        (a first gap): the load placement balances, whether or not it holds room in the fit."""
+        """Sessions that hold a slot: in a call, dormant within their hold, or held without
+        room (``watched``). What the window counts and placement balances."""
         return self._held_by_worker.get(worker, 0) + self._watched_by_worker.get(worker, 0)
 
     def sessions_on(self, worker: str) -> list[str]:
@@ -239,7 +224,7 @@ class SessionLifecycle:
             self._long_by_worker[rec.worker] = self._long_by_worker.get(rec.worker, 0) + sign
         if rec.kv_held:
             self._held(rec, sign)
-        elif rec.first_gap:
+        elif rec.watched:
             self._watched(rec, sign)
         self._activity(rec, sign)
 
@@ -276,6 +261,7 @@ class SessionLifecycle:
         self._unhold(rec)
         if rec.first_gap:  # back within its hold (or its idle timeout, where that is shorter)
             self._end_gap(rec, came_back=True)
+        self._unwatch(rec)
         if not rec.kv_held:
             rec.kv_held = True
             self._held(rec, +1)
@@ -310,7 +296,9 @@ class SessionLifecycle:
             if rec.turns == 1 and not rec.final:  # held only where its kind comes back
                 rec.first_gap = True
                 if rec.kv_held and not self.returns.likely(rec.tenant):
-                    self._release(rec)  # its hold deadline stays, to see whether it returns
+                    # Its hold deadline stays, to see whether it returns; its slot too,
+                    # unless its tenant's sessions are known not to.
+                    self._release(rec, keep_slot=not self.returns.one_shot(rec.tenant))
         return rec
 
     def end(self, now: float, key: str, reason: EndReason) -> SessionRecord | None:
@@ -347,7 +335,7 @@ class SessionLifecycle:
             if rec.first_gap:
                 self._end_gap(rec, came_back=False)
             if rec.kv_held:
-                self._release(rec)
+                self._release(rec, keep_slot=False)
                 out.append(rec)
         return out
 
@@ -359,21 +347,26 @@ class SessionLifecycle:
                 or not rec.kv_held or rec.worker is None):
             return False
         self._unhold(rec)
-        self._release(rec)
+        self._release(rec, keep_slot=True)  # it is coming back
         return True
 
-    def _release(self, rec: SessionRecord) -> None:
-        """Its forecast stops counting; in a first gap it is still load (``load_on``)."""
+    def _release(self, rec: SessionRecord, *, keep_slot: bool) -> None:
+        """Its forecast stops counting; ``keep_slot``: it still counts in ``load_on``."""
         rec.kv_held = False
         self._held(rec, -1)
-        if rec.first_gap:
+        if keep_slot:
+            rec.watched = True
             self._watched(rec, +1)
+
+    def _unwatch(self, rec: SessionRecord) -> None:
+        if rec.watched:
+            rec.watched = False
+            self._watched(rec, -1)
 
     def _end_gap(self, rec: SessionRecord, came_back: bool) -> None:
         rec.first_gap = False  # it came back, or its hold deadline passed
         self.returns.record(rec.tenant, came_back)
-        if not rec.kv_held:
-            self._watched(rec, -1)
+        self._unwatch(rec)
 
     def _unhold(self, rec: SessionRecord) -> None:
         if rec.hold_key is None:

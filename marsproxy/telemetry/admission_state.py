@@ -58,6 +58,7 @@ def _worker(
         "peak_overlap": core.overlaps.overlap(w), "peak_overcommit": core.peak_factor(w),
         "reprefill_s": core.reprefill_s(w),
         "idle_s": core.idle_s(now, w), "admitted": core.sessions.admitted_on(w),
+        "held": core.sessions.load_on(w),
         "sessions": [show_id(k) for k in core.sessions.sessions_on(w)[:SHOWN_IDS]],
     }
 
@@ -88,9 +89,10 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int,
         budget, need = w["budget_blocks"], need_blocks.get(name, 0)
         if w["stale"]:
             parts.append(f"{name}: stale pressure, nothing placed (fail closed)")
-        elif w["admitted_store"] >= w["limit"] or w["admitted"] >= w["effective_limit"]:
-            held = max(w["admitted_store"], w["admitted"])
-            parts.append(f"{name}: full {held}/{w['limit']} ({w['binds'].replace('_', ' ')})")
+        elif w["held"] >= w["effective_limit"] or w["admitted_store"] >= w["limit"]:
+            full = ((w["held"], w["effective_limit"]) if w["held"] >= w["effective_limit"]
+                    else (w["admitted_store"], w["limit"]))
+            parts.append(f"{name}: full {full[0]}/{full[1]} ({w['binds'].replace('_', ' ')})")
         elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
             parts.append(f"{name}: no KV room for another forecast peak")
         elif budget is not None and budget < need:

@@ -175,13 +175,17 @@ class AdmissionCoreWorkerState(TypedDict):
     """How long the worker has run nothing while its sessions sit in tool phases."""
     admitted: int
     """Sessions this replica's core holds on the worker (pending confirmation included)."""
+    held: int
+    """Of them, those holding a slot and KV room (in a call, or dormant within their KV hold):
+    what the window counts."""
     sessions: list[str]
     """First 50 session ids admitted here."""
 
 
 class AdmissionWorkerState(AdmissionCoreWorkerState):
     limit: int
-    """The limit the store enforces: the leader's published one, else ``effective_limit``."""
+    """The limit the store enforces on all leases: the leader's published one, else
+    ``effective_limit``, plus this replica's admitted sessions that hold no slot."""
     admitted_store: int
     """Live leases on the worker in the store: all replicas together."""
     binds: str

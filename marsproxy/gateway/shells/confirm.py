@@ -59,11 +59,14 @@ class StoreConfirmations:
         ``AdmissionQueue._idle_admits``), the idle limit."""
         rec = self._windows.get(worker)
         c = self.core.controllers[worker]
+        # The window counts sessions that hold a slot; the store counts every lease, also
+        # those of this replica's sessions that hold none (a plain client's finished tasks).
+        slotless = self.core.sessions.slotless_on(worker)
         if not idle:
-            return rec.limit if rec is not None else c.effective_limit
+            return slotless + (rec.limit if rec is not None else c.effective_limit)
         if rec is None:
-            return c.idle_limit
-        return rec.limit if rec.idle_limit is None else rec.idle_limit
+            return slotless + c.idle_limit
+        return slotless + (rec.limit if rec.idle_limit is None else rec.idle_limit)
 
     # -- carrying out ---------------------------------------------------------------------
     def _refuse(self, key: str, verdict: Refused) -> None:

@@ -182,3 +182,34 @@ async def test_a_redis_outage_keeps_local_counters_and_leaks_no_slot(
     finally:
         await r.aclose()
 
+
+
+async def test_a_plain_clients_finished_tasks_take_no_slot_in_the_store(
+    make_stack: StackFactory, private_redis: Any
+) -> None:
+    # Each task its own session, one call, no final flag: its lease lives until the idle
+    # timeout (60 s). Once its API key's record says its sessions do not come back (here after
+    # one, not back within 0.3 s), a finished task holds no slot. The store counts every lease;
+    # the limit it is asked to enforce counts this replica's slotless sessions on top, so a
+    # window of 2 lets every next task in.
+    cfg = {"backend": "redis", "redis_url": private_redis.url, "pool": "tasks"} | STORE
+    a = await make_stack(workers=1, window=2, store=cfg, return_history=1, kv_hold_min_s=0.3)
+
+    async def leads() -> bool:
+        return bool((await a.state())["admission"]["store"]["is_leader"])
+
+    async def judged() -> bool:  # task0 did not come back within its hold
+        return list((await a.state())["admission"]["returns"].values()) == [[0, 1]]
+
+    await a.until(leads)
+    assert (await _chat(a, "task0"))[0] == 200
+    await a.until(judged)
+    for i in range(1, 6):
+        status, _ = await asyncio.wait_for(_chat(a, f"task{i}"), 10)
+        assert status == 200
+
+    async def six_leases() -> bool:  # each a live lease still (the store is told after)
+        (w,) = (await a.state())["admission"]["workers"].values()
+        return bool(w["admitted_store"] == 6 == w["admitted"] and w["held"] == 0)
+
+    await a.until(six_leases)

@@ -85,11 +85,32 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
     assert [a.entry.session for a in acts.admitted] == ["n9"]
 
 
-def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:
-    from marsproxy.core.lifecycle import kv_hold_s
-
-    assert kv_hold_s(None, 4.0, 5.0, 60.0) == 5.0  # no tool history: the floor
-    assert kv_hold_s(None, 4.0, 90.0, 60.0) == 60.0
-    assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
-    assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
-    assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0
+def test_sessions_that_hold_no_room_hold_no_slot_in_the_window() -> None:
+    # Ten tasks of a tenant whose sessions are known not to return, each dormant after its call
+    # and holding no room, then the engine's KV runs over the high mark (a tokenizer denser
+    # than the estimate): the window walks down to window_min and the budget is spent, yet with
+    # nothing holding a slot the next task gets in (the engine will have room for it). Had the
+    # ten counted, nothing would be admitted until their idle timeout. Nor do they grow the
+    # window while nothing holds a slot.
+    cfg = AdmissionConfig(window_init=8, window_min=2, tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=2))
+    core = AdmissionCore(cfg, ["w0"])
+    for _ in range(2):
+        core.sessions.returns.record("t", False)
+    calm = WorkerSignals(kv_usage=0.1, free_blocks=10_000, total_blocks=10_000, block_size=16)
+    core.tick(0.0, {"w0": calm})
+    for i in range(10):
+        assert core.on_request(0.1 * i, f"s{i}", "t", 640).kind is DecisionKind.ADMITTED
+        core.on_response_end(0.1 * i + 0.05, f"s{i}", prompt_tokens=640)
+    assert core.sessions.admitted_on("w0") == 10 and core.sessions.slotless_on("w0") == 10
+    for k in range(1, 6):
+        core.tick(1.0 + 0.2 * k, {"w0": calm})
+    assert core.controllers["w0"].window == 8  # app-limited: nothing holds a slot
+    full = WorkerSignals(kv_usage=0.95, free_blocks=500, total_blocks=10_000, block_size=16)
+    for k in range(6):
+        core.tick(3.0 + 0.2 * k, {"w0": full})
+    assert core.controllers["w0"].effective_limit == 2
+    assert core.on_request(4.5, "new", "t", 640).kind is DecisionKind.ADMITTED
+    assert core.on_request(4.6, "next", "t", 640).kind is DecisionKind.WAIT  # no budget
+    acts = core.on_response_end(4.8, "new", prompt_tokens=640)  # as good as ended
+    assert [a.entry.session for a in acts.admitted] == ["next"]

@@ -12,19 +12,11 @@ from marsproxy.core.lifecycle import (
     Phase,
     SessionLifecycle,
     SessionState,
-    idle_timeout_s,
 )
 
 
 def table() -> SessionLifecycle:
     return SessionLifecycle(return_history=16, idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0)
-
-
-@pytest.mark.parametrize(
-    ("usual", "timeout"), [(None, 60.0), (1.0, 60.0), (30.0, 120.0), (1000.0, 1800.0)]
-)
-def test_idle_timeout_clamped(usual: float | None, timeout: float) -> None:
-    assert idle_timeout_s(usual, 4.0, 60.0, 1800.0) == timeout
 
 
 def test_full_life() -> None:

@@ -67,7 +67,7 @@ def _admission() -> AdmissionState:
         "kv_overloaded": True, "cpu_overloaded": False, "stale": False, "budget_blocks": 40,
         "peak_room_blocks": 40, "peak_overlap": 1.0, "peak_overcommit": 1.0, "reprefill_s": None,
         "idle_s": None,
-        "admitted": 5, "admitted_store": 7,
+        "admitted": 5, "held": 5, "admitted_store": 7,
         "sessions": ["a", "b"],
     }
     return {

@@ -48,7 +48,8 @@ def _aw(**kw: Any) -> AdmissionWorkerState:
         "window": 2, "effective_limit": 2, "kv_cap": 30, "cpu_cap": 30, "kv_overloaded": False,
         "cpu_overloaded": False, "stale": False, "budget_blocks": None,
         "peak_room_blocks": None, "peak_overlap": 1.0, "peak_overcommit": 1.0,
-        "reprefill_s": None, "idle_s": None, "admitted": 2, "sessions": [], "limit": 2,
+        "reprefill_s": None, "idle_s": None, "admitted": 2, "held": 2, "sessions": [],
+        "limit": 2,
         "admitted_store": 2, "binds": "window",
     }
     return cast(AdmissionWorkerState, base | kw)
@@ -57,10 +58,10 @@ def _aw(**kw: Any) -> AdmissionWorkerState:
 def test_queue_why_says_what_holds_each_worker() -> None:
     workers = {
         "w0": _aw(),
-        "w1": _aw(kv_cap=1, effective_limit=1, limit=1, admitted=1, admitted_store=1,
+        "w1": _aw(kv_cap=1, effective_limit=1, limit=1, admitted=1, held=1, admitted_store=1,
                   binds="kv_cap"),
         "w2": _aw(stale=True),
-        "w3": _aw(admitted=0, admitted_store=0, peak_room_blocks=0),
+        "w3": _aw(admitted=0, held=0, admitted_store=0, peak_room_blocks=0),
     }
     assert queue_why(workers, 0) == ""
     assert queue_why(workers, 3) == (
