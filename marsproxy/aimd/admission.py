@@ -262,7 +262,7 @@ class AdmissionCore(WorkerFit):
             self._admit_pass(now, actions)
         elif not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
-            if not self._grows(rec.tenant):  # as good as ended: let in who waits
+            if not rec.watched:  # its key's never do: as good as ended, let in who waits
                 self._admit_pass(now, actions)
         return actions
 

@@ -308,7 +308,7 @@ class WorkerFit:
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
-                held=self.sessions.load_on(w), protected_budget_blocks=self.protected_room(w),
+                protected_budget_blocks=self.protected_room(w),
                 flat_budget_blocks=None if flat is None else _smaller(free, flat),
             ))
         return out

@@ -26,10 +26,6 @@ from marsproxy.aimd.queue import WorkerView
 from marsproxy.core.kv import blocks_for_tokens, fits
 
 
-def _load(v: WorkerView) -> int:
-    return v.admitted if v.held is None else v.held
-
-
 def prefer_prefix(
     cfg: PlacementConfig, views: Sequence[WorkerView], prefix: Mapping[str, int] | None,
     chosen: str, est_tokens: int, *, counted: bool, slots: bool = True,
@@ -45,7 +41,7 @@ def prefer_prefix(
     if not placeable:
         return None
     mine = 1 if counted else 0
-    loads = {v.name: _load(v) - (mine if v.name == chosen else 0) for v in placeable}
+    loads = {v.name: v.admitted - (mine if v.name == chosen else 0) for v in placeable}
     least = min(loads.values())
     base = prefix.get(chosen, 0)
     best: tuple[int, int, int, str] | None = None  # (-tokens, load, order, name)

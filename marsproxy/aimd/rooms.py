@@ -22,6 +22,8 @@ class WorkerView:
 
     name: str
     admitted: int
+    """Sessions holding a slot there (``SessionLifecycle.load_on``): what the limit bounds and
+    placement balances."""
     limit: int
     """The controller's effective limit."""
     healthy: bool = True
@@ -47,9 +49,6 @@ class WorkerView:
     idle_limit: int = 0
     """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
     bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
-    held: int | None = None
-    """Admitted sessions in a call there, or dormant within their hold (``load_on``): the
-    load placement balances; ``None``: as admitted."""
     protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
@@ -101,8 +100,7 @@ class Room:
     def rank(self) -> tuple[int, int]:
         # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
         # worker order: with equal loads, as round robin spreads sessions without a proxy.
-        load = self.view.admitted if self.view.held is None else self.view.held
-        return (-(load + self.placed), -self.index)
+        return (-(self.view.admitted + self.placed), -self.index)
 
 
 class Offer(Enum):

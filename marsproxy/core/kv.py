@@ -55,7 +55,7 @@ class PromptEstimator:
     than ``chars_per_token`` says would otherwise make every new session look smaller than it
     is, and with clients whose every call is a new session no call would ever correct it."""
 
-    def __init__(self, chars_per_token: float, history: int = 1) -> None:
+    def __init__(self, chars_per_token: float, history: int) -> None:
         if chars_per_token <= 0:
             raise ValueError(f"chars_per_token must be positive, got {chars_per_token}")
         if history < 1:

@@ -87,12 +87,13 @@ def queue_why(workers: Mapping[str, AdmissionWorkerState], waiting: int,
     need_blocks = need_blocks or {}
     for name, w in workers.items():
         budget, need = w["budget_blocks"], need_blocks.get(name, 0)
+        binds = w["binds"].replace("_", " ")
         if w["stale"]:
             parts.append(f"{name}: stale pressure, nothing placed (fail closed)")
-        elif w["held"] >= w["effective_limit"] or w["admitted_store"] >= w["limit"]:
-            full = ((w["held"], w["effective_limit"]) if w["held"] >= w["effective_limit"]
-                    else (w["admitted_store"], w["limit"]))
-            parts.append(f"{name}: full {full[0]}/{full[1]} ({w['binds'].replace('_', ' ')})")
+        elif w["held"] >= w["effective_limit"]:
+            parts.append(f"{name}: full {w['held']}/{w['effective_limit']} ({binds})")
+        elif w["admitted_store"] >= w["limit"]:
+            parts.append(f"{name}: full {w['admitted_store']}/{w['limit']} ({binds})")
         elif w["peak_room_blocks"] is not None and w["peak_room_blocks"] <= 0:
             parts.append(f"{name}: no KV room for another forecast peak")
         elif budget is not None and budget < need:

@@ -176,8 +176,8 @@ class AdmissionCoreWorkerState(TypedDict):
     admitted: int
     """Sessions this replica's core holds on the worker (pending confirmation included)."""
     held: int
-    """Of them, those holding a slot and KV room (in a call, or dormant within their KV hold):
-    what the window counts."""
+    """Of them, those holding a slot (in a call, or dormant within their KV hold, with or
+    without KV room): what the window counts."""
     sessions: list[str]
     """First 50 session ids admitted here."""
 

@@ -142,7 +142,7 @@ def test_placement_by_fewest_sessions_ties_in_worker_order() -> None:
     ws = [worker("a", budget_blocks=100, admitted=1), worker("b", budget_blocks=130, admitted=1),
           worker("c", budget_blocks=500, admitted=10),  # c: no free slot
           worker("d", budget_blocks=30),  # d: fewest sessions, room for one
-          worker("e", budget_blocks=500, admitted=3, held=0)]  # e: its 3 dormant, released
+          worker("e", budget_blocks=500, admitted=0)]  # e: its 3 dormant, released: no slot
     got = [(a.entry.session, a.worker) for a in q.select(10.0, ws)]
     # d, e at 0: d, then e; a, b, e at 1 (d is full): a, then b, then e.
     assert got == [("s0", "d"), ("s1", "e"), ("s2", "a"), ("s3", "b"), ("s4", "e")]

@@ -39,14 +39,14 @@ def test_fits() -> None:
 
 
 def test_estimator_uncorrected() -> None:
-    est = PromptEstimator(4.0)
+    est = PromptEstimator(4.0, history=64)
     assert est.estimate("s", 4000) == 1000
     assert est.estimate("s", 4001) == 1001
     assert est.correction("s") == 1.0
 
 
 def test_estimator_corrected_by_usage() -> None:
-    est = PromptEstimator(4.0)
+    est = PromptEstimator(4.0, history=64)
     # 4000 chars were really 1500 tokens (code tokenizes densely): ratio 1.5 sticks.
     est.observe("s", 4000, 1500)
     assert est.correction("s") == 1.5
@@ -77,12 +77,12 @@ def test_a_new_session_is_estimated_from_the_latest_first_prompts() -> None:
 
 
 def test_estimator_ignores_useless_usage() -> None:
-    est = PromptEstimator(4.0)
+    est = PromptEstimator(4.0, history=64)
     est.observe("s", 0, 100)
     est.observe("s", 100, 0)
     assert len(est) == 0
     with pytest.raises(ValueError):
-        PromptEstimator(0.0)
+        PromptEstimator(0.0, history=64)
 
 
 @pytest.mark.parametrize(
