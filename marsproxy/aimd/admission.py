@@ -101,7 +101,7 @@ class AdmissionCore(WorkerFit):
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
             cfg.tuning.kv_hold_min_s, return_history=cfg.tuning.return_history,
-        )
+            one_shot_crowd=cfg.tuning.one_shot_crowd)
         t = cfg.tuning
         self.estimator = PromptEstimator(t.chars_per_token, t.estimate_history)
         self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)

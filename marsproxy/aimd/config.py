@@ -1,9 +1,7 @@
 """Configuration of the admission control plane (mounted into ``MarsConfig`` as ``admission:``).
 
 The keys an operator sets sit directly under ``admission:``; the controller's internals (overload
-marks, the forecast fit, queue order details) under ``admission.tuning:``, whose defaults suit
-the deployments marsproxy was measured on and rarely need a change.
-"""
+marks, the forecast fit, queue order) under ``admission.tuning:``, rarely changed."""
 
 from __future__ import annotations
 
@@ -162,6 +160,8 @@ class AdmissionTuning(_Section):
         " half of its tenant's latest this-many such sessions came back within their hold (none"
         " seen: not held); with this many seen and under half back, new ones are forecast flat.",
     )
+    one_shot_crowd: int = Field(32, ge=1, description="A tenant with this many sessions dormant"
+        " after their first call at once and none of its sessions back is taken as one-shot.")
     chars_per_token: float = Field(
         4.0, gt=0, description="Prompt characters per token before any first prompt's usage."
     )

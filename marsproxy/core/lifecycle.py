@@ -92,10 +92,10 @@ class SessionLifecycle:
     """The live sessions of the admission plane, and the counts per worker."""
 
     def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
-                 hold_min_s: float = 0.0, *, return_history: int) -> None:
+                 hold_min_s: float = 0.0, *, return_history: int, one_shot_crowd: int) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
-        self.returns = ReturnTally(return_history)
+        self.returns = ReturnTally(return_history, one_shot_crowd)
         # (hold deadline, key) of dormant sessions whose KV budget is held (or watched), sorted.
         self._holds: list[tuple[float, str]] = []
         self._records: dict[str, SessionRecord] = {}
@@ -295,6 +295,7 @@ class SessionLifecycle:
                 bisect.insort(self._holds, rec.hold_key)
             if rec.turns == 1 and not rec.final:  # held only where its kind comes back
                 rec.first_gap = True
+                self.returns.gap_opened(rec.tenant)
                 if rec.kv_held and not self.returns.likely(rec.tenant):
                     # Its hold deadline stays, to see whether it returns; its slot too,
                     # unless its tenant's sessions are known not to.
@@ -310,9 +311,11 @@ class SessionLifecycle:
         self._unhold(rec)
         if rec.state is SessionState.ADMITTED and rec.worker is not None:
             self._count(rec, -1)
-        if rec.first_gap and reason is not EndReason.MOVED:
+        if rec.first_gap:  # a move says nothing of whether it came back
             rec.first_gap = False
-            self.returns.record(rec.tenant, False)
+            self.returns.gap_closed(rec.tenant)
+            if reason is not EndReason.MOVED:
+                self.returns.record(rec.tenant, False)
         rec.state = SessionState.ENDED
         rec.end_reason = reason
         rec.last_active = max(rec.last_active, now)
@@ -365,6 +368,7 @@ class SessionLifecycle:
 
     def _end_gap(self, rec: SessionRecord, came_back: bool) -> None:
         rec.first_gap = False  # it came back, or its hold deadline passed
+        self.returns.gap_closed(rec.tenant)
         self.returns.record(rec.tenant, came_back)
         self._unwatch(rec)
 

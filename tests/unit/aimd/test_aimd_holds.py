@@ -85,6 +85,29 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
     assert [a.entry.session for a in acts.admitted] == ["n9"]
 
 
+def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_passes() -> None:
+    # A batch client: tasks one after another, none back. At 2 × 40 blocks, 4 in a call at once
+    # fill the 360 usable blocks; once 4 sit in their first gap (one_shot_crowd) with none back,
+    # the tenant is one-shot a second in, not after the 20 s its first holds take.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, one_shot_crowd=4))
+    core = AdmissionCore(cfg, ["w0"])
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
+                                        block_size=16)})
+    first = [core.on_request(0.1, f"s{i}", "t", 640).kind for i in range(5)]
+    assert first == [DecisionKind.ADMITTED] * 4 + [DecisionKind.WAIT]
+    for i in range(3):
+        core.on_response_end(0.5, f"s{i}", prompt_tokens=640)
+    assert not core.sessions.returns.one_shot("t")  # 3 in their first gap: not yet
+    acts = core.on_response_end(0.6, "s3", prompt_tokens=640)
+    assert [a.entry.session for a in acts.admitted] == ["s4"]
+    assert core.sessions.returns.one_shot("t")
+    kinds = [core.on_request(0.7, f"n{i}", "t", 640).kind for i in range(9)]
+    # s4 was forecast at 2 × 640 when it arrived; beside it, 7 at 640 fill the 5,760 tokens.
+    assert kinds == [DecisionKind.ADMITTED] * 7 + [DecisionKind.WAIT] * 2
+    assert core.peaks.committed_tokens("w0") == 2 * 640 + 7 * 640
+
+
 def test_sessions_that_hold_no_room_hold_no_slot_in_the_window() -> None:
     # Ten tasks of a tenant whose sessions are known not to return, each dormant after its call
     # and holding no room, then the engine's KV runs over the high mark (a tokenizer denser

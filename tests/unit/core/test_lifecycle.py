@@ -16,7 +16,8 @@ from marsproxy.core.lifecycle import (
 
 
 def table() -> SessionLifecycle:
-    return SessionLifecycle(return_history=16, idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0)
+    return SessionLifecycle(return_history=16, one_shot_crowd=32, idle_factor=4.0, idle_min_s=60.0,
+                            idle_max_s=1800.0)
 
 
 def test_full_life() -> None:
@@ -166,10 +167,10 @@ def test_activity_index_matches_a_full_scan(ops: list[tuple[float, str, int, str
             assert t.dormant_since(w) == dormant
 
 
-def _held_lifecycle(idle_min_s: float = 60.0) -> SessionLifecycle:
+def _held_lifecycle(idle_min_s: float = 60.0, crowd: int = 32) -> SessionLifecycle:
     """Holds of at least 20 s; a tenant's record of its latest 16 first gaps."""
     return SessionLifecycle(idle_factor=4.0, idle_min_s=idle_min_s, idle_max_s=1800.0,
-                            hold_min_s=20.0, return_history=16)
+                            hold_min_s=20.0, return_history=16, one_shot_crowd=crowd)
 
 
 def _dormant_after_first_call(t: SessionLifecycle, key: str, at: float) -> None:
@@ -222,8 +223,31 @@ def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: boo
     # An idle timeout shorter than the hold ends it first (no hold deadline is kept then).
     t = _held_lifecycle(idle_min_s=10.0)
     _dormant_after_first_call(t, "a", 0.0)
+    assert t.returns.open_gaps("t") == 1
     t.end(11.0, "a", reason)
     assert t.returns.rates() == ({"t": (0, 1)} if counted else {})
+    assert t.returns.open_gaps("t") == 0  # moved or not, it is no longer in its first gap
+
+
+def test_a_crowd_of_first_gaps_none_back_frees_the_next_ones_slots() -> None:
+    # A batch client's tasks pile up in their first gap within a second: once 3 are open and
+    # none of the tenant's sessions came back, its tenant is one-shot, and first gaps from the
+    # third on hold no slot (the earlier ones keep theirs until their hold passes). The first
+    # return ends it: later first gaps keep their slot again.
+    t = _held_lifecycle(crowd=3)
+    for i in range(2):
+        _dormant_after_first_call(t, f"s{i}", 0.1 * i)
+    assert not t.returns.one_shot("t") and t.load_on("w0") == 2  # watched, both
+    _dormant_after_first_call(t, "s2", 0.2)
+    assert t.returns.open_gaps("t") == 3 and t.returns.one_shot("t")
+    _dormant_after_first_call(t, "s3", 0.5)
+    assert t.load_on("w0") == 2 and t.slotless_on("w0") == 2
+    t.request(2.0, "s0")  # back: the tenant's sessions come back after all
+    assert not t.returns.one_shot("t") and t.returns.open_gaps("t") == 3
+    _dormant_after_first_call(t, "s4", 2.5)
+    assert t.get("s4").kv_held  # type: ignore[union-attr]  # 1 of 1 came back: held
+    assert [r.key for r in t.hold_expired(30.0)][-1] == "s4"
+    assert t.returns.open_gaps("t") == 0 and t.returns.rates() == {"t": (1, 5)}
 
 
 def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
