@@ -70,10 +70,9 @@ class ReturnTally:
             return True
         return seen is not None and len(seen) == seen.maxlen and 2 * sum(seen) < len(seen)
 
-    def rates(self) -> dict[str, tuple[int, int]]:
-        """Per tenant: (came back, remembered)."""
-        return {t: (sum(s), len(s)) for t, s in self._seen.items()}
-
-    def open_gaps(self, tenant: str) -> int:
-        """Sessions of ``tenant`` dormant after their first call, not judged yet."""
-        return self._open.get(tenant, 0)
+    def rates(self) -> dict[str, tuple[int, int, int]]:
+        """Per tenant: (came back, remembered, in a first dormancy now)."""
+        out = {t: (sum(s), len(s), self._open.get(t, 0)) for t, s in self._seen.items()}
+        for t, n in self._open.items():
+            out.setdefault(t, (0, 0, n))
+        return out

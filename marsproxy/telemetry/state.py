@@ -249,7 +249,8 @@ class AdmissionCoreState(TypedDict):
     session_lifetime_s: float | None
     """Mean time admitted of recent sessions that ran their course (the overlap's pace)."""
     returns: dict[str, list[int]]
-    """Per tenant: [came back, seen] of its latest sessions dormant after their first call."""
+    """Per tenant: [came back, seen] of its latest sessions dormant after their first call, and
+    how many are dormant after it now."""
     workers: dict[str, AdmissionCoreWorkerState]
     queue: AdmissionCoreQueueState
 

@@ -199,7 +199,7 @@ async def test_a_plain_clients_finished_tasks_take_no_slot_in_the_store(
         return bool((await a.state())["admission"]["store"]["is_leader"])
 
     async def judged() -> bool:  # task0 did not come back within its hold
-        return list((await a.state())["admission"]["returns"].values()) == [[0, 1]]
+        return list((await a.state())["admission"]["returns"].values()) == [[0, 1, 0]]
 
     await a.until(leads)
     assert (await _chat(a, "task0"))[0] == 200

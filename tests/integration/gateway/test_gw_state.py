@@ -153,7 +153,7 @@ async def test_state_shows_whether_a_keys_sessions_come_back(stack: Stack) -> No
                                    headers={"x-session-id": "agent-1"}) as r:
             assert r.status == 200
     doc = await stack.state()
-    assert list(doc["admission"]["returns"].values()) == [[1, 1]]
+    assert list(doc["admission"]["returns"].values()) == [[1, 1, 0]]
 
 
 async def test_state_paging_and_bad_queries(stack: Stack) -> None:

@@ -185,7 +185,7 @@ def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() 
     a = t.get("a")
     assert a is not None and not a.kv_held and a.first_gap and t.held_on("w0") == 0
     t.request(5.0, "a")  # back within its hold: tenant t's sessions come back
-    assert not a.first_gap and a.kv_held and t.returns.rates() == {"t": (1, 1)}
+    assert not a.first_gap and a.kv_held and t.returns.rates() == {"t": (1, 1, 0)}
     _dormant_after_first_call(t, "b", 6.0)
     b = t.get("b")
     assert b is not None and b.kv_held and t.held_on("w0") == 2  # a in a call, b held
@@ -193,16 +193,16 @@ def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() 
     assert a.kv_held and not a.first_gap
     # b stays away past its hold (7 + 20 s): released, and counted as not come back.
     assert [r.key for r in t.hold_expired(27.5)] == ["b"]
-    assert not b.kv_held and t.returns.rates() == {"t": (1, 2)}
+    assert not b.kv_held and t.returns.rates() == {"t": (1, 2, 0)}
 
 
 def test_a_first_gap_not_held_is_still_watched_until_its_hold_would_end() -> None:
     t = _held_lifecycle()
     _dormant_after_first_call(t, "a", 0.0)
     assert t.hold_expired(21.5) == []  # nothing held to release ...
-    assert t.returns.rates() == {"t": (0, 1)}  # ... but it did not come back in time
+    assert t.returns.rates() == {"t": (0, 1, 0)}  # ... but it did not come back in time
     t.request(30.0, "a")  # later: nothing more recorded
-    assert t.returns.rates() == {"t": (0, 1)}
+    assert t.returns.rates() == {"t": (0, 1, 0)}
 
 
 def test_a_final_first_call_is_no_gap() -> None:
@@ -223,10 +223,9 @@ def test_a_first_gap_that_ends_did_not_come_back(reason: EndReason, counted: boo
     # An idle timeout shorter than the hold ends it first (no hold deadline is kept then).
     t = _held_lifecycle(idle_min_s=10.0)
     _dormant_after_first_call(t, "a", 0.0)
-    assert t.returns.open_gaps("t") == 1
-    t.end(11.0, "a", reason)
-    assert t.returns.rates() == ({"t": (0, 1)} if counted else {})
-    assert t.returns.open_gaps("t") == 0  # moved or not, it is no longer in its first gap
+    assert t.returns.rates() == {"t": (0, 0, 1)}
+    t.end(11.0, "a", reason)  # moved or not, it is no longer in its first gap
+    assert t.returns.rates() == ({"t": (0, 1, 0)} if counted else {})
 
 
 def test_a_crowd_of_first_gaps_none_back_frees_the_next_ones_slots() -> None:
@@ -239,15 +238,15 @@ def test_a_crowd_of_first_gaps_none_back_frees_the_next_ones_slots() -> None:
         _dormant_after_first_call(t, f"s{i}", 0.1 * i)
     assert not t.returns.one_shot("t") and t.load_on("w0") == 2  # watched, both
     _dormant_after_first_call(t, "s2", 0.2)
-    assert t.returns.open_gaps("t") == 3 and t.returns.one_shot("t")
+    assert t.returns.rates() == {"t": (0, 0, 3)} and t.returns.one_shot("t")
     _dormant_after_first_call(t, "s3", 0.5)
     assert t.load_on("w0") == 2 and t.slotless_on("w0") == 2
     t.request(2.0, "s0")  # back: the tenant's sessions come back after all
-    assert not t.returns.one_shot("t") and t.returns.open_gaps("t") == 3
+    assert not t.returns.one_shot("t") and t.returns.rates() == {"t": (1, 1, 3)}
     _dormant_after_first_call(t, "s4", 2.5)
     assert t.get("s4").kv_held  # type: ignore[union-attr]  # 1 of 1 came back: held
     assert [r.key for r in t.hold_expired(30.0)][-1] == "s4"
-    assert t.returns.open_gaps("t") == 0 and t.returns.rates() == {"t": (1, 5)}
+    assert t.returns.rates() == {"t": (1, 5, 0)}
 
 
 def test_a_first_gap_not_held_is_still_load_for_placement() -> None:
@@ -279,4 +278,4 @@ def test_a_first_gap_released_early_stays_load_until_it_ends() -> None:
     assert (t.held_on("w0"), t.load_on("w0")) == (0, 1)
     t.end(5.0, "p", EndReason.IDLE_TIMEOUT)
     assert (t.held_on("w0"), t.load_on("w0")) == (0, 0)
-    assert t.returns.rates() == {"t": (1, 2)}
+    assert t.returns.rates() == {"t": (1, 2, 0)}

@@ -19,17 +19,17 @@ def test_at_least_half_came_back_is_likely_per_tenant() -> None:
     assert r.likely("a") and not r.likely("b")
     r.record("a", False)
     assert not r.likely("a")  # 1 of 3
-    assert r.rates() == {"a": (1, 3), "b": (0, 1)}
+    assert r.rates() == {"a": (1, 3, 0), "b": (0, 1, 0)}
 
 
 def test_only_the_latest_are_remembered() -> None:
     r = ReturnTally(3, 32)
     for back in (False, False, False, True, True):
         r.record("t", back)
-    assert r.likely("t") and r.rates()["t"] == (2, 3)  # the first two are forgotten
+    assert r.likely("t") and r.rates()["t"] == (2, 3, 0)  # the first two are forgotten
     for _ in range(2):
         r.record("t", False)
-    assert not r.likely("t") and r.rates()["t"] == (1, 3)
+    assert not r.likely("t") and r.rates()["t"] == (1, 3, 0)
 
 
 def test_one_shot_only_on_a_full_history_mostly_not_back() -> None:
@@ -54,7 +54,8 @@ def test_a_crowd_in_a_first_gap_none_back_is_one_shot_until_one_is() -> None:
     r.gap_opened("other")
     assert not r.one_shot("t")  # 2 open: too few to say
     r.gap_opened("t")
-    assert r.one_shot("t") and not r.one_shot("other") and r.open_gaps("t") == 3
+    assert r.one_shot("t") and not r.one_shot("other")
+    assert r.rates() == {"t": (0, 0, 3), "other": (0, 0, 1)}
     r.gap_closed("t")
     assert not r.one_shot("t")  # 2 open again
     r.gap_opened("t")
@@ -64,7 +65,7 @@ def test_a_crowd_in_a_first_gap_none_back_is_one_shot_until_one_is() -> None:
     assert not r.one_shot("t") and r.likely("t")
     for _ in range(3):
         r.gap_closed("t")
-    assert r.open_gaps("t") == 0 and r.open_gaps("nobody") == 0
+    assert r.rates() == {"t": (1, 2, 0), "other": (0, 0, 1)}
 
 
 @pytest.mark.parametrize(("history", "crowd"), [(0, 1), (1, 0)])
