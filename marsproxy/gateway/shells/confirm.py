@@ -59,14 +59,15 @@ class StoreConfirmations:
         ``AdmissionQueue._idle_admits``), the idle limit."""
         rec = self._windows.get(worker)
         c = self.core.controllers[worker]
+        if not idle:
+            window = c.effective_limit if rec is None else rec.limit
+        elif rec is None:
+            window = c.idle_limit
+        else:
+            window = rec.limit if rec.idle_limit is None else rec.idle_limit
         # The window counts sessions that hold a slot; the store counts every lease, also
         # those of this replica's sessions that hold none (a plain client's finished tasks).
-        slotless = self.core.sessions.slotless_on(worker)
-        if not idle:
-            return slotless + (rec.limit if rec is not None else c.effective_limit)
-        if rec is None:
-            return slotless + c.idle_limit
-        return slotless + (rec.limit if rec.idle_limit is None else rec.idle_limit)
+        return window + self.core.sessions.slotless_on(worker)
 
     # -- carrying out ---------------------------------------------------------------------
     def _refuse(self, key: str, verdict: Refused) -> None:
