@@ -1,10 +1,10 @@
 """The sweep's invariants checked live (docs/admission.md, "Invariants"): `marsproxy bench live`
 on one emulated worker for a few fixed seeds, the proxy's state read every 0.2 s.
 
-- (a) no session waits, a control tick or more, while the worker could take it without
-  overload: in every state snapshot, a session that has waited more than two control ticks
-  sees no placeable worker below its limit, neither KV- nor CPU-overloaded, whose KV budget
-  fits its first prompt;
+- (a) no session waits while the worker could take it without overload: no session waits
+  through state snapshots spanning more than three control ticks that all show a placeable
+  worker below its limit, neither KV- nor CPU-overloaded, whose KV budget fits its first
+  prompt;
 - (b) every session finishes or is refused with a documented reason, and no waiting session is
   bypassed more than `admission.tuning.max_bypass` times;
 - (d) at the end nothing is held: no admitted session, queue entry or pending confirmation,
@@ -72,33 +72,43 @@ def _could_take(doc: dict[str, Any], tokens: int) -> list[str]:
     return out
 
 
-def _apart(rows: list[dict[str, Any]], gap_s: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Each snapshot with the latest one taken more than ``gap_s`` before it."""
-    out, i = [], -1
-    for after in rows:
-        while i + 1 < len(rows) and after["time"] - rows[i + 1]["time"] > gap_s:
-            i += 1
-        if i >= 0:
-            out.append((rows[i], after))
+def _rooms(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, bool]]]:
+    """Per waiting session, each snapshot it waits in: (time, whether a worker could take it)."""
+    out: dict[str, list[tuple[float, bool]]] = {}
+    for doc in rows:
+        for s in doc["admission"]["queue"]["waiting"]:
+            room = bool(_could_take(doc, s["est_tokens"]))
+            out.setdefault(s["session"], []).append((doc["time"], room))
     return out
 
 
+def _longest_room(seen: list[tuple[float, bool]]) -> float:
+    """The longest span of consecutive snapshots that all show room."""
+    best, since = 0.0, None
+    for t, room in seen:
+        since = (t if since is None else since) if room else None
+        if since is not None:
+            best = max(best, t - since)
+    return best
+
+
 def test_a_nobody_waits_while_a_worker_could_take_it(run: Path) -> None:
-    # A snapshot falls between control ticks, and KV usage moves within one: a worker with room
-    # in one snapshot may have had none at the tick before, and on a loaded machine the next
-    # tick runs late. So a violation is a session that waits in two snapshots more than two
-    # control ticks apart, with room for it in both.
+    # Room can show between two control ticks that the next tick does not find: a call that
+    # ended since the last reading frees blocks that its session's next call takes back, and
+    # waiting sessions are placed on them only at the next tick, from a fresh reading (a pass
+    # at every call end admitted onto them: KV-bound twins 1.41x -> 1.17x). So a violation is
+    # a session that waits through snapshots spanning more than three control ticks, every one
+    # of which shows a worker with room for it: the ticks in between found that room and did
+    # not place it.
+    span = 3 * CFG.tuning.control_interval_s
     waited = 0
     for rows in _snapshots(run):
-        for before, after in _apart(rows, 2 * CFG.tuning.control_interval_s):
-            earlier = {s["session"]: s for s in before["admission"]["queue"]["waiting"]}
-            for s in after["admission"]["queue"]["waiting"]:
-                if s["session"] not in earlier:
-                    continue
-                waited += 1
-                room = [w for w in _could_take(before, s["est_tokens"])
-                        if w in _could_take(after, s["est_tokens"])]
-                assert not room, (s, before["admission"], after["admission"])
+        for session, seen in _rooms(rows).items():
+            waited += len(seen) > 1
+            assert _longest_room(seen) <= span, (session, seen, [
+                (doc["time"], doc["admission"]["queue"]["why"], doc["admission"]["workers"])
+                for doc in rows if any(s["session"] == session
+                                       for s in doc["admission"]["queue"]["waiting"])])
     assert waited > 0  # the load made sessions wait: there was something to check
 
 
