@@ -124,8 +124,13 @@ class SchedulerCore(DispatchGate):
         if rank and prio is not None:
             prio += rank * (LOWEST + 1)
         sess.level = lvl
-        blocks = blocks_for_tokens(prompt_tokens + max(0, max_new_tokens),
-                                   self.facts[worker].block_size or 16)
+        # vLLM allocates output blocks as it decodes, not max_tokens up front (agents send
+        # 4k-32k): count what the session's last call wrote, within max_tokens; the KV reserve
+        # covers the rest. max_tokens in full held a plain client to one call in five.
+        out = sess.output_tokens
+        if max_new_tokens > 0:
+            out = min(out, max_new_tokens)
+        blocks = blocks_for_tokens(prompt_tokens + out, self.facts[worker].block_size or 16)
         t = Ticket(
             call=next(self._calls), session=session, worker=worker, level=lvl, priority=prio,
             retain_s=self._retain_hint(worker, prompt_tokens, predicted_tool_s),
@@ -235,6 +240,7 @@ class SchedulerCore(DispatchGate):
                 self.resumes.cached_tokens += min(cached_tokens, left)
                 self.resumes.context_tokens += left
             sess.context_tokens = prompt_tokens + completion_tokens
+            sess.output_tokens = completion_tokens
             sess.calls += 1
             sess.call_s = engine_s
         if sess is not None and session_continues:

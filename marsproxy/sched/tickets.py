@@ -93,6 +93,7 @@ class SessionRecord:
 
     ordinal: int  # arrival order of the session (session_fcfs)
     context_tokens: int = 0  # prompt + completion of its last call
+    output_tokens: int = 0  # completion of its last call
     calls: int = 0
     level: int | None = None  # of its latest call (shown in the state document)
     worker: str | None = None  # of its latest call

@@ -71,6 +71,24 @@ def test_kv_gate_backfills_a_bounded_number_of_times() -> None:
     assert core.release(2.0) == [big, *smalls[2:]]
 
 
+def test_a_call_counts_its_sessions_last_output_within_max_tokens_not_max_tokens() -> None:
+    # The engine allocates output blocks as it decodes: a client's max_tokens (agents send
+    # 4k-32k) is a bound, not a size. Counted in full, two calls of 10 blocks with max_tokens
+    # 4096 could not run side by side on 100 blocks.
+    core = make(kv_reserve_frac=0.0)
+    core.set_facts("w", WorkerFacts(max_num_seqs=100, total_blocks=100, block_size=16))
+    first = [core.arrive(0.0, f"s{i}", "w", 10 * 16, max_new_tokens=4096) for i in range(9)]
+    assert [t.blocks for t in first] == [10] * 9  # a first call: its prompt alone
+    assert core.release(0.0) == first
+    end_ok(core, 1.0, first[0].call, 10 * 16, completion=30 * 16)
+    again = core.arrive(2.0, "s0", "w", 40 * 16, max_new_tokens=4096)
+    assert again.blocks == 70  # its context and what its last call wrote
+    assert core.release(2.0) == []  # 80 run: 70 more do not fit
+    end_ok(core, 3.0, first[1].call, 10 * 16, completion=30 * 16)
+    capped = core.arrive(4.0, "s1", "w", 40 * 16, max_new_tokens=5 * 16)
+    assert capped.blocks == 45  # max_tokens bounds the output: 40 + 5
+
+
 def test_an_oversized_continuation_goes_when_the_worker_is_idle() -> None:
     core = make()
     core.set_facts("w", WorkerFacts(total_blocks=10, block_size=16))
