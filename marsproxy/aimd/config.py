@@ -312,8 +312,8 @@ class AdmissionConfig(_Section):
     kv_reserve_frac: float = Field(
         0.10, ge=0, lt=1,
         description="Share of a worker's KV blocks never promised: neither to sessions by the"
-        " KV fit nor to continuations by the scheduler's dispatch gate (which keeps it with"
-        " admission off too).",
+        " KV fit nor to yielding continuations by the scheduler's dispatch gate (which keeps it"
+        " with admission off too).",
     )
     tokenize: bool = Field(
         False,

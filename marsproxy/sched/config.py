@@ -54,7 +54,7 @@ class SchedulerTuning(_Section):
     backfill_max: int = Field(
         4, ge=0,
         description="How many smaller continuations may pass the head of a gated queue that"
-        " does not fit the worker's KV budget, before the queue waits for it.",
+        " does not fit the worker's KV budget (a yielding call), before the queue waits for it.",
     )
     warm_resume_min_frac: float = Field(
         0.5, gt=0, le=1,

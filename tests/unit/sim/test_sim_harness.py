@@ -107,7 +107,9 @@ def test_continuum_orders_continuations_by_session_arrival() -> None:
 
 
 def test_gated_workers_order_continuations_in_the_proxy() -> None:
-    gated = dataclasses.replace(SETUP, worker_mode="gated")
+    # An engine that runs two calls at a time (max_num_seqs): the gate holds the rest.
+    prof = get_profile("tiny", num_blocks=384, max_num_seqs=2)
+    gated = dataclasses.replace(SETUP, worker_mode="gated", profile=prof)
     wl = _workload()
     sim = Simulation(wl, "mars", gated, _cfg("mars"))
     assert sim.engines["w0"].policy == "fcfs"  # the engine is FCFS; the gate orders
@@ -116,7 +118,7 @@ def test_gated_workers_order_continuations_in_the_proxy() -> None:
     assert sim.sched is not None
     assert sim.sched.dispatched_total["w0"] == sum(len(p.turns) for p in wl.sessions)
     assert sim.sched.queue_length("w0") == 0
-    assert res.extra["stats"]["gate_waits"] > 0  # the 384-block cache made the gate hold some
+    assert res.extra["stats"]["gate_waits"] > 0  # the cap made the gate hold some
     again = Simulation(wl, "mars", gated, _cfg("mars")).run()
     assert [o.end_s for o in res.outcomes] == [o.end_s for o in again.outcomes]
 
