@@ -10,7 +10,8 @@ workload K alone) draws, each from its own seeded RNG:
 - clients: with or without the final flag (without: the proxy ends sessions by idle timeout),
   reporting tool phases or leaving them to be inferred;
 - the cache: the ``tiny`` profile with 256 to 16384 KV blocks, or the H200 profile; 1 to 4
-  workers; 1 to 16 tool CPUs.
+  workers; 1 to 16 tool CPUs; engines that schedule by priority, or FCFS behind the proxy's
+  dispatch gate (the default ``workers[].priority: false``).
 
 Each workload runs under ``mars`` with the config ``marsproxy sim`` uses by default and under
 ``direct``; :mod:`marsproxy.sim.invariants` checks (a)–(d). Deterministic: the same seeds print
@@ -132,12 +133,14 @@ def make_case(seed: int, traces: Sequence[SessionTrace]) -> SweepCase:
         profile=profile, workers=workers, tool_cpus=float(rng.choice((1, 2, 4, 16))),
         system_prompt_tokens=system, report_tools=rng.random() < 0.5,
         send_final=rng.random() < 0.6, horizon_s=100_000.0,
+        worker_mode=rng.choice(("priority", "gated")),  # gated: FCFS engines (the default)
     )
     kind = "one at a time" if arrivals.kind == "fixed" else spec.arrivals.label()
     label = (f"{workers}x {profile.name} {profile.num_blocks} blocks,"
              f" {'synthetic' if synthetic else 'sampled'} {sessions} sessions, {kind},"
              f" {setup.tool_cpus:g} tool CPUs, {'final flag' if setup.send_final else 'no final'},"
-             f" {'reported' if setup.report_tools else 'inferred'} tools")
+             f" {'reported' if setup.report_tools else 'inferred'} tools,"
+             f" {'FCFS' if setup.worker_mode == 'gated' else 'priority'} engines")
     return SweepCase(seed, wl, setup, label)
 
 

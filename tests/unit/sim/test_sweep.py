@@ -58,6 +58,7 @@ def test_without_the_final_flag_sessions_end_by_idle_timeout_and_nothing_is_left
 def test_workloads_are_deterministic_and_every_call_fits_the_engine() -> None:
     traces = load_trace()
     kinds = set()
+    modes: set[str] = set()
     for seed in range(40):
         case = make_case(seed, traces)
         again = make_case(seed, traces)
@@ -68,7 +69,9 @@ def test_workloads_are_deterministic_and_every_call_fits_the_engine() -> None:
         assert 1 <= case.setup.workers <= 4
         kinds.add((case.setup.send_final, case.setup.report_tools,
                    case.workload.spec.arrivals.kind))
+        modes.add(case.setup.worker_mode)
     assert len(kinds) >= 8  # clients and arrival patterns vary
+    assert modes == {"priority", "gated"}  # engines by priority, and FCFS behind the gate
 
 
 def test_the_sweep_prints_the_same_report_twice() -> None:
