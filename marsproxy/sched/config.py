@@ -112,9 +112,11 @@ class SchedulerConfig(_Section):
         " (Continuum); off.",
     )
     default_max_num_seqs: int = Field(
-        256, ge=1,
-        description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set"
-        " (vLLM's default: 256 on GPU, 128 on CPU).",
+        1024, ge=1,
+        description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set:"
+        " the most vLLM picks by itself (GPUs of 70 GiB and more; 256 on smaller ones). A cap"
+        " below the engine's would throttle it; above, the engine queues the rest in arrival"
+        " order (set workers[].max_num_seqs to order them by level in the proxy).",
     )
     hint_encoder: HintEncoderName = Field(
         "headers", description="What goes upstream with each continuation: headers, dynamo, none."
