@@ -126,7 +126,7 @@ class SchedulerCore(DispatchGate):
         sess.level = lvl
         # vLLM allocates output blocks as it decodes, not max_tokens up front (agents send
         # 4k-32k): count what the session's last call wrote, within max_tokens; the KV reserve
-        # covers the rest. max_tokens in full held a plain client to one call in five.
+        # covers the rest.
         out = sess.output_tokens
         if max_new_tokens > 0:
             out = min(out, max_new_tokens)

@@ -9,9 +9,8 @@ yielding call on an idle worker while a session it yields to is due back. Its st
 core's (this is its base class).
 
 Other calls are not held for KV: admission keeps the sessions' forecast peaks within the cache,
-and the engine takes a call when it has the blocks, as it would without the proxy. Holding them
-too (running calls' blocks within the cache less the reserve and the ledger) cost every twin:
-gated 12 seeds 1.41, 1.80, 1.07, 1.40 against 1.51, 2.43, 1.33, 1.57 without.
+and the engine takes a call when it has the blocks, as it would without the proxy; holding them
+too cost every simulated twin (docs/scheduler.md, "Gated dispatch").
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -83,8 +82,10 @@ class DispatchGate:
         return out
 
     def _fits(self, worker: str, t: Ticket) -> bool:
+        if not self.yield_rank(t.session):
+            return True  # held by the cap alone (module doc)
         usable = self.usable_blocks(worker)
-        if usable is None or not self.yield_rank(t.session):
+        if usable is None:
             return True
         # The engine does not preempt for a waiting call: a yielding session's call leaves the
         # others the room they are forecast to need (less what they run already).

@@ -182,9 +182,8 @@ class Simulation:
             agent.context = 0  # moved: its prefix is on the other worker
         agent.worker = worker
         tokens = self.prompts.next(agent)
-        # No max_tokens, as most clients (a call's output length is no client's to know).
-        t = None if self.proxy is None else self.proxy.call_start(
-            now, agent.plan.id, worker, tokens, 0)
+        proxy = self.proxy
+        t = None if proxy is None else proxy.call_start(now, agent.plan.id, worker, tokens)
         if t is None:
             self._send(now, agent, worker, 0)
             return

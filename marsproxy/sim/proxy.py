@@ -85,14 +85,13 @@ class SimProxy:
         return self.plane.request(now, key, tenant, tokens=tokens, final=final, prefix=prefix,
                                   parent=parent, cls=cls)
 
-    def call_start(self, now: float, key: str, worker: str, ids: Sequence[int],
-                   max_new_tokens: int) -> Ticket | None:
-        """``ids``: the call's prompt (with KV events: its prefix resident on ``worker``)."""
+    def call_start(self, now: float, key: str, worker: str, ids: Sequence[int]) -> Ticket | None:
+        """``ids``: the call's prompt (with KV events: its prefix resident on ``worker``). No
+        ``max_tokens``, as most clients send none (a reply's length is no client's to know)."""
         resident = None if self.kv is None else self.kv.resident(worker, ids)
         self._in("call_start", now, key=key, worker=worker, tokens=len(ids),
-                 max_new_tokens=max_new_tokens, resident_tokens=resident)
-        return self.plane.call_start(now, key, worker, tokens=len(ids),
-                                     max_new_tokens=max_new_tokens, resident_tokens=resident)
+                 resident_tokens=resident)
+        return self.plane.call_start(now, key, worker, tokens=len(ids), resident_tokens=resident)
 
     def call_end(self, now: float, key: str, ticket: Ticket | None, *, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, engine_s: float,

@@ -100,7 +100,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 v = verdict.result()
                 assert isinstance(v, Granted) and v.worker == a["worker"], (inp, v)
                 prepared[a["key"]] = asyncio.ensure_future(gw.scheduler.prepare(
-                    a["key"], url[a["worker"]], {"max_tokens": a["max_new_tokens"]}, b"{}",
+                    a["key"], url[a["worker"]], {}, b"{}",
                     tokens=a["tokens"], resident_tokens=a["resident_tokens"]))  # gated: waits
             elif inp.kind == "call_end":
                 call = prepared.pop(a["key"])
