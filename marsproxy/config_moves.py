@@ -25,7 +25,7 @@ _TUNED: dict[str, tuple[str, ...]] = {
         "retry_after_min_s", "retry_after_max_s",
     ),
     "scheduler": (
-        "level_thresholds", "service_measure", "service_thresholds", "aging_period_s",
+        "service_measure", "service_thresholds", "aging_period_s",
         "retention_ttl_max_s", "fixed_retention_s", "retention_drop_kv_usage", "backfill_max",
         "warm_resume_min_frac", "tick_s", "probe_timeout_s", "probe_min_lead",
     ),
@@ -55,16 +55,33 @@ REMOVED: dict[str, str] = {
     " sessions as used",
     "admission.classes.reserve_frac": "later classes' sessions give way to the first class's"
     " once admitted (KV fit, engine priority, dispatch gate: docs/sharing.md)",
+} | dict.fromkeys(
+    ("scheduler.level_thresholds", "scheduler.tuning.level_thresholds"),
+    "levels by uncached prefill went with priority_policy mars; sessions go in arrival order"
+    " (session_fcfs)",
+)
+
+#: (dotted path, old value) → what to set instead.
+RETIRED_VALUES: dict[tuple[str, str], str] = {
+    ("scheduler.priority_policy", "mars"): "session_fcfs (the default; the levels by uncached"
+    " prefill lost to it on priority engines and changed nothing behind the dispatch gate)",
 }
 
 
-def _has(tree: Mapping[str, Any], path: str) -> bool:
+_MISSING = object()
+
+
+def _get(tree: Mapping[str, Any], path: str) -> Any:
     node: Any = tree
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return False
+            return _MISSING
         node = node[part]
-    return True
+    return node
+
+
+def _has(tree: Mapping[str, Any], path: str) -> bool:
+    return _get(tree, path) is not _MISSING
 
 
 def env_name(path: str, prefix: str) -> str:
@@ -73,9 +90,9 @@ def env_name(path: str, prefix: str) -> str:
 
 
 def retired_keys(tree: Mapping[str, Any], source: str, env_prefix: str = "") -> list[str]:
-    """One line per moved or removed key set in ``tree`` (what ``source`` holds): the key, its
-    new place or what happens now, and the source. With ``env_prefix`` (``tree`` came from one
-    environment variable) the replacement is named as a variable too."""
+    """One line per moved or removed key, or removed value, set in ``tree`` (what ``source``
+    holds): the key, its new place or what happens now, and the source. With ``env_prefix``
+    (``tree`` came from one environment variable) the replacement is named as a variable too."""
     lines = []
     for old, new in MOVED.items():
         if _has(tree, old):
@@ -84,4 +101,7 @@ def retired_keys(tree: Mapping[str, Any], source: str, env_prefix: str = "") -> 
     for old, now in REMOVED.items():
         if _has(tree, old):
             lines.append(f"  {old} was removed: {now} ({source})")
+    for (path, value), instead in RETIRED_VALUES.items():
+        if _get(tree, path) == value:
+            lines.append(f"  {path}: {value} was removed; set {instead} ({source})")
     return lines

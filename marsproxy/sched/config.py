@@ -1,7 +1,7 @@
 """Configuration of the scheduler (``scheduler:`` in ``MarsConfig``).
 
 The policy choices an operator makes sit directly under ``scheduler:``; the numbers behind the
-priority levels, KV retention, gated dispatch and the start-up probe under ``scheduler.tuning:``.
+priority order, KV retention, gated dispatch and the start-up probe under ``scheduler.tuning:``.
 The KV reserve the dispatch gate keeps free is ``admission.kv_reserve_frac``, one key for both.
 """
 
@@ -16,17 +16,12 @@ from marsproxy.config_section import Section as _Section
 ServiceMeasure = Literal["tokens", "engine_seconds"]
 HintEncoderName = Literal["headers", "dynamo", "none"]
 RetentionPolicy = Literal["mars", "fixed", "off"]
-PriorityPolicy = Literal["mars", "las", "session_fcfs", "off"]
+PriorityPolicy = Literal["session_fcfs", "las", "off"]
 
 
 class SchedulerTuning(_Section):
-    """``scheduler.tuning:`` — levels, retention, gated dispatch and probe internals."""
+    """``scheduler.tuning:`` — priority order, retention, gated dispatch and probe internals."""
 
-    level_thresholds: tuple[int, int, int] = Field(
-        (2048, 8192, 32768),
-        description="Uncached prompt tokens up to which a continuation is level 0, 1, 2;"
-        " above the last it is level 3.",
-    )
     service_measure: ServiceMeasure = Field(
         "tokens",
         description="What counts as a session's attained service: tokens processed"
@@ -80,10 +75,7 @@ class SchedulerTuning(_Section):
     def _relations(self) -> SchedulerTuning:
         # Unsorted thresholds would make buckets overlap; say which key is wrong.
         problems = []
-        for name, values in (
-            ("level_thresholds", self.level_thresholds),
-            ("service_thresholds", self.service_thresholds),
-        ):
+        for name, values in (("service_thresholds", self.service_thresholds),):
             if any(v <= 0 for v in values) or list(values) != sorted(set(values)):
                 problems.append(f"{name} must be positive and strictly increasing, got {values}")
         if problems:
@@ -95,14 +87,14 @@ class SchedulerConfig(_Section):
     """``scheduler:`` — how continuations are ordered, what is retained, what goes upstream."""
 
     priority_policy: PriorityPolicy = Field(
-        "mars",
-        description="How continuations are ordered: mars (uncached-prefill bucket, demoted by"
-        " attained service, aged); las (attained service only, as Autellix); session_fcfs"
-        " (older sessions first, as Continuum); off (no levels, no priority hints).",
+        "session_fcfs",
+        description="How continuations are ordered: session_fcfs (the session that arrived"
+        " first goes first, a continuation keeps its session's place); las (least attained"
+        " service first, aged, as Autellix); off (no order, no priority hints).",
     )
     priority_override_client: bool = Field(
         True,
-        description="Replace a client's explicit body 'priority' with the level; false: respect"
+        description="Replace a client's explicit body 'priority' with the proxy's; false: respect"
         " the client's value.",
     )
     retention_policy: RetentionPolicy = Field(
@@ -116,12 +108,12 @@ class SchedulerConfig(_Section):
         description="In-flight cap of a gated worker whose workers[].max_num_seqs is not set:"
         " the most vLLM picks by itself (GPUs of 70 GiB and more; 256 on smaller ones). A cap"
         " below the engine's would throttle it; above, the engine queues the rest in arrival"
-        " order (set workers[].max_num_seqs to order them by level in the proxy).",
+        " order (set workers[].max_num_seqs to order them in the proxy).",
     )
     hint_encoder: HintEncoderName = Field(
         "headers", description="What goes upstream with each continuation: headers, dynamo, none."
     )
     tuning: SchedulerTuning = Field(
         SchedulerTuning(),
-        description="Numbers behind the priority levels, retention, gated dispatch and probe.",
+        description="Numbers behind the priority order, retention, gated dispatch and probe.",
     )

@@ -4,7 +4,7 @@ One object that the gateway shell and a simulator both drive with events, all pu
 clock-injected (``now`` is a parameter; no I/O):
 
 - ``arrive``: a continuation of an admitted session is ready for its worker. It gets a level
-  (per ``priority_policy``), an order key (``priority``: the vLLM body value, lower first), a
+  (``las`` only), an order key (``priority``: the vLLM body value, lower first), a
   provisional retention hint, and either goes at once (``priority`` workers, or no policy) or
   waits in the worker's gated dispatch queue.
 - ``release`` (:mod:`marsproxy.sched.gate`): which gated continuations may go now: ordered by
@@ -33,7 +33,7 @@ from marsproxy.core.kv import blocks_for_tokens
 from marsproxy.sched.config import SchedulerConfig
 from marsproxy.sched.gate import DispatchGate
 from marsproxy.sched.ledger import KvLedger, Reservation
-from marsproxy.sched.priority import LOWEST, SessionService, demotion, level, service_of
+from marsproxy.sched.priority import LOWEST, SessionService, demotion, service_of
 from marsproxy.sched.retention import decide
 from marsproxy.sched.tickets import (
     EndResult,
@@ -44,6 +44,10 @@ from marsproxy.sched.tickets import (
     TickResult,
     WorkerFacts,
 )
+
+# A yielding session's engine priority goes past every other's: levels and session ordinals
+# (session_fcfs counts sessions since start) stay far below it.
+_YIELD_STEP = 1 << 40
 
 
 class SchedulerCore(DispatchGate):
@@ -107,9 +111,7 @@ class SchedulerCore(DispatchGate):
 
         ``gate``: it waits in the dispatch gate even on a ``priority`` worker (its route carries
         no priority). The session is back from its tool phase, so its reservation (if any) is
-        released: the
-        prefix is in use again. If the reservation was still live the prefix is known warm and
-        only the new tokens count towards the level.
+        released: the prefix is in use again; it was warm if the reservation was still live.
         """
         sess = self._sessions.get(session)
         if sess is None:
@@ -119,10 +121,10 @@ class SchedulerCore(DispatchGate):
         warm = held is not None and held.expires_at > now and held.worker == worker
         cached = min(sess.context_tokens, prompt_tokens) if warm else 0
         uncached = max(0, prompt_tokens - cached)
-        lvl, prio = self._inherit(session, *self._level(sess, session, uncached))
+        lvl, prio = self._inherit(session, *self._level(sess, session))
         rank = self.yield_rank(session)
         if rank and prio is not None:
-            prio += rank * (LOWEST + 1)
+            prio += rank * _YIELD_STEP
         sess.level = lvl
         # vLLM allocates output blocks as it decodes, not max_tokens up front (agents send
         # 4k-32k): count what the session's last call wrote, within max_tokens; the KV reserve
@@ -146,16 +148,10 @@ class SchedulerCore(DispatchGate):
             self._dispatch(now, t)
         return t
 
-    def _level(
-        self, sess: SessionRecord, session: str, uncached: int
-    ) -> tuple[int | None, int | None]:
+    def _level(self, sess: SessionRecord, session: str) -> tuple[int | None, int | None]:
         policy = self.cfg.priority_policy
-        attained = self.service.attained(session)
-        if policy == "mars":
-            lvl = level(uncached, attained, 0.0, self.cfg)
-            return lvl, lvl
         if policy == "las":
-            lvl = min(LOWEST, demotion(attained, self.cfg))
+            lvl = min(LOWEST, demotion(self.service.attained(session), self.cfg))
             return lvl, lvl
         if policy == "session_fcfs":
             return None, sess.ordinal

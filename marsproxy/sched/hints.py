@@ -1,6 +1,6 @@
 """Hints sent upstream with each continuation, by a named encoder.
 
-An encoder writes the session id, the MLFQ level and the retention the proxy intends into the
+An encoder writes the session id, the level (``las``) and the retention the proxy intends into the
 outgoing request's headers and/or JSON body. Hints must never break a worker that does not
 understand them, so encoders only add headers or namespaced body keys, and leave a body part
 of an unexpected shape alone. Adding an encoder is one function and one entry in
@@ -19,7 +19,7 @@ from typing import Any
 from marsproxy.sched.priority import LOWEST
 
 # (session_id, level, retain_s, headers, body) -> None; mutates headers and body in place.
-# level None: no priority hint (priority_policy off or session_fcfs, which has no MLFQ level).
+# level None: no priority hint (a policy without levels: session_fcfs or off).
 Encoder = Callable[[str, int | None, float | None, dict[str, str], dict[str, Any]], None]
 
 SESSION_HEADER = "x-mars-session-id"

@@ -18,7 +18,7 @@ class Reservation:
     session: str
     worker: str
     blocks: int
-    level: int  # MLFQ level of the session's last continuation; higher is dropped first
+    level: int  # level of its last call (las; LOWEST without levels); higher is dropped first
     reserved_at: float
     expires_at: float
 

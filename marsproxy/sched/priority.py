@@ -1,9 +1,6 @@
-"""Priority level of a continuation: a 4-level MLFQ, lower runs sooner.
-
-The level starts from the prefill bucket of the continuation's *uncached* tokens (prefill is
-what a continuation costs the engine before its first token), is demoted by the session's
-attained service (least attained service, as Autellix PLAS, so one long session cannot
-starve many short ones), and is promoted by waiting (bounded aging, so nothing starves).
+"""Least attained service (``priority_policy: las``): a session is demoted one level per service
+threshold it passes, so one long session cannot starve many short ones, and a waiting
+continuation is promoted one level per aging period, so nothing starves.
 
 Pure code: no I/O, no clock; the caller passes how long the continuation has waited.
 """
@@ -15,12 +12,7 @@ from bisect import bisect_left
 
 from marsproxy.sched.config import SchedulerConfig
 
-LOWEST = 3  # the last MLFQ level; the highest number, the least urgent
-
-
-def prefill_bucket(uncached_tokens: int, cfg: SchedulerConfig) -> int:
-    """0..3: ≤ t0 → 0, ≤ t1 → 1, ≤ t2 → 2, else 3 (boundaries belong to the lower level)."""
-    return bisect_left(cfg.tuning.level_thresholds, max(0, uncached_tokens))
+LOWEST = 3  # the last las level; the highest number, the least urgent
 
 
 def demotion(attained_service: float, cfg: SchedulerConfig) -> int:
@@ -33,24 +25,6 @@ def promotion(waited_s: float, cfg: SchedulerConfig) -> int:
     if waited_s <= 0:
         return 0
     return math.floor(waited_s / cfg.tuning.aging_period_s)
-
-
-def level(
-    uncached_tokens: int, attained_service: float, waited_s: float, cfg: SchedulerConfig
-) -> int:
-    """The MLFQ level (0..3) of a continuation.
-
-    ``uncached_tokens`` is what the engine must prefill: for a warm continuation (its prefix
-    retained or known cached) the caller passes only the new tokens. Demotion is capped at the
-    lowest level before aging applies, so a long wait always helps even a demoted session.
-    """
-    demoted = min(LOWEST, prefill_bucket(uncached_tokens, cfg) + demotion(attained_service, cfg))
-    return max(0, demoted - promotion(waited_s, cfg))
-
-
-def uncached_tokens(prompt_tokens: int, cached_prefix_tokens: int) -> int:
-    """Tokens left to prefill when ``cached_prefix_tokens`` of the prompt are warm."""
-    return max(0, prompt_tokens - max(0, cached_prefix_tokens))
 
 
 def service_of(

@@ -31,7 +31,7 @@ class Ticket:
     call: int
     session: str
     worker: str
-    level: int | None  # MLFQ level at arrival (None: no priority policy)
+    level: int | None  # las level at arrival (None: a policy without levels)
     priority: int | None  # order key; the vLLM body value in priority mode (lower first)
     retain_s: float | None  # the retention hint sent upstream (provisional, at dispatch)
     warm: bool  # its prefix was retained when it arrived

@@ -122,7 +122,7 @@ class SessionDetail(TypedDict):
     age_s: float
     """Since the session's first request."""
     level: int | None
-    """MLFQ level of its latest call (``None``: no call yet, or no priority policy)."""
+    """Level of its latest call (``las``; ``None``: no call yet, or a policy without levels)."""
     retained_blocks: int
     """KV blocks the ledger holds for it through its tool phase (0: none)."""
     parent: str | None

@@ -197,7 +197,7 @@ def test_helm_sidecar_mode(helm: Any, kv: Any, repo: Path, tmp_path: Path) -> No
     cfg = _config_of(cm, tmp_path)
     assert [w.url for w in cfg.workers] == ["http://127.0.0.1:8000"]
     assert cfg.store.backend == "memory"
-    assert cfg.policy == "mars" and cfg.scheduler.priority_policy == "mars"
+    assert cfg.policy == "mars" and cfg.scheduler.priority_policy == "session_fcfs"
     (dep,) = _by_kind(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
     # No admin token configured: no Secret, no token variable.

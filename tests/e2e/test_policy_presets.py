@@ -62,8 +62,11 @@ async def test_preset_runs_the_demo_path(policy: str) -> None:
         assert decisions == []
         assert {gw.scheduler.mode(w.label) for w in cfg.workers} == {"off"}
         return
-    if scfg.priority_policy in ("mars", "las"):
+    if scfg.priority_policy == "las":
         assert all(d.level is not None and 0 <= d.level <= 3 for d in dispatches)
+    if scfg.priority_policy == "session_fcfs":
+        assert all(d.level is None for d in dispatches)
+    if scfg.priority_policy != "off":
         assert all(d.hint.startswith("gated") for d in dispatches)
     if scfg.retention_policy == "off":
         assert decisions == []

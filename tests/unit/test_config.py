@@ -173,6 +173,21 @@ def test_removed_keys_say_what_happens_now(tmp_path: Path) -> None:
     assert "admission.classes.reserve_frac was removed: later classes' sessions give way" in msg
 
 
+def test_a_removed_value_names_what_to_set(tmp_path: Path) -> None:
+    p = _write(tmp_path, "scheduler:\n  priority_policy: mars\n  tuning:\n"
+                         "    level_thresholds: [1, 2, 3]\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p, environ={})
+    msg = str(exc.value)
+    assert "scheduler.priority_policy: mars was removed; set session_fcfs" in msg
+    assert "scheduler.tuning.level_thresholds was removed" in msg and str(p) in msg
+    env = {"MARSPROXY_SCHEDULER__PRIORITY_POLICY": "mars"}
+    with pytest.raises(ConfigError, match="MARSPROXY_SCHEDULER__PRIORITY_POLICY"):
+        load_config(None, environ=env)
+    cfg = load_config(None, environ={}, overrides={"scheduler": {"priority_policy": "las"}})
+    assert cfg.scheduler.priority_policy == "las"  # other values pass untouched
+
+
 def test_the_retired_table_matches_the_models() -> None:
     from marsproxy.config_moves import MOVED, REMOVED
     from marsproxy.config_reference import iter_keys

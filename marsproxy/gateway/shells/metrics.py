@@ -126,7 +126,7 @@ class GatewayMetrics:
         # -- scheduler ------------------------------------------------
         self.continuations = Tally(
             "marsproxy_continuations",
-            "Scheduled continuations by MLFQ level at arrival (none: the policy has no levels).",
+            "Scheduled continuations by level at arrival (las; none: the policy has no levels).",
             ["level"],
         )
         self.dispatch_wait = _Unlabelled(

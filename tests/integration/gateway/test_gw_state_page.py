@@ -23,6 +23,7 @@ async def test_state_shows_who_waits_why_and_each_sessions_kv(run_app: Any) -> N
         "probes": {"vllm": {"period_s": 0.05}, "nvml": {"enabled": False}},
         "admission": {"window_init": 1, "window_min": 1, "window_max": 1,
                       "tuning": {"idle_admit": False, "kv_enter": 0.8, "kv_leave": 0.7}},
+        "scheduler": {"priority_policy": "las"},  # levels to show (session order has none)
     })
     proxy = await start(cfg)
     url = f"http://127.0.0.1:{proxy.port}"

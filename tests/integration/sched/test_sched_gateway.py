@@ -1,8 +1,9 @@
 """The scheduler in the gateway, against emulated vLLM workers.
 
-- priority mode: the level goes in the body's ``priority``; on a worker run with
-  ``--scheduling-policy priority`` short continuations overtake a long cold prefill that
-  arrived before them (completion order), and without the proxy's levels they do not;
+- priority mode: the session order goes in the body's ``priority``; on a worker run with
+  ``--scheduling-policy priority`` continuations of earlier sessions overtake a new session's
+  long cold prefill that arrived before them (completion order), and without the proxy's
+  order they do not;
 - gated mode: the same order through the proxy's own dispatch queue on a FCFS worker;
 - retention: under KV pressure a retained session's prefix stays warm across a short tool
   phase (cached tokens on return; a new session waits for admission meanwhile), and not
@@ -95,13 +96,13 @@ async def overtake_order(
     return done
 
 
-async def test_priority_mode_short_continuations_overtake_a_long_cold_prefill() -> None:
+async def test_priority_mode_earlier_sessions_overtake_a_new_sessions_long_prefill() -> None:
     emu = EmulatorOptions(scheduling_policy="priority", max_num_seqs=1)
     async with stack(emu, {"priority": True}) as (_, http, base):
         order = await overtake_order("priority", "mars", http, base)
     assert order[0] == "blocker"
     assert order[-1] == "long", order  # all three shorts went first
-    # The same engine and traffic without the proxy's levels (fcfs preset): arrival order.
+    # The same engine and traffic without the proxy's order (fcfs preset): arrival order.
     async with stack(emu, {"priority": True}, policy="fcfs") as (_, http, base):
         order = await overtake_order("priority", "fcfs", http, base)
     assert order[:2] == ["blocker", "long"], order
@@ -125,7 +126,7 @@ async def test_gated_mode_orders_through_the_proxy_queue() -> None:
     full = [s for s in seen if s["queue_length"] == 4]
     assert full, "the state never showed the four held continuations"
     assert full[-1]["mode"] == "gated" and full[-1]["cap"] == 1
-    assert [q["level"] for q in full[-1]["queue"]] == [0, 0, 0, 1]
+    assert [q["priority"] for q in full[-1]["queue"]] == [0, 1, 2, 4]  # session order
     assert full[-1]["queue"][-1]["session"] == "long"
     # Without a cap (vLLM's default max_num_seqs) nothing is held: the worker's FCFS order.
     async with stack(emu, {"priority": False}) as (_, http, base):
@@ -133,19 +134,23 @@ async def test_gated_mode_orders_through_the_proxy_queue() -> None:
     assert order[:2] == ["blocker", "long"], order
 
 
-async def test_priority_mode_puts_the_level_in_the_body_and_hints_in_headers() -> None:
+async def test_priority_mode_puts_the_order_in_the_body_and_hints_in_headers() -> None:
     emu = EmulatorOptions(scheduling_policy="priority")
     async with stack(emu, {"priority": True}) as (proxy, http, base):
         async with http.get(f"{base}/mars/v1/events?format=ndjson") as ev:
+            await complete(http, base, "first", "x" * 40, 1)
             await complete(http, base, "s", "x" * 4 * 3000, 1)
-            line = b""
-            while b'"dispatch"' not in line:
+            dispatched: list[bytes] = []
+            while len(dispatched) < 2:
                 line = await ev.content.readline()
-        doc = __import__("json").loads(line)
-        assert doc["level"] == 1 and doc["priority"] == 1 and doc["mode"] == "priority"
+                if b'"dispatch"' in line:
+                    dispatched.append(line)
+        doc = __import__("json").loads(dispatched[1])
+        # The second session goes after the first: its arrival number is the body's priority.
+        assert doc["level"] is None and doc["priority"] == 1 and doc["mode"] == "priority"
         assert doc["hint"] == "priority=1 headers" and doc["worker"] == "w0"
         st = proxy.gateway.scheduler.core
-        assert st.modes["w0"] == "priority" and st.levels_total[1] == 1
+        assert st.modes["w0"] == "priority" and not any(st.levels_total.values())
 
 
 async def chat(

@@ -356,12 +356,13 @@ def test_status_shows_the_scheduler() -> None:
             "mode": "gated", "in_flight": 2, "cap": 4, "queue_length": 3,
             "retained_blocks": 120, "reservations": [{"session": "a"}, {"session": "b"}],
         }}],
-        "scheduler": {"priority_policy": "mars", "retention_policy": "mars",
+        "scheduler": {"priority_policy": "session_fcfs", "retention_policy": "mars",
                       "hint_encoder": "headers", "resumes": {"warm": 3, "cold": 1,
                                                              "hit_rate": 0.75}},
     }
     out = render_state(doc, 100)
-    head = "Scheduler priority mars   retention mars   hints headers   warm resumes 3/4 (75%)"
+    head = ("Scheduler priority session_fcfs   retention mars   hints headers"
+            "   warm resumes 3/4 (75%)")
     assert head in out
     assert "w0: gated   in flight 2/4   held 3   retained 120 blocks (2 sessions)" in out
     assert "Scheduler" not in render_state({"workers": []}, 100)

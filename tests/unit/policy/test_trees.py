@@ -88,9 +88,11 @@ FRESH = WorkerObservation(healthy=True, stale=False, kv_usage=0.0, total_blocks=
                           block_size=16, running=0, sampled_at=0.0)
 
 
-def _plane(trees: bool = True, **admission: object) -> tuple[ControlPlane, DecisionLog]:
+def _plane(trees: bool = True, priority: str = "session_fcfs",
+           **admission: object) -> tuple[ControlPlane, DecisionLog]:
     cfg = load_config(None, environ={}, overrides={
-        "workers": ["http://a:1"], "admission": admission, "sessions": {"trees": trees}})
+        "workers": ["http://a:1"], "admission": admission, "sessions": {"trees": trees},
+        "scheduler": {"priority_policy": priority}})
     log = DecisionLog()
     plane = ControlPlane(cfg, ["a"], tool_cpus=4.0, log=log)
     # Agents: tenant t's sessions come back after a call, so dormant ones hold KV room.
@@ -134,8 +136,23 @@ def test_trees_off_admits_flat() -> None:
     assert rec is not None and rec.kv_held
 
 
-def test_a_child_runs_at_least_at_its_parents_level() -> None:
+def test_a_child_runs_in_its_parents_place() -> None:
     plane, _ = _plane()
+    _serve(plane, 0.0, "p")
+    _serve(plane, 1.0, "x")  # arrived after the parent, before the child
+    plane.request(2.0, "c", "t", tokens=200, parent="p")
+    plane.confirm(2.0, "c")
+    t = plane.call_start(2.0, "c", "a", tokens=200, max_new_tokens=10)
+    x = plane.call_start(2.0, "x", "a", tokens=200, max_new_tokens=10)
+    assert t is not None and x is not None and t.priority is not None and x.priority is not None
+    assert t.priority < x.priority  # the parent waits on it: it goes in the parent's place
+    plane.trees.ended("c")  # unlinked: its own place, after x
+    t2 = plane.call_start(3.0, "c", "a", tokens=200, max_new_tokens=10)
+    assert t2 is not None and t2.priority is not None and t2.priority > x.priority
+
+
+def test_under_las_a_child_runs_at_least_at_its_parents_level() -> None:
+    plane, _ = _plane(priority="las")
     _serve(plane, 0.0, "p")
     plane.scheduler.service.add("c", 1e9)  # as if the child had been served a lot already
     plane.request(2.0, "c", "t", tokens=200, parent="p")

@@ -11,7 +11,7 @@ from marsproxy.sched.config import SchedulerConfig, SchedulerTuning
 def test_defaults() -> None:
     c = SchedulerConfig()
     t = c.tuning
-    assert t.level_thresholds == (2048, 8192, 32768)
+    assert c.priority_policy == "session_fcfs"
     assert t.service_thresholds == (2048.0, 8192.0, 32768.0)
     assert t.service_measure == "tokens"
     assert t.aging_period_s == 30.0
@@ -30,10 +30,10 @@ def test_every_field_is_described() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"tuning": {"level_thresholds": (2048, 2048, 32768)}},
-        {"tuning": {"level_thresholds": (8192, 2048, 32768)}},
-        {"tuning": {"level_thresholds": (0, 2048, 32768)}},
+        {"tuning": {"service_thresholds": (10.0, 10.0, 20.0)}},
         {"tuning": {"service_thresholds": (10.0, 5.0, 20.0)}},
+        {"tuning": {"service_thresholds": (0.0, 5.0, 20.0)}},
+        {"priority_policy": "mars"},  # lost to session_fcfs; config_moves names it
         {"tuning": {"aging_period_s": 0}},
         {"hint_encoder": "grpc"},
         {"tuning": {"service_measure": "flops"}},

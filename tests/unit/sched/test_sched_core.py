@@ -1,4 +1,4 @@
-"""The scheduler core: levels per policy, cancel, retention into the ledger, release on return,
+"""The scheduler core: order per policy, cancel, retention into the ledger, release on return,
 expiry and drops under pressure, resume stats (the dispatch gate: test_sched_gate.py)."""
 
 from __future__ import annotations
@@ -9,36 +9,32 @@ from marsproxy.sched.tickets import WorkerFacts
 
 from .core_helpers import end_ok, make
 
-# -- levels -------------------------------------------------------------------------------
+# -- order --------------------------------------------------------------------------------
 
-def test_mars_level_is_uncached_bucket_and_warm_counts_only_new_tokens() -> None:
+def test_a_continuation_back_within_its_ttl_is_warm() -> None:
     core = make(retention_policy="mars")
     core.set_mode("w", "priority")
     core.set_facts("w", WorkerFacts(block_size=16, total_blocks=10_000,
                                     prefill_tokens_per_s=1_000.0))
     t = core.arrive(0.0, "s", "w", 6_000)
-    assert (t.level, t.priority, t.warm, t.uncached_tokens) == (1, 1, False, 6_000)
+    assert (t.level, t.priority, t.warm, t.uncached_tokens) == (None, 0, False, 6_000)
     # 6_000 + 10 tokens at 1_000 tok/s = 6 s re-prefill > 2 s tool: retained for 2 s
     r = end_ok(core, 1.0, t.call, 6_000, tool=2.0)
     assert r.retention is not None and r.retention.retain and r.retention.ttl_s == 2.0
     assert core.retained_blocks("w") == 376  # ceil(6_010 / 16)
-    # back within the TTL: warm, only 6_100 - 6_010 new tokens count → bucket 0, demoted
-    # once for 6_010 tokens of attained service → level 1 (cold it would be 1 + 1 = 2) ...
+    # back within the TTL: warm, only 6_100 - 6_010 tokens to prefill ...
     t2 = core.arrive(2.5, "s", "w", 6_100)
-    assert (t2.warm, t2.uncached_tokens, t2.level) == (True, 90, 1)
+    assert (t2.warm, t2.uncached_tokens, t2.priority) == (True, 90, 0)
     assert core.retained_blocks("w") == 0  # ... and the reservation goes on return
 
 
-def test_mars_cold_after_ttl_and_demotion_by_attained_service() -> None:
+def test_a_continuation_back_after_its_ttl_is_cold() -> None:
     core = make()
-    core.set_mode("w", "priority")
     core.set_facts("w", WorkerFacts(block_size=16, prefill_tokens_per_s=1_000.0))
     t = core.arrive(0.0, "s", "w", 1_000)
-    assert t.level == 0
-    end_ok(core, 1.0, t.call, 1_000, completion=1_500, tool=1.0)  # attained 2_500 > 2_048
+    end_ok(core, 1.0, t.call, 1_000, completion=1_500, tool=1.0)
     t2 = core.arrive(5.0, "s", "w", 1_100)  # TTL 1 s ended: cold, all 1_100 tokens count
     assert (t2.warm, t2.uncached_tokens) == (False, 1_100)
-    assert t2.level == 1  # bucket 0, demoted once
 
 
 def test_las_uses_only_attained_service() -> None:
@@ -51,7 +47,7 @@ def test_las_uses_only_attained_service() -> None:
 
 
 def test_session_fcfs_orders_by_session_arrival_and_off_sends_nothing() -> None:
-    core = make(priority_policy="session_fcfs")
+    core = make()  # session_fcfs, the default
     core.set_mode("w", "priority")
     a = core.arrive(0.0, "a", "w", 10)
     b = core.arrive(1.0, "b", "w", 10)
@@ -60,6 +56,19 @@ def test_session_fcfs_orders_by_session_arrival_and_off_sends_nothing() -> None:
     off = make(priority_policy="off")
     t = off.arrive(0.0, "a", "w", 10)
     assert (t.level, t.priority, t.gated, t.dispatched) == (None, None, False, True)
+
+
+@pytest.mark.parametrize("policy", ["session_fcfs", "las"])
+def test_a_yielding_session_runs_after_every_other_session(policy: str) -> None:
+    core = make(priority_policy=policy)
+    core.set_mode("w", "priority")
+    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
+    batch = core.arrive(0.0, "batch", "w", 10)
+    late = [core.arrive(1.0, f"s{i}", "w", 40_000) for i in range(50)]
+    end_ok(core, 2.0, late[-1].call, 40_000, completion=1_000)  # las: demoted to level 3
+    assert all(t.priority is not None and batch.priority is not None
+               and t.priority < batch.priority for t in late)
+    assert core.arrive(3.0, "s49", "w", 41_000).priority < batch.priority  # type: ignore[operator]
 
 
 # -- cancel ---------------------------------------------------------------------------------
@@ -109,11 +118,14 @@ def test_no_retention_on_failure_or_final_turn() -> None:
 
 
 def test_tick_expires_and_drops_lowest_priority_first_under_kv_usage() -> None:
-    core = make(retention_drop_kv_usage=0.9)
+    core = make(priority_policy="las", retention_drop_kv_usage=0.9)
     core.set_facts("w", WorkerFacts(prefill_tokens_per_s=1.0, block_size=16, total_blocks=1000))
+    first = core.arrive(0.0, "long", "w", 10_000)
+    end_ok(core, 0.1, first.call, 10_000, tool=0.0, more=True)  # 10_010 attained: level 2 next
     calls = {}
     for s, prompt in (("short", 100), ("long", 10_000), ("mid", 3_000)):
-        calls[s] = core.arrive(0.0, s, "w", prompt)
+        calls[s] = core.arrive(0.2, s, "w", prompt)
+    assert (calls["long"].level, calls["short"].level) == (2, 0)
     for s, prompt, tool in (("short", 100, 50.0), ("long", 10_000, 100.0), ("mid", 3_000, 5.0)):
         end_ok(core, 1.0, calls[s].call, prompt, tool=tool)
     assert len(core.ledger) == 3
@@ -121,7 +133,7 @@ def test_tick_expires_and_drops_lowest_priority_first_under_kv_usage() -> None:
     assert [r.session for r in res.expired] == ["mid"] and res.dropped == []
     core.set_facts("w", WorkerFacts(prefill_tokens_per_s=1.0, block_size=16, total_blocks=1000,
                                     kv_usage=0.95))
-    res = core.tick(8.0)  # 50 blocks over: the least urgent ("long", level 3) goes first
+    res = core.tick(8.0)  # 50 blocks over: the least urgent ("long", level 2) goes first
     assert [r.session for r in res.dropped] == ["long"]
     assert [r.session for r in core.ledger.reservations()] == ["short"]
 

@@ -1,4 +1,4 @@
-"""The scheduler core's dispatch gate: release by level under the cap, the KV fit of calls
+"""The scheduler core's dispatch gate: release in order under the cap, the KV fit of calls
 that yield and its backfill bound, aging, a later class's room, and the wait for a session due
 back."""
 
@@ -14,20 +14,23 @@ from marsproxy.sched.tickets import WorkerFacts
 from .core_helpers import end_ok, make
 
 
-def test_gated_releases_by_level_under_the_cap() -> None:
+def test_gated_releases_in_session_order_under_the_cap() -> None:
     core = make()
     core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
-    first = core.arrive(0.0, "x", "w", 100)
-    assert core.release(0.0) == [first]
-    long = core.arrive(0.1, "long", "w", 20_000)   # level 2
-    short = core.arrive(0.2, "short", "w", 100)    # level 0, arrived later
-    assert core.release(0.3) == []                  # cap 1 reached
-    assert [t.session for t in core.queue(0.3, "w")] == ["short", "long"]
-    end_ok(core, 1.0, first.call, 100)
-    assert core.release(1.0) == [short]
-    end_ok(core, 2.0, short.call, 100)
-    assert core.release(2.0) == [long]
-    assert long.waited_s() == pytest.approx(1.9)
+    early = core.arrive(0.0, "early", "w", 100)
+    assert core.release(0.0) == [early]
+    end_ok(core, 0.5, early.call, 100)
+    x = core.arrive(0.6, "x", "w", 100)
+    assert core.release(0.6) == [x]
+    late = core.arrive(0.7, "late", "w", 100)
+    back = core.arrive(0.8, "early", "w", 200)  # the earliest session, back from its tool
+    assert core.release(0.9) == []                  # cap 1 reached
+    assert [t.session for t in core.queue(0.9, "w")] == ["early", "late"]
+    end_ok(core, 1.0, x.call, 100)
+    assert core.release(1.0) == [back]
+    end_ok(core, 2.0, back.call, 200)
+    assert core.release(2.0) == [late]
+    assert late.waited_s() == pytest.approx(1.3)
 
 
 def test_a_call_without_a_body_priority_waits_in_the_gate_of_a_priority_worker() -> None:
@@ -45,12 +48,15 @@ def test_a_call_without_a_body_priority_waits_in_the_gate_of_a_priority_worker()
 
 
 def test_aging_promotes_a_waiting_continuation() -> None:
-    core = make(aging_period_s=10.0)
+    core = make(priority_policy="las", aging_period_s=10.0)
     core.set_facts("w", WorkerFacts(max_num_seqs=1))
     blocker = core.arrive(0.0, "b", "w", 10)
     core.release(0.0)
-    old = core.arrive(0.0, "old", "w", 20_000)     # level 2
-    new = core.arrive(25.0, "new", "w", 3_000)     # level 1
+    core.service.add("old", 10_000)
+    core.service.add("new", 3_000)
+    old = core.arrive(0.0, "old", "w", 100)         # level 2
+    new = core.arrive(25.0, "new", "w", 100)        # level 1
+    assert (old.level, new.level) == (2, 1)
     # at 25 s the old one has aged two levels (2 → 0): it goes first
     end_ok(core, 25.0, blocker.call, 10)
     assert core.release(25.0) == [old]
@@ -82,7 +88,7 @@ def test_kv_gate_backfills_a_bounded_number_of_times() -> None:
     core.set_facts("w", WorkerFacts(max_num_seqs=100, total_blocks=100, block_size=16))
     running = core.arrive(0.0, "r", "w", 60 * 16)   # 60 blocks
     assert core.release(0.0) == [running]
-    big = core.arrive(0.1, "big", "w", 50 * 16)     # level 0, 50 blocks: does not fit in 40
+    big = core.arrive(0.1, "big", "w", 50 * 16)     # first in order, 50 blocks: not in 40
     smalls = [core.arrive(0.2 + i / 10, f"s{i}", "w", 5 * 16) for i in range(4)]
     out = core.release(1.0)
     assert out == smalls[:2]          # two pass the head, no more
@@ -121,8 +127,8 @@ def test_gate_drops_dormant_reservations_before_holding_running_work() -> None:
     core = yielding(kv_reserve_frac=0.0)
     core.set_facts("w", WorkerFacts(total_blocks=100, block_size=16,
                                     prefill_tokens_per_s=100.0))
-    # two dormant sessions hold 30 (level 0) and 30 (level 2) blocks
-    for s, prompt in (("low", 20_000 // 16 * 0 + 470), ("high", 470)):
+    # two dormant sessions hold 30 blocks each
+    for s, prompt in (("low", 470), ("high", 470)):
         t = core.arrive(0.0, s, "w", prompt)
         core.release(0.0)
         end_ok(core, 0.5, t.call, prompt, completion=10, tool=1.0)
@@ -136,18 +142,17 @@ def test_gate_drops_dormant_reservations_before_holding_running_work() -> None:
 
 
 def test_a_later_class_runs_after_the_first() -> None:
-    # The class rank comes before the level: in the gate, and in the engine's priority.
+    # The class rank comes before the session order: in the gate and in the engine's priority.
     core = make()
     core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
     core.set_facts("w", WorkerFacts(max_num_seqs=1, block_size=16))
     first = core.arrive(0.0, "x", "w", 100)
     assert core.release(0.0) == [first]
-    core.arrive(0.1, "batch", "w", 100)  # level 0, batch
-    core.arrive(0.2, "inter", "w", 20_000)  # level 2, first class
+    core.arrive(0.1, "batch", "w", 100)  # arrived first, batch
+    core.arrive(0.2, "inter", "w", 100)  # arrived later, first class
     assert [t.session for t in core.queue(0.3, "w")] == ["inter", "batch"]
     core.set_mode("w", "priority")
     b, i = core.arrive(1.0, "batch2", "w", 100), core.arrive(1.0, "inter2", "w", 100)
-    assert b.level == i.level == 0
     assert b.priority is not None and i.priority is not None and b.priority > i.priority
 
 
