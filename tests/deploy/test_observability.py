@@ -141,7 +141,7 @@ def test_dashboard_is_valid_grafana_json() -> None:
     for want in ("window", "kv cache", "cpu pressure", "tools in flight", "queue length",
                  "admission wait", "rejections", "latency", "first token", "proxy overhead",
                  # caps, session latency, warm resumes, the scheduler, refusals
-                 "caps per worker", "session latency", "warm-resume", "mlfq level",
+                 "caps per worker", "session latency", "warm-resume", "continuations by level",
                  "dispatch queue", "dispatch wait", "kv ledger", "retention decisions",
                  "priority mode", "refused"):
         assert want in titles, want

@@ -34,9 +34,9 @@ def test_direct_is_always_first_and_all_adds_ablations() -> None:
 def test_overrides_nest_parse_yaml_and_win_over_bench_defaults() -> None:
     sets = options.parse_sets(["admission.window_max=8", "admission.window_init=8",
                                "admission.queue_deadline_s=100",
-                               "scheduler.tuning.level_thresholds=[1, 2, 3]"])
+                               "scheduler.tuning.service_thresholds=[1, 2, 3]"])
     assert sets["admission"] == {"queue_deadline_s": 100, "window_max": 8, "window_init": 8}
-    assert sets["scheduler"]["tuning"]["level_thresholds"] == [1, 2, 3]
+    assert sets["scheduler"]["tuning"]["service_thresholds"] == [1, 2, 3]
     cfg = options.proxy_config("continuum", sets, ["http://w0"])
     assert cfg.admission.window_max == 8 and cfg.scheduler.priority_policy == "session_fcfs"
     assert options.parse_sets([])["admission"]["queue_deadline_s"] == 86_400
