@@ -77,10 +77,11 @@ def _engine_core(url: str, run_dir: Path) -> psutil.Process:
 
 async def _order(http: aiohttp.ClientSession, base: str, engine: str, run_dir: Path
                  ) -> list[str]:
-    """Five requests reach a paused engine: a blocker (a 4080-token decode), a long cold prompt
-    (3000 tokens: level 1), then three short ones (level 0). The engine resumes, runs the blocker
-    in its only slot (about a second) while it takes in the other four, then picks among them.
-    Returns the order in which those four completed.
+    """Five requests reach a paused engine: a blocker (a 4080-token decode), a new session's
+    long cold prompt (3000 tokens), then three short continuations of sessions that started
+    before it (session order puts them first). The engine resumes, runs the blocker (the
+    earliest session) in its only slot (about a second) while it takes in the other four, then
+    picks among them. Returns the order in which those four completed.
 
     Pausing the engine core (SIGSTOP) is what makes them queue together: the tiny model decodes
     thousands of tokens a second, so no blocker lasts long enough for requests sent one after
@@ -92,6 +93,8 @@ async def _order(http: aiohttp.ClientSession, base: str, engine: str, run_dir: P
     def ids(n: int) -> list[int]:  # fresh ids: no prefix-cache hit shortens anything
         return [rng.randrange(100, 1000) for _ in range(n)]
 
+    for session in ("blocker", "short0", "short1", "short2"):  # earlier turns: older sessions
+        await _complete(http, base, session, ids(10), 1, [])
     core = _engine_core(engine, run_dir)
     done: list[str] = []
     core.suspend()
