@@ -72,16 +72,13 @@ _MISSING = object()
 
 
 def _get(tree: Mapping[str, Any], path: str) -> Any:
+    """The value at dotted ``path``, or ``_MISSING``."""
     node: Any = tree
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return _MISSING
         node = node[part]
     return node
-
-
-def _has(tree: Mapping[str, Any], path: str) -> bool:
-    return _get(tree, path) is not _MISSING
 
 
 def env_name(path: str, prefix: str) -> str:
@@ -95,11 +92,11 @@ def retired_keys(tree: Mapping[str, Any], source: str, env_prefix: str = "") -> 
     (``tree`` came from one environment variable) the replacement is named as a variable too."""
     lines = []
     for old, new in MOVED.items():
-        if _has(tree, old):
+        if _get(tree, old) is not _MISSING:
             hint = f"; set {env_name(new, env_prefix)}" if env_prefix else ""
             lines.append(f"  {old} moved to {new} ({source}{hint})")
     for old, now in REMOVED.items():
-        if _has(tree, old):
+        if _get(tree, old) is not _MISSING:
             lines.append(f"  {old} was removed: {now} ({source})")
     for (path, value), instead in RETIRED_VALUES.items():
         if _get(tree, path) == value:

@@ -12,8 +12,8 @@ clock-injected (``now`` is a parameter; no I/O):
   their KV fits the budget; a head that does not fit lets smaller ones pass, a bounded number
   of times. On an idle worker the head goes even so, unless it yields to a session due back
   (``next_release_at``: when the driver should ask again).
-- ``end``: a call finished: attained service, warm-resume accounting, the retention decision
-  for the coming tool phase and its reservation in the KV ledger.
+- ``end``: a call finished: attained service (``las``), warm-resume accounting, the retention
+  decision for the coming tool phase and its reservation in the KV ledger.
 - ``tick``: reservations whose TTL ended go; under KV pressure dormant sessions' reservations
   are dropped, least urgent first.
 - ``session_ended``: forget the session.
@@ -221,10 +221,10 @@ class SchedulerCore(DispatchGate):
         t = self.cancel(call)
         session = t.session if t is not None else None
         if t is None or session is None:
-            return EndResult(None, 0.0, None, 0, None, None)
-        attained = self.service.add(
-            session, service_of(self.cfg, prompt_tokens, completion_tokens, engine_s)
-        )
+            return EndResult(None, None, 0, None, None)
+        if self.cfg.priority_policy == "las":  # attained service orders las alone
+            self.service.add(
+                session, service_of(self.cfg, prompt_tokens, completion_tokens, engine_s))
         sess = self._sessions.get(session)
         resume: Literal["warm", "cold"] | None = None
         if sess is not None and ok and prompt_tokens > 0:
@@ -250,7 +250,7 @@ class SchedulerCore(DispatchGate):
             if outcome.retain and outcome.ttl_s > 0:
                 lvl = t.level if t.level is not None else LOWEST
                 self.ledger.reserve(session, t.worker, outcome.blocks, now, outcome.ttl_s, lvl)
-        return EndResult(t, attained, outcome, context, facts.prefill_tokens_per_s, resume)
+        return EndResult(t, outcome, context, facts.prefill_tokens_per_s, resume)
 
     # -- time passes ----------------------------------------------------------------------
     def tick(self, now: float) -> TickResult:

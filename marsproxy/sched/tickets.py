@@ -54,7 +54,6 @@ class Ticket:
 @dataclass(frozen=True, slots=True)
 class EndResult:
     ticket: Ticket | None  # None: the call was unknown (already ended)
-    attained: float
     retention: RetentionOutcome | None  # None: no decision (failed, final, or not retainable)
     context_tokens: int
     prefill_tokens_per_s: float | None

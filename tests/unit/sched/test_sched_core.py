@@ -35,6 +35,7 @@ def test_a_continuation_back_after_its_ttl_is_cold() -> None:
     end_ok(core, 1.0, t.call, 1_000, completion=1_500, tool=1.0)
     t2 = core.arrive(5.0, "s", "w", 1_100)  # TTL 1 s ended: cold, all 1_100 tokens count
     assert (t2.warm, t2.uncached_tokens) == (False, 1_100)
+    assert len(core.service) == 0  # attained service is kept for las alone
 
 
 def test_las_uses_only_attained_service() -> None:
@@ -156,10 +157,11 @@ def test_resume_stats_count_warm_and_cold_by_retention() -> None:
 
 
 def test_session_end_forgets_and_releases() -> None:
-    core = make()
+    core = make(priority_policy="las")
     core.set_facts("w", WorkerFacts(prefill_tokens_per_s=1.0, block_size=16))
     t = core.arrive(0.0, "s", "w", 1_000)
     end_ok(core, 1.0, t.call, 1_000, tool=5.0)
+    assert core.service.attained("s") == 1_010.0
     assert core.session_ended("s") is not None
     assert core.retained_blocks("w") == 0 and core.service.attained("s") == 0.0
 

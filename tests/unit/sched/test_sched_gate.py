@@ -128,7 +128,7 @@ def test_gate_drops_dormant_reservations_before_holding_running_work() -> None:
     core.set_facts("w", WorkerFacts(total_blocks=100, block_size=16,
                                     prefill_tokens_per_s=100.0))
     # two dormant sessions hold 30 blocks each
-    for s, prompt in (("low", 470), ("high", 470)):
+    for s, prompt in (("a", 470), ("b", 470)):
         t = core.arrive(0.0, s, "w", prompt)
         core.release(0.0)
         end_ok(core, 0.5, t.call, prompt, completion=10, tool=1.0)
