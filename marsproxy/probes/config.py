@@ -14,23 +14,39 @@ from marsproxy.config_section import Section as _Section
 
 
 class VllmProbeConfig(_Section):
-    period_s: float = Field(0.2, gt=0, description="Period of scraping each worker's /metrics.")
+    period_s: float = Field(
+        0.2, gt=0,
+        description="Period of scraping each worker's /metrics while it serves (or sessions"
+        " wait for it, or its last scrape failed).",
+    )
+    idle_period_s: float = Field(
+        1.0, gt=0,
+        description="Period of scraping an idle worker: it runs and queues nothing, and no call"
+        " of the proxy is in flight there. Each scrape costs the engine's API server CPU (vLLM"
+        " renders a ~50 KB page); at or below period_s: always period_s.",
+    )
     timeout_s: float = Field(
         0.5, gt=0, description="Timeout of one /metrics scrape; a timeout counts as a scrape error."
     )
     stale_after_s: float = Field(
-        1.0,
+        2.5,
         gt=0,
-        description="A worker whose last good sample is older than this is stale: saturated.",
+        description="A worker whose last good sample is older than this is stale: saturated."
+        " Longer than idle_period_s.",
     )
 
+    @property
+    def slowest_period_s(self) -> float:
+        return max(self.period_s, self.idle_period_s)
+
     @model_validator(mode="after")
-    def _stale_after_exceeds_period(self) -> VllmProbeConfig:
+    def _stale_after_exceeds_periods(self) -> VllmProbeConfig:
         # Otherwise every worker would flap to stale between two healthy scrapes.
-        if self.stale_after_s <= self.period_s:
+        if self.stale_after_s <= self.slowest_period_s:
             raise ValueError(
-                f"stale_after_s ({self.stale_after_s}) must be longer than period_s "
-                f"({self.period_s})"
+                f"stale_after_s ({self.stale_after_s}) must be longer than the scrape periods"
+                f" (period_s {self.period_s}, idle_period_s {self.idle_period_s}): raise it, or"
+                " lower idle_period_s"
             )
         return self
 

@@ -1,5 +1,6 @@
 """The asyncio shell around :mod:`marsproxy.probes.vllm_metrics`: scrape every worker's
-``/metrics`` periodically and keep the latest sample and rates of each.
+``/metrics`` periodically and keep the latest sample and rates of each, slower while a worker
+is idle (:mod:`marsproxy.probes.scrape_pace`).
 
 Each worker has its own task, so a slow or hung worker delays nobody else. Errors (connect
 failures, timeouts, non-200, unparseable pages) are counted per worker and never reach callers;
@@ -18,10 +19,13 @@ from dataclasses import dataclass
 import aiohttp
 
 from marsproxy.probes.config import VllmProbeConfig
+from marsproxy.probes.scrape_pace import ScrapePace
 from marsproxy.probes.vllm_metrics import MetricsParseError, WorkerMetrics, parse_vllm_metrics
 from marsproxy.probes.vllm_rates import MetricsTracker, WorkerRates
 
 log = logging.getLogger(__name__)
+
+_IDENTITY = {"Accept-Encoding": "identity"}
 
 SampleCallback = Callable[[str, WorkerMetrics, WorkerRates], None]
 """Called with (worker name, sample, rates) after every good scrape."""
@@ -65,7 +69,9 @@ class _WorkerState:
 
 
 class VllmScraper:
-    """Scrapes ``/metrics`` of each ``(name, base_url)`` worker every ``period_s``.
+    """Scrapes ``/metrics`` of each ``(name, base_url)`` worker every ``period_s``, or every
+    ``idle_period_s`` while it is idle: it runs and queues nothing, and ``busy(name)`` (the
+    proxy's calls in flight there, sessions waiting for it) is false.
 
     ``clock`` stamps samples and judges staleness (inject a fake one in tests); the pacing of
     scrapes uses the event loop's own timer.
@@ -77,17 +83,22 @@ class VllmScraper:
         http: aiohttp.ClientSession,
         *,
         period_s: float = 0.2,
+        idle_period_s: float | None = None,
         timeout_s: float = 0.5,
-        stale_after_s: float = 1.0,
+        stale_after_s: float = 2.5,
         clock: Callable[[], float] = time.monotonic,
         on_sample: SampleCallback | None = None,
+        busy: Callable[[str], bool] | None = None,
     ) -> None:
+        """``idle_period_s``: ``None`` (or not above ``period_s``), always ``period_s``."""
         names = [name for name, _ in workers]
         if len(set(names)) != len(names):
             raise ValueError(f"worker names must be unique, got {names}")
         self._workers = {name: _WorkerState(name, url) for name, url in workers}
         self._http = http
         self.period_s = period_s
+        self.pace = ScrapePace(period_s, max(period_s, idle_period_s or period_s))
+        self._busy = busy
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
         self._clock = clock
@@ -103,15 +114,18 @@ class VllmScraper:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_sample: SampleCallback | None = None,
+        busy: Callable[[str], bool] | None = None,
     ) -> VllmScraper:
         return cls(
             workers,
             http,
             period_s=cfg.period_s,
+            idle_period_s=cfg.idle_period_s,
             timeout_s=cfg.timeout_s,
             stale_after_s=cfg.stale_after_s,
             clock=clock,
             on_sample=on_sample,
+            busy=busy,
         )
 
     @property
@@ -144,7 +158,8 @@ class VllmScraper:
         started = self._clock()
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self._http.get(state.url) as resp:
+                # Uncompressed: next to the engine the bytes are cheap, compressing them is not.
+                async with self._http.get(state.url, headers=_IDENTITY) as resp:
                     if resp.status != 200:
                         raise _ScrapeError(f"HTTP {resp.status}")
                     body = await resp.read()
@@ -188,6 +203,12 @@ class VllmScraper:
             last_error=state.last_error,
         )
 
+    def period(self, name: str) -> float:
+        """Seconds from the start of this scrape of worker ``name`` to the next."""
+        state = self._workers[name]
+        busy = self._busy is not None and self._busy(name)
+        return self.pace.period(state.tracker.latest, failing=state.failing, busy=busy)
+
     def snapshots(self) -> dict[str, WorkerPressure]:
         return {name: self.snapshot(name) for name in self._workers}
 
@@ -196,9 +217,20 @@ class VllmScraper:
         while True:
             began = loop.time()
             await self.scrape_once(state.name)
-            # Fixed period from the start of each scrape; a scrape longer than the period
-            # is followed by the next one at once (but still yields to the loop).
-            await asyncio.sleep(max(0.0, self.period_s - (loop.time() - began)))
+            await self.wait_next(state.name, began)
+
+    async def wait_next(self, name: str, began: float) -> None:
+        """Sleep until the next scrape of ``name`` is due; ``began``: the loop time the last
+        one started. A scrape longer than the period is followed by the next at once (after a
+        yield to the loop). An idle period is slept in steps of ``period_s``, so a worker that
+        a call starts on is scraped again within ``period_s``."""
+        loop = asyncio.get_running_loop()
+        left = self.period(name) - (loop.time() - began)
+        while True:
+            await asyncio.sleep(max(0.0, min(left, self.period_s)))
+            left = self.period(name) - (loop.time() - began)
+            if left <= 0:
+                return
 
     def _record_error(self, state: _WorkerState, exc: BaseException) -> None:
         state.errors += 1

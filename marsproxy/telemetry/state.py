@@ -90,6 +90,8 @@ class WorkerState(TypedDict):
     block_size: int | None
     num_gpu_blocks: int | None
     scrape_errors: int
+    scrape_period_s: float | None
+    """The scrape period now: ``probes.vllm.period_s``, or ``idle_period_s`` while idle."""
     sessions: int
     requests_in_flight: int
     gpu: GpuState

@@ -147,7 +147,8 @@ async def make_cluster(
             "workers:\n"
             + "".join(f"  - {{url: '{u}', name: {n}}}\n" for n, u in emulators.items())
             + "health: {interval_s: 0.2}\n"
-            + "probes: {vllm: {period_s: 0.1, stale_after_s: 1.0}, nvml: {enabled: false}}\n"
+            + "probes: {vllm: {period_s: 0.1, idle_period_s: 0.1, stale_after_s: 1.0},"
+            + " nvml: {enabled: false}}\n"
             + f"admission: {{window_init: {WINDOW}, window_min: {WINDOW}, window_max: {WINDOW},"
             + " tuning: {control_interval_s: 0.1}}\n"
             + f"store: {{backend: redis, redis_url: '{server.url}', pool: {POOL}, "

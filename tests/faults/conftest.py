@@ -31,7 +31,8 @@ BASE_CONFIG: dict[str, Any] = {
     "health": {"interval_s": 0.2, "timeout_s": 0.3, "unhealthy_after": 2, "healthy_after": 1},
     "upstream": {"connect_timeout_s": 0.5, "first_byte_timeout_s": 2.0, "idle_timeout_s": 1.0},
     "probes": {
-        "vllm": {"period_s": 0.1, "timeout_s": 0.3, "stale_after_s": 1.0},
+        "vllm": {"period_s": 0.1, "idle_period_s": 0.1, "timeout_s": 0.3,
+                 "stale_after_s": 1.0},
         "nvml": {"enabled": False},
         "cpu": {"tool_cpus": 256},  # the tests' "tools" are sleeps: never CPU-bound
     },

@@ -140,6 +140,7 @@ def _worker(gw: Gateway, w: WorkerConfig) -> WorkerState:
         "block_size": None if m is None else m.block_size,
         "num_gpu_blocks": None if m is None else m.num_gpu_blocks,
         "scrape_errors": 0 if p is None else p.scrape_errors,
+        "scrape_period_s": gw.telemetry.scrape_period(w.label),
         "sessions": gw.placement.load().get(w.url, 0),
         "requests_in_flight": gw.in_flight_by_worker[w.url],
         "gpu": _gpu(None if gpus is None else gpus.get(w.label)),

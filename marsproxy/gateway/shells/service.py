@@ -49,12 +49,14 @@ class Gateway:
         self.cfg = cfg
         self.now = clock
         self.workers: dict[str, WorkerConfig] = {w.url: w for w in cfg.workers}
+        self._urls = {w.label: w.url for w in cfg.workers}
         self.metrics = GatewayMetrics()
         self.telemetry = tel = Telemetry(cfg, self.metrics)
         # The one control plane: every decision about a session is its.
         self.plane = ControlPlane(cfg, [w.label for w in cfg.workers],
                                   tool_cpus=tel.cpu_probe.tool_cpus,
                                   tools=(tel.tracker, tel.tool_signal), log=log)
+        tel.busy = self._busy
         self.placement = Placement([w.url for w in cfg.workers])
         self.sessions = ObservedSessions(
             idle_ttl_s=cfg.sessions.idle_ttl_s,
@@ -155,6 +157,14 @@ class Gateway:
                 if blocks is not None:
                     obs[label] = dataclasses.replace(o, session_blocks=blocks)
         return obs
+
+    def _busy(self, worker: str) -> bool:
+        """Calls in flight on ``worker``, or sessions waiting: for admission (any worker may
+        take them) or in its dispatch gate."""
+        plane = self.plane
+        return (self.in_flight_by_worker[self._urls[worker]] > 0
+                or len(plane.admission.queue) > 0 or plane.pending_count > 0
+                or plane.scheduler.queue_length(worker) > 0)
 
     async def _plane_loop(self) -> None:
         # Admission off: the plane still ticks (KV holds and idle timeouts steer placement).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -59,6 +60,9 @@ class Telemetry:
         )
         self.tracker, self.tool_signal = tool_plane(cfg.tools, self.cpu_probe.tool_cpus)
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
+        self.busy: Callable[[str], bool] = lambda _worker: False
+        """Whether the proxy has calls in flight on a worker or sessions waiting for it (its
+        scrapes stay fast then)."""
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None
         self._sinks: list[_Sink] = []
@@ -104,7 +108,8 @@ class Telemetry:
             connector=aiohttp.TCPConnector(limit=max(4, 2 * len(self.worker_names))),
         )
         self.scraper = VllmScraper.from_config(
-            vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http
+            vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http,
+            busy=lambda w: self.busy(w),
         )
         self._tasks = [
             asyncio.create_task(self._scrape_loop(name), name=f"vllm-scrape-{name}")
@@ -137,7 +142,7 @@ class Telemetry:
         # so a worker that stops answering shows up in the stream as stale).
         assert self.scraper is not None
         loop = asyncio.get_running_loop()
-        every, period = self.cfg.telemetry.pressure_sample_every, self.scraper.period_s
+        every = self.cfg.telemetry.pressure_sample_every
         n = 0
         while True:
             began = loop.time()
@@ -145,7 +150,7 @@ class Telemetry:
             n += 1
             if n % every == 0:
                 self.bus.publish(self._pressure_sample(self.scraper.snapshot(name)))
-            await asyncio.sleep(max(0.0, period - (loop.time() - began)))
+            await self.scraper.wait_next(name, began)
 
     def _pressure_sample(self, p: WorkerPressure) -> PressureSample:
         m = p.metrics
@@ -177,3 +182,6 @@ class Telemetry:
 
     def worker_pressure(self, name: str) -> WorkerPressure | None:
         return None if self.scraper is None else self.scraper.snapshot(name)
+
+    def scrape_period(self, name: str) -> float | None:
+        return None if self.scraper is None else self.scraper.period(name)

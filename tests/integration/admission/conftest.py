@@ -114,7 +114,8 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 "server": {"port": 0},
                 "health": {"interval_s": 0.1, "timeout_s": 0.5},
                 "probes": {
-                    "vllm": {"period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.5},
+                    "vllm": {"period_s": 0.05, "idle_period_s": 0.05, "timeout_s": 0.2,
+                             "stale_after_s": 0.5},
                     "nvml": {"enabled": False},
                     "cpu": {"period_s": 0.1} | (cpu or {}),
                 },

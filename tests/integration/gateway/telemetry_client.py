@@ -25,7 +25,8 @@ def config(workers: list[str], **sections: Any) -> MarsConfig:
     over: dict[str, Any] = {
         "workers": workers,
         "server": {"port": 0},
-        "probes": {"vllm": {"period_s": 0.05, "stale_after_s": 0.3}, "nvml": {"enabled": False}},
+        "probes": {"vllm": {"period_s": 0.05, "idle_period_s": 0.05, "stale_after_s": 0.3},
+                   "nvml": {"enabled": False}},
     }
     for k, v in sections.items():
         over[k] = {**over.get(k, {}), **v}

@@ -40,8 +40,16 @@ class Stack:
             return await r.json()  # type: ignore[no-any-return]
 
 
+FAST = {"period_s": 0.05, "idle_period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.3}
+
+
 @pytest.fixture
 async def stack(run_app: Any) -> AsyncIterator[Stack]:
+    async for s in _stack(run_app, FAST):
+        yield s
+
+
+async def _stack(run_app: Any, vllm_probe: dict[str, float]) -> AsyncIterator[Stack]:
     apps = [create_app(EmulatorOptions(profile="tiny", time_scale=1.0)) for _ in range(2)]
     workers = [await run_app(a) for a in apps]
     cfg = load_config(
@@ -52,7 +60,7 @@ async def stack(run_app: Any) -> AsyncIterator[Stack]:
             "server": {"port": 0},
             "health": {"interval_s": 0.1, "timeout_s": 0.5},
             "probes": {
-                "vllm": {"period_s": 0.05, "timeout_s": 0.2, "stale_after_s": 0.3},
+                "vllm": vllm_probe,
                 "nvml": {"enabled": False},
                 "cpu": {"period_s": 0.1},
             },
@@ -92,6 +100,29 @@ async def _poll(s: Stack, cond: Any, within: float = 10.0) -> dict[str, Any]:
         if loop.time() > end:
             raise AssertionError(f"state never matched; last: {doc}")
         await asyncio.sleep(0.05)
+
+
+async def test_idle_workers_are_scraped_slowly_until_a_call_runs(run_app: Any) -> None:
+    # Longer than every poll's bound: only the proxy's own call can bring a scrape in time.
+    probe = {"period_s": 0.05, "idle_period_s": 30.0, "timeout_s": 0.5, "stale_after_s": 60.0}
+    async for s in _stack(run_app, probe):
+        def periods(doc: dict[str, Any]) -> list[float]:
+            return [w["scrape_period_s"] for w in doc["workers"]]
+
+        await _poll(s, lambda d: periods(d) == [30.0, 30.0])  # both idle after a first scrape
+        stream = asyncio.create_task(_long_stream(s, "one"))
+        try:
+            # The worker serving it is scraped every period_s (its own page, once read, shows
+            # the call running); the other stays idle.
+            doc = await _poll(s, lambda d: sorted(periods(d)) == [0.05, 30.0] and any(
+                (w["running"] or 0) > 0 for w in d["workers"]))
+            serving = next(w for w in doc["workers"] if w["scrape_period_s"] == 0.05)
+            assert serving["requests_in_flight"] == 1 and not serving["stale"]
+        finally:
+            stream.cancel()
+            await asyncio.gather(stream, return_exceptions=True)
+        # Done: once a page shows nothing running there, idle again.
+        await _poll(s, lambda d: periods(d) == [30.0, 30.0])
 
 
 async def test_state_shows_load_then_staleness(stack: Stack) -> None:

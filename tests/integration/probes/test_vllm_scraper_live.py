@@ -24,6 +24,13 @@ from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import VllmScraper
 
 PAGE = Path(__file__).parents[2] / "unit" / "probes" / "fixtures" / "vllm-like-single.txt"
+IDLE_PAGE = (
+    PAGE.read_text()
+    .replace('vllm:num_requests_running{engine="0",model_name="tiny"} 3.0',
+             'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0')
+    .replace('vllm:num_requests_waiting{engine="0",model_name="tiny"} 5.0',
+             'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0')
+)
 
 
 @dataclass
@@ -41,6 +48,7 @@ class Workers:
     base: str
     mode: dict[str, str] = field(default_factory=dict)
     hits: dict[str, int] = field(default_factory=dict)
+    encodings: set[str] = field(default_factory=set)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def url(self, name: str) -> str:
@@ -55,6 +63,7 @@ async def workers() -> AsyncIterator[Workers]:
     async def metrics(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         state.hits[name] = state.hits.get(name, 0) + 1
+        state.encodings.add(request.headers.get("Accept-Encoding", ""))
         mode = state.mode.get(name, "ok")
         if mode == "hang":
             await state.release.wait()
@@ -62,6 +71,8 @@ async def workers() -> AsyncIterator[Workers]:
             return web.Response(status=500, text="Internal Server Error")
         if mode == "garbage":
             return web.Response(text="<html><body>oops</body></html>")
+        if mode == "idle":  # nothing running or queued in the engine
+            return web.Response(text=IDLE_PAGE, content_type="text/plain")
         return web.Response(text=page, content_type="text/plain")
 
     app = web.Application()
@@ -219,10 +230,36 @@ async def test_callback_per_sample_and_a_failing_callback_is_contained(
     assert scraper.snapshot("a").scrape_errors == 0
 
 
+async def test_an_idle_worker_is_scraped_at_the_idle_period(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    workers.mode["a"] = "idle"  # b serves the busy page (requests running and queued)
+    busy = {"a": False, "b": False}
+    scraper = make(workers, http, FakeClock(), period_s=0.01, idle_period_s=5.0,
+                   stale_after_s=10.0, busy=busy.__getitem__)
+    await scraper.start()
+    try:
+        await wait_until(lambda: workers.hits.get("b", 0) >= 30, "b scraped 30 times")
+        assert (scraper.period("a"), scraper.period("b")) == (5.0, 0.01)
+        assert workers.hits["a"] == 1  # the first scrape; the next is five seconds away
+        snap = scraper.snapshot("a")
+        assert snap.metrics is not None and snap.metrics.running == 0
+        # A call starts on a: it is scraped every period_s again, without sleeping out the
+        # idle period it was in.
+        busy["a"] = True
+        assert scraper.period("a") == 0.01
+        await wait_until(lambda: workers.hits["a"] >= 10, "a scraped fast while busy")
+        # The page is asked for uncompressed: gzip would cost the engine CPU.
+        assert workers.encodings == {"identity"}
+    finally:
+        await scraper.stop()
+
+
 async def test_from_config_and_unique_names(http: aiohttp.ClientSession) -> None:
-    cfg = VllmProbeConfig(period_s=0.1, timeout_s=0.3, stale_after_s=2.0)
+    cfg = VllmProbeConfig(period_s=0.1, idle_period_s=1.5, timeout_s=0.3, stale_after_s=2.0)
     s = VllmScraper.from_config(cfg, [("x", "http://127.0.0.1:1/")], http)
     assert (s.period_s, s.timeout_s, s.stale_after_s) == (0.1, 0.3, 2.0)
+    assert s.pace.idle_period_s == 1.5
     assert s.workers == ("x",)
     with pytest.raises(ValueError, match="unique"):
         VllmScraper([("x", "http://a"), ("x", "http://b")], http)
