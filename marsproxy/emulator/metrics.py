@@ -221,7 +221,10 @@ class EmulatorMetrics:
         for gap in fin.token_gaps:
             self.itl.observe(gap)
 
-    def render(self) -> bytes:
+    def render(self, names: list[str] | None = None) -> bytes:
+        """The page; ``names``: only those series (prometheus_client's ``name[]`` filter)."""
+        if names:
+            return generate_latest(self.registry.restricted_registry(names))
         return generate_latest(self.registry)
 
 

@@ -186,9 +186,12 @@ class _Handlers:
         return _json({} if cfg is None or not cfg.publishes else {"0": cfg.source()})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """The whole page at /metrics; at /metrics/ (prometheus_client's app in vLLM) only the
+        series named in ``name[]`` when given."""
         self.runner.metrics.record_state(self.runner.engine.stats())
+        names = request.query.getall("name[]", []) if request.path.endswith("/") else []
         return web.Response(
-            body=self.runner.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=self.runner.metrics.render(names), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
 
@@ -215,6 +218,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app.router.add_post("/ping", h.health)
     app.router.add_get("/version", h.version)
     app.router.add_get("/metrics", h.metrics)
+    app.router.add_get("/metrics/", h.metrics)
     app.router.add_get("/kv_event_sources", h.kv_event_sources)
     app.router.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing else serves
 

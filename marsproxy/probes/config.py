@@ -23,7 +23,7 @@ class VllmProbeConfig(_Section):
         1.0, gt=0,
         description="Period of scraping an idle worker: it runs and queues nothing, and no call"
         " of the proxy is in flight there. Each scrape costs the engine's API server CPU (vLLM"
-        " renders a ~50 KB page); at or below period_s: always period_s.",
+        " renders the page for every read); at or below period_s: always period_s.",
     )
     timeout_s: float = Field(
         0.5, gt=0, description="Timeout of one /metrics scrape; a timeout counts as a scrape error."

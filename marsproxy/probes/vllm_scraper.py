@@ -15,12 +15,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import aiohttp
 
 from marsproxy.probes.config import VllmProbeConfig
 from marsproxy.probes.scrape_pace import ScrapePace
-from marsproxy.probes.vllm_metrics import MetricsParseError, WorkerMetrics, parse_vllm_metrics
+from marsproxy.probes.vllm_metrics import (
+    READ_NAMES,
+    MetricsParseError,
+    WorkerMetrics,
+    parse_vllm_metrics,
+)
 from marsproxy.probes.vllm_rates import MetricsTracker, WorkerRates
 
 log = logging.getLogger(__name__)
@@ -55,11 +61,17 @@ class WorkerPressure:
 
 
 class _WorkerState:
-    __slots__ = ("cache_config", "errors", "failing", "last_error", "name", "tracker", "url")
+    __slots__ = ("cache_config", "errors", "failing", "filtered", "last_error", "name", "tracker",
+                 "url", "url_filtered")
 
     def __init__(self, name: str, url: str) -> None:
         self.name = name
         self.url = url.rstrip("/") + "/metrics"
+        # vLLM serves prometheus_client's own app under /metrics/ (trailing slash), which
+        # renders only the series named in name[]; /metrics is the whole page.
+        self.url_filtered = self.url + "/?" + urlencode([("name[]", n) for n in READ_NAMES])
+        self.filtered: bool | None = None
+        """Whether the filtered page serves this worker (``None``: to be tried)."""
         self.tracker = MetricsTracker()
         self.errors = 0
         self.last_error: str | None = None
@@ -158,23 +170,15 @@ class VllmScraper:
         started = self._clock()
         try:
             async with asyncio.timeout(self.timeout_s):
-                # Uncompressed: next to the engine the bytes are cheap, compressing them is not.
-                async with self._http.get(state.url, headers=_IDENTITY) as resp:
-                    if resp.status != 200:
-                        raise _ScrapeError(f"HTTP {resp.status}")
-                    body = await resp.read()
-            # Stamp with the send time: the page shows the state when the request arrived,
-            # and the earlier stamp errs on the side of staleness.
-            sample = parse_vllm_metrics(
-                body.decode("utf-8", errors="replace"), started,
-                known_cache_config=state.cache_config,
-            )
+                sample = await self._read(state, started)
         except (TimeoutError, aiohttp.ClientError, OSError, MetricsParseError, _ScrapeError) as exc:
             self._record_error(state, exc)
             return False
         rates = state.tracker.update(sample)
         if rates.restarted:
-            state.cache_config = None  # a restarted server may have a new KV geometry
+            # A restarted server may have a new KV geometry, or a new version and routes.
+            state.cache_config = None
+            state.filtered = None
         elif state.cache_config is None and sample.block_size is not None:
             state.cache_config = (sample.block_size, sample.num_gpu_blocks)
         if state.failing:
@@ -187,6 +191,35 @@ class VllmScraper:
                 # A broken subscriber must not stop the scraping that fail-closed relies on.
                 log.exception("on_sample callback failed for worker %s", name)
         return True
+
+    async def _read(self, state: _WorkerState, started: float) -> WorkerMetrics:
+        """The worker's sample: from the filtered page where it serves one, else the whole."""
+        if state.filtered is False:
+            return await self._get(state, state.url, started)
+        try:
+            sample = await self._get(state, state.url_filtered, started)
+        except (MetricsParseError, _ScrapeError) as exc:
+            # It answered, not with a metrics page: a server without the filtered route.
+            sample = await self._get(state, state.url, started)
+            log.info("vllm scrape of %s: no filtered /metrics/ page (%s); reading the whole"
+                     " page", state.name, exc)
+            state.filtered = False
+            return sample
+        state.filtered = True
+        return sample
+
+    async def _get(self, state: _WorkerState, url: str, started: float) -> WorkerMetrics:
+        # Uncompressed: next to the engine the bytes are cheap, compressing them is not.
+        async with self._http.get(url, headers=_IDENTITY) as resp:
+            if resp.status != 200:
+                raise _ScrapeError(f"HTTP {resp.status}")
+            body = await resp.read()
+        # Stamp with the send time: the page shows the state when the request arrived, and
+        # the earlier stamp errs on the side of staleness.
+        return parse_vllm_metrics(
+            body.decode("utf-8", errors="replace"), started,
+            known_cache_config=state.cache_config,
+        )
 
     def snapshot(self, name: str) -> WorkerPressure:
         """The latest state of worker ``name`` (KeyError for an unknown name)."""
@@ -202,6 +235,10 @@ class VllmScraper:
             scrape_errors=state.errors,
             last_error=state.last_error,
         )
+
+    def reads_filtered(self, name: str) -> bool | None:
+        """Whether worker ``name`` serves the filtered page (``None``: not known yet)."""
+        return self._workers[name].filtered
 
     def period(self, name: str) -> float:
         """Seconds from the start of this scrape of worker ``name`` to the next."""

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the proxy's /metrics scraping costs a real vLLM: the server's CPU (all its processes)
 # while idle alone, idle behind `marsproxy serve` on defaults (an idle worker: one scrape a
-# second) and with every scrape at 0.2 s (idle_period_s = period_s), and per scrape with and
-# without gzip. About 2.5 minutes; docs/performance.md (what the proxy costs the engine).
+# second) and with every scrape at 0.2 s (idle_period_s = period_s), and per scrape: the whole
+# page with and without gzip, and the filtered page the proxy reads (/metrics/?name[]=...).
+# About 3 minutes; docs/performance.md (what the proxy costs the engine).
 #
 # Usage: scripts/real-vllm/scrape-cost.sh   Env: MODEL (medium), PORT (8741), SECONDS_EACH (30)
 set -euo pipefail
@@ -46,10 +47,17 @@ for idle in 1.0 0.2; do
   share "vLLM idle behind marsproxy, probes.vllm.idle_period_s $idle"
   kill "$proxy"; wait "$proxy" 2>/dev/null || true
 done
-for enc in gzip identity; do
+FILTER="$("$REPO_ROOT/.venv/bin/python" -c "from urllib.parse import urlencode
+from marsproxy.probes.vllm_metrics import READ_NAMES
+print(urlencode([('name[]', n) for n in READ_NAMES]))")"
+per_scrape() {  # LABEL ENCODING PATH: the server's CPU per GET, over 150 of them
+  local a b
   a=$(cpu_s)
-  for _ in $(seq 150); do curl -s -H "Accept-Encoding: $enc" "http://127.0.0.1:$PORT/metrics" >/dev/null; done
+  for _ in $(seq 150); do curl -s -H "Accept-Encoding: $2" "http://127.0.0.1:$PORT$3" >/dev/null; done
   b=$(cpu_s)
   python3 -c "a, hz = map(int, '$a'.split()); b = int('$b'.split()[0]); \
-print(f'one scrape, Accept-Encoding {\"$enc\"}: {(b - a) / hz / 150 * 1000:.1f} ms of vLLM CPU')"
-done
+print(f'one scrape, $1: {(b - a) / hz / 150 * 1000:.1f} ms of vLLM CPU')"
+}
+per_scrape "whole page, gzip" gzip /metrics
+per_scrape "whole page, uncompressed" identity /metrics
+per_scrape "the series the proxy reads, uncompressed" identity "/metrics/?$FILTER"

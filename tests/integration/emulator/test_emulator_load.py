@@ -50,6 +50,20 @@ async def test_metrics_move_while_requests_run(
     resp.close()
 
 
+async def test_metrics_slash_renders_only_the_named_series_as_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    # vLLM 0.32 serves prometheus_client's app at /metrics/ (name[] filters the page) and the
+    # instrumentator's whole page at /metrics (name[] ignored); the emulator does the same.
+    server = await start_emulator()
+    names = [("name[]", "vllm:kv_cache_usage_perc"), ("name[]", "vllm:num_requests_running")]
+    filtered = await _metrics(http, str(server.make_url("/metrics/").with_query(names)))
+    assert set(filtered) == {"vllm:kv_cache_usage_perc", "vllm:num_requests_running"}
+    whole = await _metrics(http, str(server.make_url("/metrics").with_query(names)))
+    assert len(whole) > 20 and "vllm:num_preemptions_total" in whole
+    assert (await _metrics(http, str(server.make_url("/metrics/")))).keys() == whole.keys()
+
+
 async def test_small_kv_cache_fills_and_preempts(
     start_emulator: StartEmulator, http: aiohttp.ClientSession
 ) -> None:

@@ -48,7 +48,9 @@ class FakeWorker:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)  # the proxy's probe; not recorded in seen
+        # The proxy's probe (vLLM's /metrics/ renders what name[] names); not recorded in seen.
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics/", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)

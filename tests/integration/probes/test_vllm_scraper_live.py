@@ -10,7 +10,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from marsproxy.probes.config import VllmProbeConfig
-from marsproxy.probes.vllm_metrics import WorkerMetrics
+from marsproxy.probes.vllm_metrics import READ_NAMES, WorkerMetrics
 from marsproxy.probes.vllm_rates import WorkerRates
 from marsproxy.probes.vllm_scraper import VllmScraper
 
@@ -49,6 +49,8 @@ class Workers:
     mode: dict[str, str] = field(default_factory=dict)
     hits: dict[str, int] = field(default_factory=dict)
     encodings: set[str] = field(default_factory=set)
+    filtered_hits: dict[str, int] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def url(self, name: str) -> str:
@@ -61,22 +63,33 @@ async def workers() -> AsyncIterator[Workers]:
     state = Workers(base="")
 
     async def metrics(request: web.Request) -> web.StreamResponse:
+        # /metrics: the whole page; /metrics/ as vLLM's: the series named in name[] only.
         name = request.match_info["name"]
         state.hits[name] = state.hits.get(name, 0) + 1
         state.encodings.add(request.headers.get("Accept-Encoding", ""))
         mode = state.mode.get(name, "ok")
+        keep: tuple[str, ...] = ()
+        if request.path.endswith("/"):
+            state.filtered_hits[name] = state.filtered_hits.get(name, 0) + 1
+            state.names = request.query.getall("name[]")
+            if mode == "no-filter":  # a server without the route
+                return web.Response(status=404, text="Not Found")
+            keep = tuple(state.names)
         if mode == "hang":
             await state.release.wait()
         if mode == "500":
             return web.Response(status=500, text="Internal Server Error")
         if mode == "garbage":
             return web.Response(text="<html><body>oops</body></html>")
-        if mode == "idle":  # nothing running or queued in the engine
-            return web.Response(text=IDLE_PAGE, content_type="text/plain")
-        return web.Response(text=page, content_type="text/plain")
+        text = IDLE_PAGE if mode == "idle" else page  # idle: nothing running or queued
+        if keep:
+            text = "".join(line for line in text.splitlines(keepends=True)
+                           if line.startswith("#") or line.startswith(keep))
+        return web.Response(text=text, content_type="text/plain")
 
     app = web.Application()
     app.router.add_get("/{name}/metrics", metrics)
+    app.router.add_get("/{name}/metrics/", metrics)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     state.base = str(server.make_url("")).rstrip("/")
@@ -253,6 +266,24 @@ async def test_an_idle_worker_is_scraped_at_the_idle_period(
         assert workers.encodings == {"identity"}
     finally:
         await scraper.stop()
+
+
+async def test_reads_the_filtered_page_where_served_else_the_whole(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    workers.mode["b"] = "no-filter"  # b answers /metrics/ with 404, as a non-vLLM server may
+    clock = FakeClock()
+    scraper = make(workers, http, clock)
+    for _ in range(3):
+        assert await scraper.scrape_once("a") and await scraper.scrape_once("b")
+    # a: the filtered page every time, naming every series the parser reads; never the whole.
+    assert workers.filtered_hits["a"] == workers.hits["a"] == 3
+    assert tuple(workers.names) == READ_NAMES
+    # b: tried once, then the whole page only.
+    assert workers.filtered_hits["b"] == 1 and workers.hits["b"] == 1 + 3
+    a, b = scraper.snapshot("a").metrics, scraper.snapshot("b").metrics
+    assert a is not None and a == replace(b, sampled_at=a.sampled_at)  # the same sample
+    assert scraper.snapshot("b").scrape_errors == 0
 
 
 async def test_from_config_and_unique_names(http: aiohttp.ClientSession) -> None:
