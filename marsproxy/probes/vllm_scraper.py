@@ -183,6 +183,7 @@ class VllmScraper:
             state.cache_config = (sample.block_size, sample.num_gpu_blocks)
         if state.failing:
             state.failing = False
+            state.filtered = state.filtered or None  # a server that failed both ways: try again
             log.info("vllm scrape of %s recovered after %d errors", name, state.errors)
         if self._on_sample is not None:
             try:
@@ -199,11 +200,12 @@ class VllmScraper:
         try:
             sample = await self._get(state, state.url_filtered, started)
         except (MetricsParseError, _ScrapeError) as exc:
-            # It answered, not with a metrics page: a server without the filtered route.
+            # It answered, not with a metrics page: a server without the filtered route (or
+            # one failing both ways, which then gets one request per scrape, not two).
+            state.filtered = False
             sample = await self._get(state, state.url, started)
             log.info("vllm scrape of %s: no filtered /metrics/ page (%s); reading the whole"
                      " page", state.name, exc)
-            state.filtered = False
             return sample
         state.filtered = True
         return sample

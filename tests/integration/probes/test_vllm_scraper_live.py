@@ -286,6 +286,22 @@ async def test_reads_the_filtered_page_where_served_else_the_whole(
     assert scraper.snapshot("b").scrape_errors == 0
 
 
+async def test_a_server_failing_both_ways_gets_one_request_per_scrape_then_the_filter_again(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    workers.mode["a"] = "500"  # e.g. a server still starting
+    scraper = make(workers, http, FakeClock())
+    for _ in range(3):
+        assert not await scraper.scrape_once("a")
+    # The filtered page once, then the whole page only: 1 + 3 requests, not 6.
+    assert workers.filtered_hits["a"] == 1 and workers.hits["a"] == 4
+    assert scraper.reads_filtered("a") is False
+    workers.mode["a"] = "ok"
+    assert await scraper.scrape_once("a")  # recovered, on the whole page
+    assert await scraper.scrape_once("a")  # and the filtered page is tried again: served
+    assert scraper.reads_filtered("a") is True and workers.filtered_hits["a"] == 2
+
+
 async def test_from_config_and_unique_names(http: aiohttp.ClientSession) -> None:
     cfg = VllmProbeConfig(period_s=0.1, idle_period_s=1.5, timeout_s=0.3, stale_after_s=2.0)
     s = VllmScraper.from_config(cfg, [("x", "http://127.0.0.1:1/")], http)
