@@ -108,7 +108,6 @@ class VllmScraper:
             raise ValueError(f"worker names must be unique, got {names}")
         self._workers = {name: _WorkerState(name, url) for name, url in workers}
         self._http = http
-        self.period_s = period_s
         self.pace = ScrapePace(period_s, max(period_s, idle_period_s or period_s))
         self._busy = busy
         self.timeout_s = timeout_s
@@ -139,6 +138,10 @@ class VllmScraper:
             on_sample=on_sample,
             busy=busy,
         )
+
+    @property
+    def period_s(self) -> float:
+        return self.pace.period_s
 
     @property
     def workers(self) -> tuple[str, ...]:
@@ -183,7 +186,8 @@ class VllmScraper:
             state.cache_config = (sample.block_size, sample.num_gpu_blocks)
         if state.failing:
             state.failing = False
-            state.filtered = state.filtered or None  # a server that failed both ways: try again
+            if state.filtered is False:  # it may have failed both ways: try the filter again
+                state.filtered = None
             log.info("vllm scrape of %s recovered after %d errors", name, state.errors)
         if self._on_sample is not None:
             try:

@@ -62,7 +62,7 @@ class Telemetry:
         self.scraper: VllmScraper | None = None  # needs a client session: built in start()
         self.busy: Callable[[str], bool] = lambda _worker: False
         """Whether the proxy has calls in flight on a worker or sessions waiting for it (its
-        scrapes stay fast then)."""
+        scrapes stay fast then); set before :meth:`start`."""
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None
         self._sinks: list[_Sink] = []
@@ -109,7 +109,7 @@ class Telemetry:
         )
         self.scraper = VllmScraper.from_config(
             vcfg, [(w.label, w.url) for w in self.cfg.workers], self._http,
-            busy=lambda w: self.busy(w),
+            busy=self.busy,
         )
         self._tasks = [
             asyncio.create_task(self._scrape_loop(name), name=f"vllm-scrape-{name}")
