@@ -142,6 +142,8 @@ def _worker_columns(bar_cells: int) -> list[Column]:
         ("sess", lambda w: fmt_int(w.get("sessions")), True),
         ("in-flight", lambda w: fmt_int(w.get("requests_in_flight")), True),
         ("errors", lambda w: fmt_int(w.get("scrape_errors")), True),
+        # probes.vllm.period_s while the worker serves or sessions wait, idle_period_s idle.
+        ("every", lambda w: fmt_float(w.get("scrape_period_s"), 1, "s"), True),
         ("GPU", _gpu, False),
     ]
 

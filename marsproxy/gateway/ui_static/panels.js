@@ -84,6 +84,8 @@ export function renderWorkers(root, doc, history, spanS) {
       stat("waiting", fmt.num(w.waiting)),
       stat("preempt/s", fmt.num(w.preemptions_per_s, 2)),
       stat("prefix hit", fmt.pct(w.prefix_cache_hit_rate)),
+      // probes.vllm.period_s while it serves or sessions wait, idle_period_s while idle.
+      stat("read every", fmt.secs(w.scrape_period_s), { class: "scrape-period" }),
       stat("admitted", aw ? `${aw.admitted_store}` : "–", { class: "admitted" }),
       // binds "none": no count bound (not overloaded, no window_max); the KV fit decides.
       stat("limit", aw ? `${aw.binds === "none" ? "none" : aw.limit} (window ${aw.window})` : "off",

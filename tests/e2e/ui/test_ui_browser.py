@@ -104,6 +104,9 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
         _wait(browser, lambda d: len(_css(d, "#workers .worker")) == 2, 5, "worker cards")
         names = _attrs(browser, "#workers .worker", "data-name")
         assert names == ["w0", "w1"]
+        # Nothing runs and nobody waits: each worker is read at the idle pace.
+        _wait(browser, lambda d: set(_texts(d, ".worker .scrape-period")) == {
+            "read every\n1.0 s"}, 5, "the idle read pace on the cards")
 
         # Live events are off by default: the page reads no event stream (the proxy counts no
         # reader, so its request path builds no events), yet an admission is on the page
@@ -150,6 +153,9 @@ def test_workers_admission_queue_and_restart(browser: Any, screenshot: Any,
         assert _text(browser, "#queue-count") == "2"
         binds = set(_texts(browser, ".worker .binds"))
         assert binds == {"binds\nwindow"}, binds
+        # Sessions wait for them: both are read at the fast pace again.
+        _wait(browser, lambda d: set(_texts(d, ".worker .scrape-period")) == {
+            "read every\n0.2 s"}, 5, "the busy read pace on the cards")
         time.sleep(3)  # a little history on the charts
         screenshot("ui")
 

@@ -25,7 +25,7 @@ def _worker(name: str, **over: Any) -> dict[str, Any]:
         "age_s": 0.12, "kv_usage": 0.4312, "running": 3, "waiting": 1,
         "preemptions_per_s": 0.25, "prefix_cache_hit_rate": 0.83,
         "prefill_tokens_per_s": 12345.6, "block_size": 16, "num_gpu_blocks": 512,
-        "scrape_errors": 0, "sessions": 4, "requests_in_flight": 2,
+        "scrape_errors": 0, "scrape_period_s": 0.2, "sessions": 4, "requests_in_flight": 2,
         "gpu": {"available": False, "memory_used_frac": None, "utilization_pct": None},
     }
     w.update(over)
@@ -94,13 +94,13 @@ def test_render_full_document() -> None:
     assert lines[0].startswith("marsproxy 0.1.0") and "state at 20" in lines[0]
     header = next(x for x in lines if x.strip().startswith("worker"))
     for col in ("health", "sample", "KV", "run", "wait", "preempt/s", "prefix hit",
-                "prefill tok/s", "sess", "in-flight", "GPU"):
+                "prefill tok/s", "sess", "in-flight", "every", "GPU"):
         assert col in header
     w0 = _row(out, "w0")
     assert w0[:3] == ["w0", "ok", "0.12s"]
     assert "43.1% [####......]" in " ".join(w0)
     assert w0[3:] == ["43.1% [####......]", "3", "1", "0.25", "83.0%", "12346", "4", "2", "0",
-                      "n/a"]
+                      "0.2s", "n/a"]
     assert _row(out, "w1")[4] == "7" and "90.0% [#########.]" in out
     assert "PSI some avg10 12.3% avg60 4.5%" in out
     assert "throttled -" in out and "tool CPUs 2.0" in out and "cpu 55.0%" in out
@@ -114,12 +114,12 @@ def test_render_stale_and_null_worker() -> None:
     dead = _worker(
         "w1", healthy=False, stale=True, age_s=None, kv_usage=None, running=None, waiting=None,
         preemptions_per_s=None, prefix_cache_hit_rate=None, prefill_tokens_per_s=None,
-        scrape_errors=12,
+        scrape_errors=12, scrape_period_s=1.0,
     )
     late = _worker("w2", stale=True, age_s=3.456)
     out = render_state(_doc(_worker("w0"), dead, late), 200)
     assert _row(out, "w1") == ["w1", "DOWN", "STALE never", "-", "-", "-", "-", "-", "-", "4",
-                               "2", "12", "n/a"]
+                               "2", "12", "1.0s", "n/a"]
     assert _row(out, "w2")[1:3] == ["ok", "STALE 3.46s"]
 
 
