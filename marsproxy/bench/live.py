@@ -33,6 +33,7 @@ from marsproxy.bench.live_record import (
 from marsproxy.bench.live_setup import CALL_TIMEOUT_S, LiveSetup, start_proxy, start_workers
 from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
+from marsproxy.bench.procs import cpu_mark, cpu_since
 from marsproxy.emulator.profiles import get_profile, profile_names
 from marsproxy.runs import options, report
 from marsproxy.runs.ideal import ideal_seconds
@@ -138,14 +139,19 @@ def run_policy(wl: Workload, policy: str, setup: LiveSetup, out: Path,
         extra["prefix_cache_reset"] = asyncio.run(_reset_workers(list(setup.vllm_urls)))
     kv: dict[str, dict[str, str]] = {}
     with start_workers(setup, priority, out, kv) as workers, contextlib.ExitStack() as stack:
-        proxy = None if cfg is None else stack.enter_context(start_proxy(
+        started = None if cfg is None else stack.enter_context(start_proxy(
             policy, workers, setup, out, priority=priority and not setup.vllm_urls, kv=kv))
+        proxy, pid = (None, None) if started is None else (started.url, started.pid)
         # direct: each agent is configured with one worker URL, round robin (as the sim does).
         targets = [proxy] if proxy else workers
         bar = Progress(f"{label} {policy}", len(wl.sessions), progress_out)
         states: list[dict[str, Any]] = []
+        # What the run costs the host, the proxy's share apart: on a small host the proxy's
+        # CPU is taken from the engine's and the tools'.
+        mark = cpu_mark(pid)
         results, events, t0, wall0, counters = asyncio.run(
             _replay_all(wl, targets, proxy, setup, bar, workers, states))
+        extra["cpu"] = cpu_since(mark, pid)
     outcomes = [
         _outcome(p, r, t0, _ideal(p, setup))
         for p, r in zip(wl.sessions, results, strict=True)

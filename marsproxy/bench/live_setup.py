@@ -56,9 +56,18 @@ class LiveSetup:
         return get_profile(self.profile, num_blocks=self.num_blocks)
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A proxy the benchmark started: where it answers, and its process (for its CPU use)."""
+
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def run_process(args: list[str], log: Path, url: str, timeout_s: float) -> Iterator[str]:
-    """Run ``args`` until the block ends; yields ``url`` once ``url``/health-ish answers 200.
+def run_process(args: list[str], log: Path, url: str,
+                timeout_s: float) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` until the block ends; yields the process once ``url`` answers 200.
 
     The child gets no ``MARSPROXY_*`` variables: its whole config is the file the benchmark
     wrote (as :func:`options.proxy_config` reads it), not what the caller's shell holds."""
@@ -67,7 +76,7 @@ def run_process(args: list[str], log: Path, url: str, timeout_s: float) -> Itera
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             wait_up(url, proc, timeout_s)
-            yield url
+            yield proc
         finally:
             proc.terminate()
             try:
@@ -129,7 +138,8 @@ def _worker_entries(workers: list[str], setup: LiveSetup, priority: bool) -> lis
 @contextlib.contextmanager
 def start_proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
                 priority: bool = False, kv: dict[str, dict[str, str]] | None = None,
-                ) -> Iterator[str]:
+                ) -> Iterator[Started]:
+    """``marsproxy serve --policy POLICY`` in front of ``workers`` until the block ends."""
     port = free_port()
     entries = _worker_entries(workers, setup, priority)
     if kv:
@@ -148,5 +158,6 @@ def start_proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
     cfg.write_text(yaml.safe_dump(tree, sort_keys=False))
     args = [*CLI, "serve", "--config", str(cfg), "--policy", policy, "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
-    with run_process(args, out / f"proxy-{policy}.log", f"{url}/readyz", setup.start_timeout_s):
-        yield url
+    with run_process(args, out / f"proxy-{policy}.log", f"{url}/readyz",
+                     setup.start_timeout_s) as proc:
+        yield Started(url, proc.pid)

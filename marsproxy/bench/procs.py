@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -13,7 +14,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 CLI = (sys.executable, "-m", "marsproxy.cli")
 
@@ -67,6 +71,42 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) 
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class CpuMark:
+    """CPU used so far: the host's busy seconds (all cores) and one process's, at ``wall``."""
+
+    wall: float
+    host_busy_s: float
+    process_s: float | None
+
+
+def _host_busy_s() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def cpu_mark(pid: int | None = None) -> CpuMark:
+    """Where the host's and ``pid``'s CPU counters stand now (``pid`` ``None``: no process)."""
+    proc_s = None
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            c = psutil.Process(pid).cpu_times()
+            proc_s = c.user + c.system
+    return CpuMark(time.monotonic(), _host_busy_s(), proc_s)
+
+
+def cpu_since(start: CpuMark, pid: int | None = None) -> dict[str, float | None]:
+    """Cores kept busy on average since ``start``: the whole host's (of ``cores``) and
+    ``pid``'s (``None`` without a process, or once it is gone)."""
+    end = cpu_mark(pid)
+    wall = max(1e-9, end.wall - start.wall)
+    proc = (None if start.process_s is None or end.process_s is None
+            else round((end.process_s - start.process_s) / wall, 3))
+    return {"wall_s": round(wall, 2), "cores": float(psutil.cpu_count() or 1),
+            "host_busy_cores": round((end.host_busy_s - start.host_busy_s) / wall, 3),
+            "process_cores": proc}
 
 
 class Service:

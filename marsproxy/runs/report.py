@@ -228,6 +228,13 @@ def table(group: Sequence[RunResult]) -> list[str]:
            if "preemptions" in r.extra.get("stats", {})]
     if pre:
         lines.append(f"Engine preemptions: {', '.join(pre)}.")
+    cpu = [(r.policy, r.extra["cpu"]) for r in group if "cpu" in r.extra]
+    if cpu:
+        used = [f"{p} {c['host_busy_cores']:.2f}" + (
+            "" if c["process_cores"] is None else f" (proxy {c['process_cores']:.2f})")
+            for p, c in cpu]
+        lines.append(f"Cores busy on average during the run, of {cpu[0][1]['cores']:.0f} "
+                     f"(the whole host; the proxy's own): {', '.join(used)}.")
     return lines
 
 

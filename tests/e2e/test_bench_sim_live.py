@@ -76,6 +76,12 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     (worker,) = snaps[0]["admission"]["workers"].values()
     assert {"limit", "cpu_cap", "peak_overcommit"} <= set(worker)
     assert runs["mars"]["extra"]["state_snapshots"] == len(rows)
+    # what each run cost the host, the proxy's process apart (direct has none)
+    cpu = {p: r["extra"]["cpu"] for p, r in runs.items()}
+    assert cpu["direct"]["process_cores"] is None
+    assert 0 < cpu["mars"]["process_cores"] < cpu["mars"]["host_busy_cores"]
+    assert all(0 < c["host_busy_cores"] <= c["cores"] for c in cpu.values()), cpu
+    assert "(proxy " in (tmp_path / "live" / "report.md").read_text()
     assert list((tmp_path / "live").glob("cdf-*.png"))
     assert list((tmp_path / "live").glob("timeline-*mars.png"))
     s, lv = _means(sim), _means(live)

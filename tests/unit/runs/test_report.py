@@ -238,3 +238,17 @@ def test_summary_lines_give_completion_next_to_the_ratio() -> None:
         " ×direct 2.78 (75.0 % vs 100.0 %)",
     ]
     assert report.done_note(_runs()[2]) == "done 3/4 (75.0 %), refused 1, failed 0"
+
+
+def test_cpu_line_gives_each_runs_host_cores_and_the_proxys_share(tmp_path: Path) -> None:
+    runs = _runs()
+    runs[0].extra["cpu"] = {"wall_s": 40.0, "cores": 2.0, "host_busy_cores": 1.5,
+                            "process_cores": None}
+    runs[2].extra["cpu"] = {"wall_s": 15.0, "cores": 2.0, "host_busy_cores": 1.62,
+                            "process_cores": 0.071}
+    text = report.write(tmp_path, runs, "test run", {"kind": "unit"}, make_plots=False).read_text()
+    assert ("Cores busy on average during the run, of 2 (the whole host; the proxy's own): "
+            "direct 1.50, mars 1.62 (proxy 0.07).") in text
+    # a run without the measurement (the simulator's) has no such line
+    text = report.write(tmp_path, _runs(), "test run", {}, make_plots=False).read_text()
+    assert "Cores busy" not in text
