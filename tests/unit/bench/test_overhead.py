@@ -7,7 +7,7 @@ import os
 import pytest
 
 from marsproxy.bench.overhead_load import tree_cpu_s
-from marsproxy.bench.overhead_report import Measurement, goals, summarize
+from marsproxy.bench.overhead_report import Measurement, goals, markdown, summarize
 from marsproxy.bench.overhead_setup import POINT_SETS, Point
 
 
@@ -97,12 +97,19 @@ def test_added_latency_against_the_relay_is_a_per_round_ratio() -> None:
     ]
     by = {s["target"]: s for s in summarize(rows)}
     assert by["marsproxy-mars"]["added_p50_vs_relay"] == pytest.approx(1.3)  # median 1.5, 1.1
+    assert by["marsproxy-mars"]["added_p50_vs_relay_range"] == [1.1, 1.5]  # the rounds' spread
     assert by["aiohttp-relay"]["added_p50_vs_relay"] is None
     assert by["direct"]["added_p50_vs_relay"] is None
     g = {x["goal"]: x for x in goals(summarize(rows))}
     ratio = g["marsproxy-mars: added p50 at ns-1call-r100-c1 ≤ 1.25× aiohttp-relay's"]
     assert (ratio["value"], ratio["limit"], ratio["met"]) == (1.3, 1.25, False)
     assert g["marsproxy-mars: added p50 at ns-r200-c4 ≤ 1.25× aiohttp-relay's"]["met"] is None
+    md = markdown({"summary": summarize(rows), "goals": goals(summarize(rows)), "skipped": {}})
+    assert "| 1.30 (1.10–1.50) |" in md  # the table's × relay: median (lowest–highest round)
+    assert "| 1.300 (1.10–1.50) | 1.250 | **no** |" in md  # and the goal's measured value
+    one = summarize(rows[:3])  # one round: no spread to show
+    assert next(s for s in one if s["target"] == "marsproxy-mars")[
+        "added_p50_vs_relay_range"] is None
 
 
 def test_one_call_points_send_a_new_final_session_per_request() -> None:
