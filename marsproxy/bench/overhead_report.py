@@ -109,11 +109,12 @@ def goals(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(goal: str, value: float | None, limit: float | None,
-            ok: Callable[[float, float], bool], *, added: bool = False) -> None:
+            ok: Callable[[float, float], bool], *, added: bool = False,
+            spread: list[float] | None = None) -> None:
         met = None if value is None or limit is None else ok(value, limit)
         if added and value is not None and value < 0:
             met = None  # the proxy "faster" than direct: this round's noise, not a measurement
-        out.append({"goal": goal, "value": value, "limit": limit, "met": met})
+        out.append({"goal": goal, "value": value, "limit": limit, "met": met, "range": spread})
 
     le: Callable[[float, float], bool] = lambda v, lim: v <= lim  # noqa: E731
     ge: Callable[[float, float], bool] = lambda v, lim: v >= lim  # noqa: E731
@@ -152,8 +153,8 @@ def goals(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for point in (GOAL_POINT, ONE_CALL_POINT):
         row = _row(summary, point, "marsproxy-mars")
         add(f"marsproxy-mars: added p50 at {point} ≤ {RELAY_RATIO}× {RELAY}'s",
-            None if row is None else row["added_p50_vs_relay"], RELAY_RATIO, le)
-        out[-1]["range"] = None if row is None else row["added_p50_vs_relay_range"]
+            None if row is None else row["added_p50_vs_relay"], RELAY_RATIO, le,
+            spread=None if row is None else row["added_p50_vs_relay_range"])
     mars, fcfs = _row(summary, GOAL_POINT, "marsproxy-mars"), _row(summary, GOAL_POINT,
                                                                     "marsproxy-fcfs")
     diff = None if mars is None or fcfs is None else round(mars["p50_ms"] - fcfs["p50_ms"], 3)
@@ -175,11 +176,9 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _ratio(s: dict[str, Any]) -> str:
-    """× relay, with the rounds' lowest and highest beside the median when there are several."""
-    spread = s.get("added_p50_vs_relay_range")
-    text = fmt(s["added_p50_vs_relay"], 2)
-    return text if spread is None else f"{text} ({spread[0]:.2f}–{spread[1]:.2f})"
+def _with_spread(text: str, spread: list[float] | None) -> str:
+    """A median of per-round ratios, the rounds' lowest and highest beside it when several."""
+    return text if not spread else f"{text} ({spread[0]:.2f}–{spread[1]:.2f})"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -193,7 +192,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {s['point']} | {s['target']} | {fmt(s['rps'], 0)} | {fmt(s['p50_ms'])} "
             f"| {fmt(s['p99_ms'])} | {fmt(s['added_p50_ms'])} "
-            f"| {_ratio(s)} | {fmt(s['added_p99_ms'])} "
+            f"| {_with_spread(fmt(s['added_p50_vs_relay'], 2), s['added_p50_vs_relay_range'])} "
+            f"| {fmt(s['added_p99_ms'])} "
             f"| {fmt(s['proxy_cpu_s_per_1000'])} | {fmt(s['req_per_cpu_s'], 0)} "
             f"| {fmt(s['chunks_per_s'], 0)} | {fmt(s['chunks_per_cpu_s'], 0)} "
             f"| {fmt(s['proxy_cpu_wait_ms_per_request'])} | {s['errors']} |"
@@ -203,9 +203,7 @@ def markdown(result: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "not measured"}[g["met"]]
         if g["met"] is None and g["value"] is not None and g["limit"] is not None:
             met = "noise (negative)"
-        value = fmt(g["value"])
-        if g.get("range"):  # median of per-round ratios: the rounds' spread beside it
-            value += f" ({g['range'][0]:.2f}–{g['range'][1]:.2f})"
+        value = _with_spread(fmt(g["value"]), g["range"])
         lines.append(f"| {g['goal']} | {value} | {fmt(g['limit'])} | {met} |")
     if result["skipped"]:
         lines += [""] + [f"- skipped {k}: {v}" for k, v in result["skipped"].items()]

@@ -91,7 +91,7 @@ def cpu_mark(pid: int | None = None) -> CpuMark:
     """Where the host's and ``pid``'s CPU counters stand now (``pid`` ``None``: no process)."""
     proc_s = None
     if pid is not None:
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone: nothing to say about it
             c = psutil.Process(pid).cpu_times()
             proc_s = c.user + c.system
     return CpuMark(time.monotonic(), _host_busy_s(), proc_s)
