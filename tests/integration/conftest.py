@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration tests: a private redis-server tests may kill.
+"""Fixtures shared by the integration tests: a private redis-server tests may kill, and the
+``gpu`` mark (tests skipped where NVML sees no GPU, as in CI).
 
 The shared Redis on 127.0.0.1:6379 is never stopped; outage tests start their own server on a
 free port in a temporary directory.
@@ -13,6 +14,26 @@ from pathlib import Path
 import pytest
 
 from marsproxy.bench.procs import RedisServer
+
+
+def _gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: no GPU
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if marked and _gpu_count() == 0:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason="NVML sees no GPU on this host"))
 
 
 @pytest.fixture
