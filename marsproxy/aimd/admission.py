@@ -24,7 +24,7 @@ from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
 from marsproxy.aimd.gauge import GaugeLag
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
-from marsproxy.aimd.prefix import prefer_prefix
+from marsproxy.aimd.prefix import PrefixBook, prefer_prefix
 from marsproxy.aimd.queue import Admission, AdmissionQueue, QueueEntry
 from marsproxy.aimd.yields import Yields
 from marsproxy.core.events import (
@@ -109,8 +109,9 @@ class AdmissionCore(WorkerFit):
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         self.gauge = GaugeLag(self.workers)  # what the free-block gauge cannot show yet
         self.placement = placement or PlacementConfig()
-        # A waiting session's resident prefix per indexed worker (aimd/prefix.py), till admitted.
-        self._prefix: dict[str, Mapping[str, int]] = {}
+        self.prefixes = PrefixBook(self.placement)  # waiting sessions' resident prefixes
+        if self.placement.policy == "prefix":
+            self.queue.waits = self.prefixes.waits
 
     # -- requests -----------------------------------------------------------------------------
     def on_request(
@@ -134,15 +135,14 @@ class AdmissionCore(WorkerFit):
             return Decision(DecisionKind.WAIT, reason="queued")
         if not self.cfg.enabled:
             return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
-        if prefix:
-            self._prefix[session] = prefix
+        self.prefixes.note(session, prefix)
         entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child,
                                  grows=self._grows(tenant))
         # Nothing waits (every new session at light load): the pass's decision without its
         # lanes (AdmissionQueue.admit_alone), where its waiting would change no view.
         alone = not len(self.queue) and self.yields.single_tenant(tenant)
         if not alone and not self.queue.push(entry):
-            self._prefix.pop(session, None)
+            self.prefixes.forget(session)
             # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
             # for its own sessions at its share of the admission rate.
             reason = self.queue.refusal
@@ -347,11 +347,11 @@ class AdmissionCore(WorkerFit):
 
     def _by_prefix(self, a: Admission) -> Admission:
         """Prefix placement (``aimd/prefix.py``) of a session the queue just admitted."""
-        prefix = self._prefix.pop(a.entry.session, None)
-        if prefix is None or a.forced or a.idle:
+        if a.forced or a.idle:
+            self.prefixes.forget(a.entry.session)
             return a
-        target = prefer_prefix(self.placement, self._views(), prefix, a.worker,
-                               a.entry.est_tokens, counted=True)
+        target = self.prefixes.admitted(a.entry.session, self._views, a.worker,
+                                        a.entry.est_tokens)
         if target is None:
             return a
         self._move(a.entry.session, target, a.entry.est_tokens)
@@ -385,7 +385,7 @@ class AdmissionCore(WorkerFit):
         rec = self.sessions.end(now, session, reason)
         self.gauge.settle(session)
         self.queue.forget(session)
-        self._prefix.pop(session, None)
+        self.prefixes.forget(session)
         self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
         self.yields.ended(session)
         if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:

@@ -17,12 +17,8 @@ class AdmissionTuning(_Section):
 
     # -- AIMD window --------------------------------------------------------------------------
     increase: int = Field(1, ge=1, description="Additive increase per control tick.")
-    decrease: float = Field(
-        0.7, gt=0, lt=1, description="Multiplicative decrease per control tick while overloaded."
-    )
-    control_interval_s: float = Field(
-        0.2, gt=0, description="Period of the control tick; faster calls are ignored."
-    )
+    decrease: float = Field(0.7, gt=0, lt=1, description="Multiplicative decrease per tick.")
+    control_interval_s: float = Field(0.2, gt=0, description="Period of the control tick.")
     app_limited_frac: float = Field(
         0.5, ge=0, le=1,
         description="Grow only when admitted sessions ≥ this fraction of the window (app-limited"
@@ -35,9 +31,7 @@ class AdmissionTuning(_Section):
         " max(vLLM usage, (used blocks + blocks retained for dormant sessions) / total): vLLM"
         " counts a dormant session's cached blocks as free.",
     )
-    kv_leave: float = Field(
-        0.85, ge=0, lt=1, description="KV usage at or below which KV overload ends."
-    )
+    kv_leave: float = Field(0.85, ge=0, lt=1, description="KV usage ending a KV overload.")
     cpu_backlog_enter: float = Field(
         2.0, gt=0,
         description="Tool backlog ratio (tools in flight / tool CPUs) at or above which CPU"
@@ -391,6 +385,12 @@ class PlacementConfig(_Section):
         2, ge=0,
         description="Load guard: a worker with a longer prefix takes a new session only while"
         " it holds at most this many sessions more than the least loaded placeable worker.",
+    )
+    max_call_gap: int = Field(
+        0, ge=0,
+        description="Load guard on work in flight: a worker with a longer prefix takes a new"
+        " session only while it runs at most this many LLM calls more than the least-loaded"
+        " choice (the new call would queue behind them).",
     )
     min_prefix_tokens: int = Field(
         256, ge=1,

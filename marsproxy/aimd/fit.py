@@ -304,7 +304,7 @@ class WorkerFit:
                 free_blocks=self._free(w), retained_blocks=s.retained_blocks,
                 peak_room_blocks=peak,
                 block_size=s.block_size or DEFAULT_BLOCK_SIZE, total_blocks=s.total_blocks,
-                long_admitted=self.sessions.long_on(w),
+                long_admitted=self.sessions.long_on(w), in_call=self.sessions.active_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,

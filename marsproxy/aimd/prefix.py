@@ -8,8 +8,15 @@ cache; :func:`prefer_prefix` then moves the session to the worker holding the lo
 - that worker is placeable, has a free slot (unless the window is off) and its KV budget fits
   the session's first prompt, as the queue requires of its own choice;
 - it holds at least ``min_prefix_tokens`` more of the prompt than the queue's choice;
-- the load guard holds: that worker has at most ``max_load_gap`` sessions more than the least
-  loaded placeable worker, so one hot prefix does not pile every session on one worker.
+- the load guards hold: that worker has at most ``max_load_gap`` sessions more than the least
+  loaded placeable worker, so one hot prefix does not pile every session on one worker, and at
+  most ``max_call_gap`` LLM calls in flight more than the queue's choice.
+
+At saturation no worker has room but the one where a slot just freed, so the move above never
+happens. There a waiting session whose longest prefix is on a full worker lets the next waiting
+session take the freed room (:func:`waits_for_prefix`), as long as it is not due (its deadline
+near, or bypassed ``admission.tuning.max_bypass`` times) and someone else takes the room: a
+room nobody else takes is its own at the end of the pass.
 
 A worker without KV events is absent from the prefix map; with no map (no worker has events,
 or the prompt's tokens are unknown) nothing changes: exactly the queue's placement.
@@ -19,10 +26,10 @@ Pure code: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from marsproxy.aimd.config import PlacementConfig
-from marsproxy.aimd.queue import WorkerView
+from marsproxy.aimd.queue import QueueEntry, WorkerView
 from marsproxy.core.kv import blocks_for_tokens, fits
 
 
@@ -44,10 +51,16 @@ def prefer_prefix(
     loads = {v.name: v.admitted - (mine if v.name == chosen else 0) for v in placeable}
     least = min(loads.values())
     base = prefix.get(chosen, 0)
+    # Calls in flight on the queue's choice, the session's own not counted: on a worker with
+    # more, the new call queues behind theirs (at light load it may be prefilling the very
+    # prefix for another session while the queue's choice sits idle).
+    busy = next((v.in_call - mine for v in placeable if v.name == chosen), 0)
     best: tuple[int, int, int, str] | None = None  # (-tokens, load, order, name)
     for i, v in enumerate(placeable):
         tokens = prefix.get(v.name, 0)
         if v.name == chosen or tokens < base + cfg.min_prefix_tokens:
+            continue
+        if v.in_call > busy + cfg.max_call_gap:
             continue
         if loads[v.name] > least + cfg.max_load_gap:
             continue
@@ -59,3 +72,56 @@ def prefer_prefix(
         if best is None or rank < best:
             best = rank
     return None if best is None else best[3]
+
+
+def waits_for_prefix(
+    cfg: PlacementConfig, views: Sequence[WorkerView], prefix: Mapping[str, int] | None,
+    here: str, est_tokens: int,
+) -> bool:
+    """True when a worker other than ``here`` holds a longer prefix of the session's first
+    prompt (by ``min_prefix_tokens``, within the load guard) but has no room for it now: the
+    session may let a later one take ``here``'s room and wait for that worker."""
+    if cfg.policy != "prefix" or not prefix:
+        return False
+    placeable = [v for v in views if v.placeable]
+    if not placeable:
+        return False
+    least = min(v.admitted for v in placeable)
+    base = prefix.get(here, 0)
+    best = max((v for v in placeable if v.name != here
+                and prefix.get(v.name, 0) >= base + cfg.min_prefix_tokens
+                and v.admitted <= least + cfg.max_load_gap),
+               key=lambda v: prefix.get(v.name, 0), default=None)
+    if best is None:
+        return False
+    return (best.admitted >= best.limit
+            or not fits(blocks_for_tokens(est_tokens, best.block_size), best.budget_blocks))
+
+
+class PrefixBook:
+    """Each waiting session's resident prefix per indexed worker, until it is admitted."""
+
+    def __init__(self, cfg: PlacementConfig) -> None:
+        self.cfg = cfg
+        self._maps: dict[str, Mapping[str, int]] = {}
+
+    def note(self, session: str, prefix: Mapping[str, int] | None) -> None:
+        if prefix:
+            self._maps[session] = prefix
+
+    def forget(self, session: str) -> None:
+        self._maps.pop(session, None)
+
+    def admitted(
+        self, session: str, views: Callable[[], Sequence[WorkerView]], chosen: str,
+        est_tokens: int,
+    ) -> str | None:
+        """The worker a session the queue just put on ``chosen`` moves to, if any
+        (:func:`prefer_prefix`); its map is dropped either way."""
+        prefix = self._maps.pop(session, None)
+        if prefix is None:
+            return None
+        return prefer_prefix(self.cfg, views(), prefix, chosen, est_tokens, counted=True)
+
+    def waits(self, e: QueueEntry, here: str, views: Sequence[WorkerView]) -> bool:
+        return waits_for_prefix(self.cfg, views, self._maps.get(e.session), here, e.est_tokens)

@@ -12,8 +12,8 @@ longer covers admitting it and every session due before it at the observed admis
 Urgent sessions go first, in deadline order (least laxity first: at light load that is almost
 nobody, so the load-based order rules; in overload it approaches arrival order). One that is
 within the margin of its deadline, or bypassed too often, and does not fit stops the pass, so
-capacity frees up for it instead of going to those behind it. When nothing fits and nothing
-runs anywhere, the oldest session is admitted anyway: waiting could never end otherwise.
+capacity frees up for it instead of going to those behind it. When nothing fits, a worker that
+holds no session takes the oldest anyway: waiting could never end otherwise.
 
 Children of admitted parents (agent trees) come first of all, in a lane of their own
 (``lanes.py``). Service classes (``admission.classes``) come next: a pass walks the classes in
@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from marsproxy.aimd.config import AdmissionConfig
+from marsproxy.aimd.idle import idle_admits
 from marsproxy.aimd.lanes import Lanes, Urgency
 from marsproxy.aimd.order_index import OrderMode, QueueEntry
 from marsproxy.aimd.rate import AdmissionRate, retry_after_s
@@ -47,7 +48,6 @@ from marsproxy.aimd.rooms import (
     take,
 )
 from marsproxy.aimd.shares import TenantShares
-from marsproxy.core.kv import blocks_for_tokens, fits
 
 __all__ = ["Admission", "AdmissionQueue", "OrderMode", "QueueEntry", "WorkerView"]
 
@@ -67,6 +67,9 @@ class AdmissionQueue:
         self.protected: Callable[[QueueEntry], bool] = lambda e: self.classes.rank(e.cls) == 0
         """Whether a waiting session would yield to nobody once admitted (the core sets it,
         ``yields.py``): it is fitted against ``WorkerView.protected_budget_blocks``."""
+        self.waits: Callable[[QueueEntry, str, list[WorkerView]], bool] | None = None
+        """Whether a session would rather wait for another worker than take a slot on this
+        one (the core sets it with prefix placement, ``prefix.py``)."""
 
     # -- membership -------------------------------------------------------------------------
     def entry(
@@ -120,9 +123,10 @@ class AdmissionQueue:
             room, _ = self._place(entry, rooms, shorts_wait)
         forced = room is None
         if room is None:  # _no_deadlock's rule
-            if any(w.admitted for w in workers):
+            empty = _empty(rooms)
+            if not empty:
                 return None
-            room = max((r for r in rooms if r.slots > 0), key=Room.rank)
+            room = max(empty, key=Room.rank)
         self._number(entry)
         self.shares.activate(entry.tenant)
         self.mode = self.choose_mode(workers, waiting=1, tokens=entry.est_tokens)
@@ -236,13 +240,9 @@ class AdmissionQueue:
         rooms = self._rooms(workers)
         out: list[Admission] = []
         if len(self._index) == 1 and any(r.slots > 0 for r in rooms):
-            out = self._alone(rooms)  # the common case at light load: no order to walk
-            if not out and not any(w.admitted for w in workers):
-                out = self._no_deadlock(rooms)
+            out = self._alone(rooms) or self._no_deadlock(rooms)  # light load: no order to walk
         elif len(self._index) and any(r.slots > 0 for r in rooms):
-            out = self._pass(now, rooms)
-            if not out and not any(w.admitted for w in workers):
-                out = self._no_deadlock(rooms)
+            out = self._pass(now, rooms) or self._no_deadlock(rooms)
         if len(self._index) > len(out) and self.cfg.tuning.idle_admit:
             # Also where no slot is free: the idle rule has its own limit (idle_limit).
             out.extend(self._idle_admits(now, rooms, out))
@@ -281,7 +281,7 @@ class AdmissionQueue:
             for e, urgent in merge:
                 got = self._offer(e, rooms, tally, out, now, urgent=urgent)
                 if got is Offer.STOP:
-                    return out
+                    return out  # no slot left, or one held for an urgent session
                 if got is Offer.PLACED:
                     merge.admitted(e)
                 elif got is Offer.SKIP:
@@ -289,6 +289,21 @@ class AdmissionQueue:
                 blocked = blocked or got in (Offer.HELD, Offer.SKIP)
             if blocked:
                 break  # the classes after this one yield the capacity it waits for
+        return self._unwait(rooms, tally, out)
+
+    def _unwait(self, rooms: list[Room], tally: Tally, out: list[Admission]) -> list[Admission]:
+        # Sessions that let others take a slot while waiting for their prefix's worker take the
+        # slots nobody else took: waiting for a prefix never leaves a slot empty.
+        for e in tally.waiting:
+            if tally.slots <= 0:
+                break
+            room, _ = self._place(e, rooms, tally.shorts > 0)
+            if room is not None:
+                take(room, e)
+                tally.slots -= 1
+                tally.shorts -= 0 if e.long else 1
+                tally.rebound(rooms)
+                out.append(Admission(e, room.view.name))
         return out
 
     def _alone(self, rooms: list[Room]) -> list[Admission]:
@@ -319,6 +334,10 @@ class AdmissionQueue:
             room, capped = None, False  # too large for every room: no need to look
         else:
             room, capped = self._place(e, rooms, tally.shorts > 0)
+        if (room is not None and self.waits is not None and not self._holds(e, now)
+                and self.waits(e, room.view.name, [r.view for r in rooms])):
+            tally.waiting.append(e)
+            return Offer.PASSED
         if room is None:
             if capped:
                 return Offer.PASSED  # only the long cap stood in the way: others may go
@@ -339,40 +358,17 @@ class AdmissionQueue:
     def _idle_admits(self, now: float, rooms: list[Room], taken: list[Admission]) -> list[
         Admission
     ]:
-        """One session for each worker idle for ``idle_admit_after_s`` that this pass gave
-        none: the first waiting (in this pass's order) whose first prompt fits its free KV."""
-        idle = [r for r in rooms if r.view.admitted < r.view.idle_limit
-                and r.view.idle_s is not None
-                and r.view.idle_s >= self.cfg.tuning.idle_admit_after_s]
-        if not idle:
-            return []
-        busy = {a.worker for a in taken}
-        chosen = {a.entry.session for a in taken}
-        waiting = [e for e in self.ordered(now) if e.session not in chosen]
-        out: list[Admission] = []
-        for r in idle:
-            if r.view.name in busy:
-                continue
-            for e in waiting:
-                if e.long and r.long_admitted >= self.cfg.tuning.max_long_in_flight:
-                    continue
-                if fits(blocks_for_tokens(e.est_tokens, r.view.block_size),
-                        r.view.free_budget_blocks):
-                    out.append(Admission(e, r.view.name, idle=True))
-                    waiting.remove(e)
-                    break
-                if self._holds(e, now):
-                    break  # due now: nobody behind it takes the room it waits for
-        return out
+        return idle_admits(rooms, taken, lambda: self.ordered(now), self.cfg.tuning,
+                           lambda e: self._holds(e, now))
 
     def _no_deadlock(self, rooms: list[Room]) -> list[Admission]:
-        free = [r for r in rooms if r.slots > 0]
+        # A worker holding no session takes the oldest, fitting or not: a prompt above the KV
+        # reserve would wait forever, and nothing admitted there needs the room.
+        empty = _empty(rooms)
         oldest = self._index.oldest()
-        if not free or oldest is None:
+        if not empty or oldest is None:
             return []
-        room = max(free, key=Room.rank)
-        return [Admission(oldest, room.view.name, forced=True)]
-
+        return [Admission(oldest, max(empty, key=Room.rank).view.name, forced=True)]
     # -- Retry-After ------------------------------------------------------------------------
     def admission_rate(self, now: float) -> float | None:
         return self._rate.per_second(now)
@@ -398,3 +394,7 @@ def _share(cap: int, weight: float, total: float) -> int:
     """The most sessions a waiting claimant (a class, a tenant) may hold: its weighted part of
     ``cap``, ``total`` being the weights of all that wait, itself included (alone: all)."""
     return cap if total <= weight * (1 + 1e-9) else max(1, math.ceil(cap * weight / total))
+
+
+def _empty(rooms: list[Room]) -> list[Room]:  # a free slot, and no session admitted there
+    return [r for r in rooms if r.slots > 0 and r.view.admitted == 0]

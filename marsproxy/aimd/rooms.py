@@ -6,7 +6,7 @@ Pure code: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from marsproxy.aimd.order_index import QueueEntry
@@ -39,6 +39,8 @@ class WorkerView:
     total_blocks: int | None = None
     """The worker's KV blocks (``None``: not reported): the classes' reserve is a share of it."""
     long_admitted: int = 0
+    in_call: int = 0
+    """Sessions of this replica in an LLM call there now."""
     kv_overloaded: bool = False
     cpu_overloaded: bool = False
     idle_s: float | None = None
@@ -117,6 +119,7 @@ class Tally:
     shorts: int  # short sessions still waiting
     bound: float | None = None  # no prompt larger fits anywhere (None: no limit known)
     flat_bound: float | None = None  # the same for sessions forecast not to grow
+    waiting: list[QueueEntry] = field(default_factory=list)  # passed over for their prefix
 
     def beyond(self, e: QueueEntry) -> bool:
         """Whether ``e`` is too large for every room."""

@@ -11,7 +11,10 @@ workload K alone) draws, each from its own seeded RNG:
   reporting tool phases or leaving them to be inferred;
 - the cache: the ``tiny`` profile with 256 to 16384 KV blocks, or the H200 profile; 1 to 4
   workers; 1 to 16 tool CPUs; engines that schedule by priority, or FCFS behind the proxy's
-  dispatch gate (the default ``workers[].priority: false``).
+  dispatch gate (the default ``workers[].priority: false``);
+- with several workers, half the time KV events (the proxy's KV indexes, prefix placement) and
+  sessions in 2 or 8 groups sharing a tenth to a third of the context as their first prompt's
+  start (drawn from an RNG of their own, so the draws above are the same as without them).
 
 Each workload runs under ``mars`` with the config ``marsproxy sim`` uses by default and under
 ``direct``; :mod:`marsproxy.sim.invariants` checks (a)–(d). Deterministic: the same seeds print
@@ -118,11 +121,15 @@ def make_case(seed: int, traces: Sequence[SessionTrace]) -> SweepCase:
     synthetic = rng.random() < 0.5
     source = _synthetic(rng, sessions, context) if synthetic else list(traces)
     arrivals = _arrivals(rng)
+    kv = random.Random(f"sweep-kv:{seed}")
+    kv_events = workers > 1 and kv.random() < 0.5
+    groups = kv.choice((0, 2, 8)) if kv_events else 0
     spec = WorkloadSpec(
         sessions=sessions, seed=seed, max_context_tokens=context,
         token_scale=1.0 if synthetic else rng.choice((0.02, 0.05, 0.1, 0.25)),
         tool_time_scale=1.0 if synthetic else rng.choice((0.01, 0.1, 0.5)),
         max_turns=None if synthetic else rng.randint(1, 12), arrivals=arrivals,
+        prefix_groups=groups, prefix_tokens=max(1, round(context * kv.uniform(0.1, 0.33))),
     )
     wl = _fitting(source, spec, profile.effective_max_model_len, system)
     if arrivals.kind == "fixed":
@@ -134,13 +141,15 @@ def make_case(seed: int, traces: Sequence[SessionTrace]) -> SweepCase:
         system_prompt_tokens=system, report_tools=rng.random() < 0.5,
         send_final=rng.random() < 0.6, horizon_s=100_000.0,
         worker_mode=rng.choice(("priority", "gated")),  # gated: FCFS engines (the default)
+        kv_events=kv_events,
     )
     kind = "one at a time" if arrivals.kind == "fixed" else spec.arrivals.label()
     label = (f"{workers}x {profile.name} {profile.num_blocks} blocks,"
              f" {'synthetic' if synthetic else 'sampled'} {sessions} sessions, {kind},"
              f" {setup.tool_cpus:g} tool CPUs, {'final flag' if setup.send_final else 'no final'},"
              f" {'reported' if setup.report_tools else 'inferred'} tools,"
-             f" {'FCFS' if setup.worker_mode == 'gated' else 'priority'} engines")
+             f" {'FCFS' if setup.worker_mode == 'gated' else 'priority'} engines"
+             + (f", KV events, {groups} prefix groups" if kv_events else ""))
     return SweepCase(seed, wl, setup, label)
 
 

@@ -1,4 +1,5 @@
-"""Prefix placement (aimd/prefix.py) and the peak fit from resident blocks (KV events)."""
+"""Prefix placement (aimd/prefix.py), waiting for the worker holding the prefix at saturation,
+and the peak fit from resident blocks (KV events)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.peak import PeakForecast
-from marsproxy.aimd.prefix import prefer_prefix
+from marsproxy.aimd.prefix import prefer_prefix, waits_for_prefix
 from marsproxy.aimd.queue import WorkerView
+from marsproxy.core.lifecycle import EndReason
 
 W = ("w0", "w1", "w2")
 
@@ -29,8 +31,11 @@ def core(enabled: bool = True, **placement: Any) -> AdmissionCore:
 
 
 def admit(c: AdmissionCore, key: str, prefix: dict[str, int] | None) -> str | None:
+    """A new session, admitted; its first call ends at once (it sits in a tool phase), so the
+    next placement compares sessions held, not calls in flight (``max_call_gap``)."""
     d = c.on_request(0.0, key, "t", 100, prefix=prefix)
     assert d.kind is DecisionKind.ADMITTED
+    c.on_response_end(0.0, key)
     return d.worker
 
 
@@ -112,3 +117,101 @@ def test_by_default_a_short_shared_prefix_does_not_move_a_session() -> None:
     assert admit(c, "a", {"w0": 0, "w1": 0, "w2": 0}) == "w0"
     assert admit(c, "b", {"w0": 128, "w1": 0, "w2": 0}) == "w1"  # least loaded
     assert admit(c, "c", {"w0": 0, "w1": 0, "w2": 4096}) == "w2"
+
+
+# -- at saturation: waiting for the worker that holds the prefix --------------------------------
+
+HOT = {"w0": 4096, "w1": 0}
+
+
+def full_core(policy: str = "prefix", max_bypass: int = 64) -> AdmissionCore:
+    """Two workers of one slot each, both taken: w0 by a session of the hot prefix, w1 by one
+    without; what arrives next waits (idle admission off: a pass alone decides)."""
+    cfg = AdmissionConfig(window_min=1, window_init=1, window_max=1,
+                          tuning={"max_bypass": max_bypass, "idle_admit": False})
+    c = AdmissionCore(cfg, ("w0", "w1"), PlacementConfig(policy=policy, min_prefix_tokens=256))
+    c.tick(0.0, {w: sig() for w in ("w0", "w1")})
+    assert c.on_request(0.0, "a", "t", 100, prefix=HOT).worker == "w0"
+    assert c.on_request(0.0, "b", "t", 100).worker == "w1"
+    return c
+
+
+def queue(c: AdmissionCore, key: str, prefix: dict[str, int] | None = None) -> None:
+    assert c.on_request(1.0, key, "t", 100, prefix=prefix).kind is DecisionKind.WAIT
+
+
+def ended(c: AdmissionCore, key: str, now: float = 2.0) -> dict[str, str]:
+    """The sessions the end of ``key`` admitted, with their workers."""
+    return {a.entry.session: a.worker
+            for a in c.on_session_end(now, key, EndReason.FINAL).admitted}
+
+
+def test_a_waiting_session_lets_the_next_take_a_slot_away_from_its_prefix() -> None:
+    c = full_core()
+    queue(c, "c", HOT)  # first in line; its prefix is on w0, which is full
+    queue(c, "d")
+    assert ended(c, "b") == {"d": "w1"}  # c lets d have w1 and keeps waiting for w0
+    assert "c" in c.queue and c.queue.bypasses("c") == 1
+    assert ended(c, "a", 3.0) == {"c": "w0"}  # w0 frees: c goes where its prefix is
+
+
+def test_a_slot_nobody_else_takes_is_the_waiting_sessions_own() -> None:
+    c = full_core()
+    queue(c, "c", HOT)
+    queue(c, "d", HOT)  # waits for w0 too
+    assert ended(c, "b") == {"c": "w1"}  # nobody takes w1 instead: the first in line does
+    c = full_core()
+    queue(c, "c", HOT)
+    assert ended(c, "b") == {"c": "w1"}  # alone in the queue: nobody to let go first
+
+
+def test_waiting_for_a_prefix_is_bounded_by_max_bypass() -> None:
+    c = full_core(max_bypass=1)
+    queue(c, "c", HOT)
+    queue(c, "d")
+    queue(c, "e")
+    assert ended(c, "b") == {"d": "w1"}  # the one bypass c allows
+    assert ended(c, "d", 3.0) == {"c": "w1"}  # due now: it takes the slot it is offered
+
+
+def test_least_loaded_and_sessions_without_a_map_never_wait() -> None:
+    c = full_core(policy="least_loaded")
+    queue(c, "c", HOT)
+    queue(c, "d")
+    assert ended(c, "b") == {"c": "w1"}
+    c = full_core()
+    queue(c, "c")
+    queue(c, "d", HOT)
+    assert ended(c, "b") == {"c": "w1"}  # c has no prefix anywhere: it takes the slot
+
+
+def test_waits_for_prefix_needs_a_full_worker_within_the_load_guard() -> None:
+    cfg = PlacementConfig(min_prefix_tokens=256, max_load_gap=1)
+    free = [WorkerView("w0", admitted=1, limit=2), WorkerView("w1", admitted=0, limit=2)]
+    full = [WorkerView("w0", admitted=2, limit=2), WorkerView("w1", admitted=1, limit=2)]
+    far = [WorkerView("w0", admitted=2, limit=2), WorkerView("w1", admitted=0, limit=2)]
+    assert waits_for_prefix(cfg, full, HOT, "w1", 100)
+    assert not waits_for_prefix(cfg, free, HOT, "w1", 100)  # w0 has room: the move does it
+    assert not waits_for_prefix(cfg, far, HOT, "w1", 100)  # w0 two ahead: the guard says no
+    assert not waits_for_prefix(cfg, full, {"w0": 200}, "w1", 100)  # under min_prefix_tokens
+    assert not waits_for_prefix(cfg, full, HOT, "w0", 100)  # already where its prefix is
+    assert not waits_for_prefix(PlacementConfig(policy="least_loaded"), full, HOT, "w1", 100)
+
+
+def test_a_worker_busier_with_calls_does_not_pull_a_session_for_its_prefix() -> None:
+    # At light load the queue's choice may be idle while the prefix's worker still prefills the
+    # prefix for another session: there the new call would wait behind it (FCFS engines).
+    cfg = PlacementConfig(min_prefix_tokens=64)  # max_call_gap 0
+    quiet = WorkerView("w0", admitted=1, limit=4, in_call=0)
+    busy = WorkerView("w1", admitted=1, limit=4, in_call=1)
+    assert prefer_prefix(cfg, [quiet, busy], {"w1": 640}, "w0", 16, counted=False) is None
+    calm = WorkerView("w1", admitted=1, limit=4, in_call=0)
+    assert prefer_prefix(cfg, [quiet, calm], {"w1": 640}, "w0", 16, counted=False) == "w1"
+    loose = PlacementConfig(min_prefix_tokens=64, max_call_gap=1)
+    assert prefer_prefix(loose, [quiet, busy], {"w1": 640}, "w0", 16, counted=False) == "w1"
+    c = core()
+    d = c.on_request(0.0, "a", "t", 100, prefix={"w0": 0, "w1": 0, "w2": 0})
+    assert d.worker == "w0"  # and in its first call there
+    assert admit(c, "b", {"w0": 512, "w1": 0, "w2": 0}) == "w1"  # w0 is busier: no move
+    c.on_response_end(0.5, "a")
+    assert admit(c, "c", {"w0": 512, "w1": 0, "w2": 0}) == "w0"  # a's call ended: w0 calm

@@ -129,6 +129,18 @@ def test_no_deadlock_admits_oldest_when_nothing_runs() -> None:
     assert picked(q, 11.0, [worker(budget_blocks=10, admitted=1)]) == []
 
 
+def test_an_empty_worker_takes_the_oldest_that_fits_no_budget() -> None:
+    # A prompt above the KV reserve fits no budget, but a worker holding nothing takes it, as
+    # the engine without a proxy would: the other worker's session does not stop that.
+    q = AdmissionQueue(CFG)
+    fill(q, [900, 700])
+    (a,) = q.select(10.0, [worker("w0", budget_blocks=10, admitted=1),
+                           worker("w1", budget_blocks=10)])
+    assert a.entry.session == "s0" and a.forced and a.worker == "w1"
+    assert picked(q, 11.0, [worker("w0", budget_blocks=10, admitted=1),
+                            worker("w1", budget_blocks=10, admitted=1)]) == []
+
+
 def test_no_deadlock_needs_a_placeable_worker_with_a_slot() -> None:
     q = AdmissionQueue(CFG)
     fill(q, [900])

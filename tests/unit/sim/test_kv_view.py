@@ -74,15 +74,16 @@ def _groups(groups: int, sessions: int = 16) -> Workload:
         prefix_tokens=640))
 
 
-def _cfg(placement: str, workers: int) -> MarsConfig:
-    return options.proxy_config("mars", options.parse_sets([f"placement.policy={placement}"]),
-                                [f"http://w{i}" for i in range(workers)])
+def _cfg(placement: str, workers: int, *sets: str) -> MarsConfig:
+    return options.proxy_config(
+        "mars", options.parse_sets([f"placement.policy={placement}", *sets]),
+        [f"http://w{i}" for i in range(workers)])
 
 
-def _sim(wl: Workload, placement: str, kv: bool, workers: int = 3) -> Simulation:
+def _sim(wl: Workload, placement: str, kv: bool, workers: int = 3, *sets: str) -> Simulation:
     setup = SimSetup(profile=get_profile("tiny", num_blocks=320), workers=workers, tool_cpus=2,
                      system_prompt_tokens=40, kv_events=kv)
-    sim = Simulation(wl, "mars", setup, _cfg(placement, workers), record=True)
+    sim = Simulation(wl, "mars", setup, _cfg(placement, workers, *sets), record=True)
     res = sim.run()
     assert all(o.ok for o in res.outcomes), [o.error for o in res.outcomes]
     return sim
@@ -103,8 +104,11 @@ def test_prefix_placement_puts_a_group_together_with_kv_events_only() -> None:
             by_group.setdefault(group[key], []).append(w)
         return sum(max(ws.count(w) for w in set(ws)) for ws in by_group.values())
 
-    prefix = _sim(wl, "prefix", kv=True)
-    least = _sim(wl, "least_loaded", kv=True)
+    # At 6/s the tiny engines' calls overlap, and the default call guard (max_call_gap 0,
+    # tests/unit/aimd/test_aimd_prefix.py) keeps every move off here: loosened, the moves show.
+    loose = "placement.max_call_gap=16"
+    prefix = _sim(wl, "prefix", True, 3, loose)
+    least = _sim(wl, "least_loaded", True, 3, loose)
     assert together(_placed(prefix)) > together(_placed(least))
     # Only a new session's first prompt is looked up, and each call's resident tokens are told.
     assert prefix.proxy is not None and prefix.proxy.inputs is not None
