@@ -162,7 +162,9 @@ def _fitting(source: Sequence[SessionTrace], spec: WorkloadSpec, limit: int,
         over = max(_longest_call(s, system) for s in wl.sessions) - limit
         if over <= 0 or spec.max_context_tokens <= 64:
             return wl
-        spec = dataclasses.replace(spec, max_context_tokens=max(64, spec.max_context_tokens - over))
+        cap = max(64, spec.max_context_tokens - over)  # a shared prefix stays below it
+        spec = dataclasses.replace(spec, max_context_tokens=cap,
+                                   prefix_tokens=min(spec.prefix_tokens, cap - 1))
 
 
 def _longest_call(plan: PlannedSession, system: int) -> int:
