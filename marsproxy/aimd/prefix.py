@@ -30,7 +30,26 @@ from collections.abc import Callable, Mapping, Sequence
 
 from marsproxy.aimd.config import PlacementConfig
 from marsproxy.aimd.queue import QueueEntry, WorkerView
+from marsproxy.aimd.rooms import Room
 from marsproxy.core.kv import blocks_for_tokens, fits
+
+
+def _longer(
+    cfg: PlacementConfig, views: Sequence[WorkerView], prefix: Mapping[str, int] | None,
+    here: str, mine: int,
+) -> list[tuple[int, WorkerView, int, int]]:
+    """(order, view, load, tokens) of the placeable workers other than ``here`` that hold at least
+    ``min_prefix_tokens`` more of the prompt and pass the session-count guard; ``mine``: the
+    session is counted on ``here`` already (1) or not (0)."""
+    if cfg.policy != "prefix" or not prefix:
+        return []
+    placeable = [v for v in views if v.placeable]
+    loads = {v.name: v.admitted - (mine if v.name == here else 0) for v in placeable}
+    least = min(loads.values(), default=0)
+    floor = prefix.get(here, 0) + cfg.min_prefix_tokens
+    return [(i, v, loads[v.name], prefix.get(v.name, 0)) for i, v in enumerate(placeable)
+            if v.name != here and prefix.get(v.name, 0) >= floor
+            and loads[v.name] <= least + cfg.max_load_gap]
 
 
 def prefer_prefix(
@@ -42,33 +61,20 @@ def prefer_prefix(
     ``prefix``: resident prefix tokens of the first prompt per worker with an index;
     ``counted``: the views count the session on ``chosen`` already (the queue admitted it);
     ``slots``: a target needs a free slot (false: the window is off)."""
-    if cfg.policy != "prefix" or not prefix:
-        return None
-    placeable = [v for v in views if v.placeable]
-    if not placeable:
-        return None
     mine = 1 if counted else 0
-    loads = {v.name: v.admitted - (mine if v.name == chosen else 0) for v in placeable}
-    least = min(loads.values())
-    base = prefix.get(chosen, 0)
     # Calls in flight on the queue's choice, the session's own not counted: on a worker with
     # more, the new call queues behind theirs (at light load it may be prefilling the very
     # prefix for another session while the queue's choice sits idle).
-    busy = next((v.in_call - mine for v in placeable if v.name == chosen), 0)
+    busy = next((v.in_call - mine for v in views if v.placeable and v.name == chosen), 0)
     best: tuple[int, int, int, str] | None = None  # (-tokens, load, order, name)
-    for i, v in enumerate(placeable):
-        tokens = prefix.get(v.name, 0)
-        if v.name == chosen or tokens < base + cfg.min_prefix_tokens:
-            continue
+    for i, v, load, tokens in _longer(cfg, views, prefix, chosen, mine):
         if v.in_call > busy + cfg.max_call_gap:
-            continue
-        if loads[v.name] > least + cfg.max_load_gap:
             continue
         if slots and v.admitted >= v.limit:
             continue
         if not fits(blocks_for_tokens(est_tokens, v.block_size), v.budget_blocks):
             continue
-        rank = (-tokens, loads[v.name], i, v.name)
+        rank = (-tokens, load, i, v.name)
         if best is None or rank < best:
             best = rank
     return None if best is None else best[3]
@@ -81,19 +87,10 @@ def waits_for_prefix(
     """True when a worker other than ``here`` holds a longer prefix of the session's first
     prompt (by ``min_prefix_tokens``, within the load guard) but has no room for it now: the
     session may let a later one take ``here``'s room and wait for that worker."""
-    if cfg.policy != "prefix" or not prefix:
+    longer = _longer(cfg, views, prefix, here, 0)
+    if not longer:
         return False
-    placeable = [v for v in views if v.placeable]
-    if not placeable:
-        return False
-    least = min(v.admitted for v in placeable)
-    base = prefix.get(here, 0)
-    best = max((v for v in placeable if v.name != here
-                and prefix.get(v.name, 0) >= base + cfg.min_prefix_tokens
-                and v.admitted <= least + cfg.max_load_gap),
-               key=lambda v: prefix.get(v.name, 0), default=None)
-    if best is None:
-        return False
+    _, best, _, _ = max(longer, key=lambda c: c[3])
     return (best.admitted >= best.limit
             or not fits(blocks_for_tokens(est_tokens, best.block_size), best.budget_blocks))
 
@@ -123,5 +120,9 @@ class PrefixBook:
             return None
         return prefer_prefix(self.cfg, views(), prefix, chosen, est_tokens, counted=True)
 
-    def waits(self, e: QueueEntry, here: str, views: Sequence[WorkerView]) -> bool:
-        return waits_for_prefix(self.cfg, views, self._maps.get(e.session), here, e.est_tokens)
+    def waits(self, e: QueueEntry, here: str, rooms: Sequence[Room]) -> bool:
+        """:func:`waits_for_prefix` for a waiting session offered a room on ``here``."""
+        prefix = self._maps.get(e.session)
+        if prefix is None:  # most sessions: no lookup, no views
+            return False
+        return waits_for_prefix(self.cfg, [r.view for r in rooms], prefix, here, e.est_tokens)

@@ -67,7 +67,7 @@ class AdmissionQueue:
         self.protected: Callable[[QueueEntry], bool] = lambda e: self.classes.rank(e.cls) == 0
         """Whether a waiting session would yield to nobody once admitted (the core sets it,
         ``yields.py``): it is fitted against ``WorkerView.protected_budget_blocks``."""
-        self.waits: Callable[[QueueEntry, str, list[WorkerView]], bool] | None = None
+        self.waits: Callable[[QueueEntry, str, Sequence[Room]], bool] | None = None
         """Whether a session would rather wait for another worker than take a slot on this
         one (the core sets it with prefix placement, ``prefix.py``)."""
 
@@ -295,15 +295,9 @@ class AdmissionQueue:
         # Sessions that let others take a slot while waiting for their prefix's worker take the
         # slots nobody else took: waiting for a prefix never leaves a slot empty.
         for e in tally.waiting:
-            if tally.slots <= 0:
-                break
-            room, _ = self._place(e, rooms, tally.shorts > 0)
+            room = self._place(e, rooms, tally.shorts > 0)[0] if tally.slots > 0 else None
             if room is not None:
-                take(room, e)
-                tally.slots -= 1
-                tally.shorts -= 0 if e.long else 1
-                tally.rebound(rooms)
-                out.append(Admission(e, room.view.name))
+                _taken(e, room, rooms, tally, out)
         return out
 
     def _alone(self, rooms: list[Room]) -> list[Admission]:
@@ -334,8 +328,8 @@ class AdmissionQueue:
             room, capped = None, False  # too large for every room: no need to look
         else:
             room, capped = self._place(e, rooms, tally.shorts > 0)
-        if (room is not None and self.waits is not None and not self._holds(e, now)
-                and self.waits(e, room.view.name, [r.view for r in rooms])):
+        if (room is not None and self.waits is not None and self.waits(e, room.view.name, rooms)
+                and not self._holds(e, now)):
             tally.waiting.append(e)
             return Offer.PASSED
         if room is None:
@@ -348,11 +342,7 @@ class AdmissionQueue:
             if not urgent and self.mode is OrderMode.SHORTEST_FIRST:
                 return Offer.SKIP  # its tenant's later sessions are larger: none fits either
             return Offer.HELD
-        take(room, e)
-        tally.slots -= 1
-        tally.shorts -= 0 if e.long else 1
-        tally.rebound(rooms)
-        out.append(Admission(e, room.view.name))
+        _taken(e, room, rooms, tally, out)
         return Offer.PLACED
 
     def _idle_admits(self, now: float, rooms: list[Room], taken: list[Admission]) -> list[
@@ -394,6 +384,15 @@ def _share(cap: int, weight: float, total: float) -> int:
     """The most sessions a waiting claimant (a class, a tenant) may hold: its weighted part of
     ``cap``, ``total`` being the weights of all that wait, itself included (alone: all)."""
     return cap if total <= weight * (1 + 1e-9) else max(1, math.ceil(cap * weight / total))
+
+
+def _taken(e: QueueEntry, room: Room, rooms: list[Room], tally: Tally, out: list[Admission],
+           ) -> None:  # e placed on room in a pass: the room and the pass's tally take it
+    take(room, e)
+    tally.slots -= 1
+    tally.shorts -= 0 if e.long else 1
+    tally.rebound(rooms)
+    out.append(Admission(e, room.view.name))
 
 
 def _empty(rooms: list[Room]) -> list[Room]:  # a free slot, and no session admitted there

@@ -13,9 +13,11 @@ with CUDA events over a grid of prefill chunks and decode batches; the times are
 
     t = a + w·(1 − (15/16)^N) + b·P + c·D + d_dec·K_dec + d_pf·A_pf
 
-with non-negative coefficients (docs/emulator.md defines the terms). It times the GPU's work
-only: a real vLLM adds its scheduler, sampler and detokenizer on the CPU to every step, which is
-part of the profile's ``a`` and not measured here. Needs PyTorch; nothing of marsproxy.
+with non-negative coefficients, the features and the profile's prediction taken from the
+emulator's own step-time model (``marsproxy/emulator/step_time.py``; docs/emulator.md defines the
+terms). It times the GPU's work only: a real vLLM adds its scheduler, sampler and detokenizer on
+the CPU to every step, which is part of the profile's ``a`` and not measured here. Needs PyTorch
+and this repository (none of marsproxy's dependencies).
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-KEEP = 15.0 / 16.0  # share of experts a token does not touch: 1 − 8/128
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this repository's marsproxy
+from marsproxy.emulator.profiles import get_profile
+from marsproxy.emulator.step_time import StepBatch, StepTimeCoeffs, step_duration
 
 
 @dataclass(frozen=True)
@@ -50,9 +56,10 @@ class Shapes:
 QWEN3_30B_A3B = Shapes(48, 2048, 32, 4, 128, 128, 8, 768, 151_936)
 TINY = Shapes(2, 64, 4, 2, 16, 16, 2, 32, 1000)
 
-# The H200 profile as shipped (marsproxy/emulator/profiles.py), for the side-by-side column.
-PROFILE = {"a": 5.5e-3, "w": 9.9e-3, "b": 14e-6, "c": 0.09e-3, "d_dec": 25e-9, "d_pf": 1.3e-9}
+# The H200 profile as shipped, for the side-by-side column.
+PROFILE_STEP = get_profile("h200-qwen3-coder-30b-a3b").step
 TERMS = ("a", "w", "b", "c", "d_dec", "d_pf")
+PROFILE = {t: getattr(PROFILE_STEP, t) for t in TERMS}
 
 
 @dataclass(frozen=True)
@@ -69,9 +76,19 @@ class Point:
     def tokens(self) -> int:
         return self.n + self.d
 
+    def batch(self) -> StepBatch:
+        b = StepBatch()
+        if self.n:
+            b.add_prefill(self.n, self.o)
+        for _ in range(self.d):
+            b.add_decode(self.k)
+        return b
+
     def features(self) -> list[float]:
-        pairs = self.n * self.o + self.n * (self.n + 1) // 2
-        return [1.0, 1.0 - KEEP**self.tokens, self.n, self.d, self.d * self.k, pairs]
+        """What each term of the step-time form multiplies, in ``TERMS`` order."""
+        b = self.batch()
+        return [1.0, 1.0 - PROFILE_STEP.expert_keep**b.num_tokens, b.prefill_tokens,
+                b.decode_seqs, b.decode_context, b.prefill_pairs]
 
 
 def grid(tiny: bool) -> list[Point]:
@@ -126,7 +143,8 @@ class Step:
         self.x = torch.randn(t, s.hidden, device=dev, dtype=dt)
         # Uniform routing, balanced: the expected number of experts a batch touches, an equal
         # share of the batch's t·8 assignments each (a contiguous slice of the expert weights).
-        self.used = max(1, min(s.experts, round(s.experts * (1.0 - KEEP**t))))
+        keep = 1.0 - s.experts_per_token / s.experts  # share of experts a token leaves alone
+        self.used = max(1, min(s.experts, round(s.experts * (1.0 - keep**t))))
         self.per_expert = math.ceil(t * s.experts_per_token / self.used)
         slots = self.used * self.per_expert
         self.route = torch.arange(slots, device=dev) % t
@@ -273,8 +291,9 @@ def nnls(rows: list[list[float]], y: list[float]) -> list[float]:
     return [float(v) for v in x / scale]
 
 
-def predict(coef: dict[str, float], p: Point) -> float:
-    return sum(coef[t] * f for t, f in zip(TERMS, p.features(), strict=True))
+def predict(coef: Mapping[str, float], p: Point) -> float:
+    """The emulator's step time of ``p`` with the coefficients ``coef`` (``TERMS``)."""
+    return step_duration(StepTimeCoeffs(**coef), p.batch())
 
 
 def main() -> None:

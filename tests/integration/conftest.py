@@ -19,9 +19,11 @@ from marsproxy.bench.procs import RedisServer
 def _gpu_count() -> int:
     try:
         import pynvml
-
+    except ImportError:  # nvidia-ml-py not installed: no GPU to test
+        return 0
+    try:
         pynvml.nvmlInit()
-    except Exception:  # no library, no driver: no GPU
+    except pynvml.NVMLError:  # no driver: no GPU
         return 0
     try:
         return int(pynvml.nvmlDeviceGetCount())
