@@ -96,7 +96,8 @@ class StoreConfirmations:
                 later.append((e.pending.worker, skey))
             elif e.worker is not None:
                 store.release_sync(e.worker, skey, any_owner=e.reason is EndReason.DELETED)
-        self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
+        if out.events:  # most outcomes on the request path have none: no clocks read
+            self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
         if self.plane.pending_count:
             self._confirm_now(store)
         for worker, skey in later:

@@ -8,8 +8,6 @@ the plane's answer and the wait): it is kept for that request (``unclaimed``) in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from marsproxy.gateway.shells.admission_types import Granted, Refused, Verdict
 
@@ -20,16 +18,19 @@ class HeldRequests:
         self._unclaimed: dict[str, Refused] = {}  # refusals that found no waiter yet
         self._arriving: dict[str, int] = {}  # requests between the plane's answer and waiting
 
-    @contextmanager
-    def arriving(self, key: str) -> Iterator[None]:
-        """A request of ``key`` is on its way to waiting (a refusal meanwhile is its)."""
+    # A pair of calls (try/finally at the caller), not a context manager: it runs on every
+    # new session's request, where contextlib's generator cost more than the bookkeeping.
+    def arriving(self, key: str) -> None:
+        """A request of ``key`` is on its way to waiting (a refusal meanwhile is its); the
+        caller calls :meth:`arrived` when it is there (or gone)."""
         self._arriving[key] = self._arriving.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._arriving[key] -= 1
-            if not self._arriving[key]:
-                del self._arriving[key]
+
+    def arrived(self, key: str) -> None:
+        left = self._arriving[key] - 1
+        if left:
+            self._arriving[key] = left
+        else:
+            del self._arriving[key]
 
     def unclaimed(self, key: str) -> Refused | None:
         return self._unclaimed.pop(key, None)
