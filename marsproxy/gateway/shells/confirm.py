@@ -106,8 +106,9 @@ class StoreConfirmations:
 
     def _ending(self, e: Ended) -> str:
         """What a session's end means here before the store hears of it; its store key."""
-        self._refuse(e.session, Refused(503, "session_ended", 1,
-                                        f"the session ended ({e.reason})"))
+        if self.held.expects(e.session):  # else no request to answer: no refusal built
+            self._refuse(e.session, Refused(503, "session_ended", 1,
+                                            f"the session ended ({e.reason})"))
         self.replicas.forget(e.session)
         return self.replicas.store_key(e.session)
 

@@ -32,6 +32,10 @@ class HeldRequests:
         else:
             del self._arriving[key]
 
+    def expects(self, key: str) -> bool:
+        """Whether a refusal of ``key`` would reach a request (waiting, or on its way)."""
+        return key in self._waiters or key in self._arriving
+
     def unclaimed(self, key: str) -> Refused | None:
         return self._unclaimed.pop(key, None)
 
