@@ -267,8 +267,14 @@ class WorkerFit:
             budget_blocks=self.budget(w, committed_tokens), tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
-            admitted=self.sessions.load_on(w),
+            admitted=self.sessions.load_on(w), kv_guarded=not self._flat_only(w),
         )
+
+    def _flat_only(self, worker: str) -> bool:
+        """Only this replica's one-shot tasks hold KV on ``worker`` (``PeakForecast.flat_only``;
+        no other replica's sessions, no retained KV)."""
+        s = self._signals[worker]
+        return not s.sessions_elsewhere and not s.retained_blocks and self.peaks.flat_only(worker)
 
     def kv_signal(self, worker: str) -> float | None:
         """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
@@ -310,6 +316,7 @@ class WorkerFit:
                 free_budget_blocks=free, idle_limit=c.idle_limit,
                 protected_budget_blocks=self.protected_room(w),
                 flat_budget_blocks=None if flat is None else _smaller(free, flat),
+                unfitted_flat=self._flat_only(w),
             ))
         return out
 

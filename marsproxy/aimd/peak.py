@@ -60,6 +60,7 @@ class PeakForecast:
         # Worker → its sessions whose KV is held: the forecasts' sums walk these alone, not
         # every open session (a plain client's may number thousands, dormant past their hold).
         self._held: dict[str, dict[str, _Session]] = {}
+        self._growing: dict[str, int] = {}  # worker → how many of those are forecast to grow
 
     # -- sessions -------------------------------------------------------------------------
     def admit(self, session: str, worker: str, est_tokens: int, *, grows: bool = True) -> None:
@@ -67,8 +68,8 @@ class PeakForecast:
         ``grows``: false where it is known to end after its call (no growth forecast)."""
         est = max(0, est_tokens)
         self._unhold(session)
-        s = self._sessions[session] = _Session(worker, est, est, grows=grows)
-        self._held.setdefault(worker, {})[session] = s
+        s = self._sessions[session] = _Session(worker, est, est, held=False, grows=grows)
+        self._hold(session, s)
 
     def move(self, session: str, worker: str) -> None:
         s = self._sessions.get(session)
@@ -86,15 +87,22 @@ class PeakForecast:
     def hold(self, session: str) -> None:
         """``session`` is back (a request): its forecast counts again."""
         s = self._sessions.get(session)
-        if s is not None:
-            s.held = True
-            self._held.setdefault(s.worker, {})[session] = s
+        if s is not None and not s.held:
+            self._hold(session, s)
+
+    def _hold(self, session: str, s: _Session) -> None:
+        s.held = True
+        self._held.setdefault(s.worker, {})[session] = s
+        if s.grows:
+            self._growing[s.worker] = self._growing.get(s.worker, 0) + 1
 
     def _unhold(self, session: str) -> None:
         s = self._sessions.get(session)
         if s is not None and s.held:
             s.held = False
             self._held[s.worker].pop(session, None)
+            if s.grows:
+                self._growing[s.worker] -= 1
 
     def observe(self, session: str, prompt_tokens: int, completion_tokens: int = 0) -> None:
         """A call of ``session`` finished with these token counts (its context now)."""
@@ -131,6 +139,11 @@ class PeakForecast:
         """Forecast peak context of an admitted session in tokens (0: unknown session)."""
         s = self._sessions.get(session)
         return 0 if s is None else s.peak(self.growth())
+
+    def flat_only(self, worker: str) -> bool:
+        """Whether sessions hold KV on ``worker`` and none of them is forecast to grow (one-shot
+        tasks only: no returning session's KV there to protect)."""
+        return bool(self._held.get(worker)) and not self._growing.get(worker, 0)
 
     def held_on(self, worker: str) -> list[str]:
         """The sessions admitted on ``worker`` whose KV is held."""

@@ -64,8 +64,8 @@ def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) ->
 def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> None:
     # Once a tenant's whole history (4) of first gaps did not come back, its sessions are
     # forecast at their first prompt (40 blocks), not at 2 × it. 360 usable blocks: at 2 × 40,
-    # 4 in a call at once fill the fit; without growth, 9. A call's end lets the next in at
-    # once, as a session's end does.
+    # 4 in a call at once fill the fit; without growth, 9 beside nothing, 7 beside an agent's
+    # session (2 × 40). A call's end lets the next in at once, as a session's end does.
     cfg = AdmissionConfig(tuning=AdmissionTuning(
         peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
     core = AdmissionCore(cfg, ["w0"])
@@ -78,11 +78,36 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
         core.on_response_end(1.5, f"s{i}", prompt_tokens=640)
     core.tick(30.0, {"w0": sig})  # past their holds: none came back
     assert core.sessions.returns.one_shot("t")
-    kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(10)]
-    assert kinds == [DecisionKind.ADMITTED] * 9 + [DecisionKind.WAIT]
-    assert core.peaks.committed_tokens("w0") == 9 * 640
+    assert core.on_request(31.0, "agent", "u", 640).kind is DecisionKind.ADMITTED
+    kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(8)]
+    assert kinds == [DecisionKind.ADMITTED] * 7 + [DecisionKind.WAIT]
+    assert core.peaks.committed_tokens("w0") == 2 * 640 + 7 * 640
     acts = core.on_response_end(31.1, "n0", prompt_tokens=640)
-    assert [a.entry.session for a in acts.admitted] == ["n9"]
+    assert [a.entry.session for a in acts.admitted] == ["n7"]
+
+
+@pytest.mark.parametrize("agent", [False, True])
+def test_one_shot_tasks_alone_on_a_worker_wait_in_its_queue_not_the_proxys(agent: bool) -> None:
+    # A batch client alone on a worker: nothing there returns for its KV, so its one-shot tasks
+    # go to the engine as they come, without the KV fit and without window cuts at a full cache:
+    # what the cache cannot take waits in the engine's queue, as with no proxy. A session that
+    # returns (an agent's) on the worker turns both back on.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    core = AdmissionCore(cfg, ["w0"])
+    for _ in range(4):
+        core.sessions.returns.record("batch", False)
+    core.sessions.returns.record("agents", True)
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
+                                        block_size=16)})
+    first, tenant = ("a", "agents") if agent else ("n0", "batch")
+    assert core.on_request(0.1, first, tenant, 640).kind is DecisionKind.ADMITTED
+    assert core.views()[0].unfitted_flat is not agent
+    full = WorkerSignals(kv_usage=0.97, free_blocks=8, total_blocks=400, block_size=16)
+    core.tick(1.0, {"w0": full})
+    assert core.controllers["w0"].kv_overloaded is agent
+    kinds = {core.on_request(1.1, f"n{i}", "batch", 640).kind for i in range(1, 9)}
+    assert kinds == {DecisionKind.WAIT if agent else DecisionKind.ADMITTED}
 
 
 def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_passes() -> None:
@@ -134,6 +159,6 @@ def test_sessions_that_hold_no_room_hold_no_slot_in_the_window() -> None:
         core.tick(3.0 + 0.2 * k, {"w0": full})
     assert core.controllers["w0"].effective_limit == 2
     assert core.on_request(4.5, "new", "t", 640).kind is DecisionKind.ADMITTED
-    assert core.on_request(4.6, "next", "t", 640).kind is DecisionKind.WAIT  # no budget
-    acts = core.on_response_end(4.8, "new", prompt_tokens=640)  # as good as ended
-    assert [a.entry.session for a in acts.admitted] == ["next"]
+    # The budget is spent, but only one-shot tasks hold KV there now: the next one waits in the
+    # engine's queue, not the proxy's (the test below).
+    assert core.on_request(4.6, "next", "t", 640).kind is DecisionKind.ADMITTED
