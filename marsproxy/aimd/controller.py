@@ -56,10 +56,6 @@ class ControlSignals:
     """CPUs for tools; 0: unknown, no CPU cap."""
     admitted: int = 0
     """Sessions admitted on this worker now (for the app-limited guard)."""
-    kv_guarded: bool = True
-    """Whether its KV usage concerns admission: false while only one-shot tasks hold KV there
-    (``WorkerView.unfitted_flat``): a full cache of calls that never return is the engine's
-    own queue at work, as with no proxy, and cutting the window would only hold tasks back."""
 
 
 class AimdController:
@@ -145,8 +141,6 @@ class AimdController:
         self._last_tick = now
         self._stale = signals.stale or signals.kv_usage is None
         usage = 1.0 if self._stale else float(signals.kv_usage or 0.0)
-        if not self._stale and not signals.kv_guarded:
-            usage = 0.0  # one-shot tasks only: no KV overload (see ControlSignals.kv_guarded)
         self._update_kv(usage)
         self._update_cpu(signals)
         self._kv_cap = self._kv_cap_for(usage)

@@ -267,7 +267,7 @@ class WorkerFit:
             budget_blocks=self.budget(w, committed_tokens), tools_in_flight=s.tools_in_flight,
             backlog_ratio=s.backlog_ratio, tool_wait_ema_s=s.tool_wait_ema_s,
             psi_some_avg10=s.psi_some_avg10, tool_cpus=s.tool_cpus,
-            admitted=self.sessions.load_on(w), kv_guarded=not self._flat_only(w),
+            admitted=self.sessions.load_on(w),
         )
 
     def _flat_only(self, worker: str) -> bool:
@@ -278,10 +278,14 @@ class WorkerFit:
 
     def kv_signal(self, worker: str) -> float | None:
         """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
-        total). vLLM counts the cached blocks of a
-        session in its tool phase as free; the ledger knows they will be wanted back."""
+        total). vLLM counts the cached blocks of a session in its tool phase as free; the ledger
+        knows they will be wanted back. 0 while only one-shot tasks hold KV there
+        (``WorkerView.flat_only``): a full cache of calls that never return is the engine's own
+        queue at work, as with no proxy, and a window cut would only hold tasks back."""
         s = self._signals[worker]
         u = s.kv_usage
+        if u is not None and self._flat_only(worker):
+            return 0.0
         if u is None or s.retained_blocks <= 0:
             return u
         if not s.total_blocks or s.free_blocks is None:
@@ -316,7 +320,7 @@ class WorkerFit:
                 free_budget_blocks=free, idle_limit=c.idle_limit,
                 protected_budget_blocks=self.protected_room(w),
                 flat_budget_blocks=None if flat is None else _smaller(free, flat),
-                unfitted_flat=self._flat_only(w),
+                flat_only=self._flat_only(w),
             ))
         return out
 

@@ -57,7 +57,7 @@ class WorkerView:
     flat_budget_blocks: int | None = None
     """The budget of a session forecast not to grow (``QueueEntry.grows``): the forecast fit's
     room for a peak of its first prompt alone (``None``: ``budget_blocks``)."""
-    unfitted_flat: bool = False
+    flat_only: bool = False
     """Only sessions forecast not to grow (one-shot tasks) hold KV there: another such session
     goes there without the KV fit, and what the KV cannot take waits in the engine's own queue,
     as with no proxy (no returning session's KV there to protect)."""
@@ -96,7 +96,7 @@ class Room:
     def budget_of(self, protected: bool, grows: bool = True) -> int | None:
         """The budget a session that would yield to nobody (or one that would), forecast to
         grow (or not), is fitted against."""
-        if not grows and self.view.unfitted_flat:
+        if not grows and self.view.flat_only:
             return None
         budget = self.budget
         if not grows and self.flat is not None:

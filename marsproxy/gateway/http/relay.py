@@ -150,8 +150,7 @@ class Relay:
         if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
             body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
-        # No KV index in use (the default): no coroutine to await for the prompt's token ids.
-        ids = None if gw.kv_use is None else await self._token_ids(route, body.obj, turn.session)
+        ids = await self._token_ids(route, body.obj, turn.session)
         # No healthy worker at all: nothing to wait for; the upstream step answers 503 at once.
         if gw.healthy():
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)

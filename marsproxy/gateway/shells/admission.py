@@ -181,9 +181,9 @@ class AdmissionShell(StoreConfirmations):
         ``/tokenize`` when ``admission.tokenize`` is on; ``tokens``: its size when known;
         ``cls``: its service class (the x-session-class header's, or the tenant's).
         """
-        core, shared = self.core, self._memory is None  # no other replica: nothing to ask
+        core = self.core
         if core.sessions.get(key) is None:
-            adopted = await self.replicas.adopt(key, tenant, chars, final) if shared else None
+            adopted = await self.replicas.adopt(key, tenant, chars, final)
             if adopted is not None:
                 return Granted(adopted, 0.0)
             if body is not None and self.acfg.tokenize:
@@ -193,8 +193,7 @@ class AdmissionShell(StoreConfirmations):
                                                    self.acfg.tuning.tokenize_timeout_s)
                 if tokens is not None:  # as if the worker had reported it: exact
                     self.plane.estimator.observe(key, chars, tokens)
-        elsewhere = (shared and parent is not None and core.sessions.get(key) is None
-                     and await self.replicas.parent_elsewhere(parent))
+        elsewhere = core.sessions.get(key) is None and await self.replicas.parent_elsewhere(parent)
         if self.plane.wants_tick(key):  # the first requests after start: scrape at once
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
@@ -205,10 +204,7 @@ class AdmissionShell(StoreConfirmations):
             return self._rejected(ans.reason, ans.retry_after_s)
         self.held.arriving(key)
         try:
-            if self._memory is not None:  # what _carry does, without a coroutine
-                self._carry_now(ans.outcome, self._memory)
-            else:
-                await self._carry(ans.outcome)
+            await self._carry(ans.outcome)
         except asyncio.CancelledError:
             self._abandon(key, None)  # the client left before its request could wait
             raise

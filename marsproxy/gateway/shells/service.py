@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from marsproxy.aimd.admission import DecisionKind
@@ -181,23 +181,16 @@ class Gateway:
         self.plane.tick(self.now(), self.observe(), at=tel.wall(), cpu=tel.cpu.latest)
 
     # -- the request's decisions ---------------------------------------------------------------
-    def admit(self, key: str, tenant: str, chars: int, final: bool,
-              body: bytes | None = None, tokens: int | None = None,
-              cls: str | None = None, prefix: dict[str, int] | None = None,
-              parent: str | None = None) -> Coroutine[Any, Any, Verdict]:
+    async def admit(self, key: str, tenant: str, chars: int, final: bool,
+                    body: bytes | None = None, tokens: int | None = None,
+                    cls: str | None = None, prefix: dict[str, int] | None = None,
+                    parent: str | None = None) -> Verdict:
         """The worker for a request of ``key`` (held until admitted), or its refusal;
         ``prefix``: its prompt's resident prefix per indexed worker (prefix placement);
-        ``parent``: the session a new one names as its parent (agent trees). A plain function
-        handing back the shell's coroutine: one coroutine layer fewer on every request."""
+        ``parent``: the session a new one names as its parent (agent trees)."""
         if self.admission is not None:
-            return self.admission.admit(key, tenant, chars, final, body, tokens, cls, prefix,
-                                        parent)
-        return self._place(key, tenant, chars, final, tokens, cls, prefix, parent)
-
-    async def _place(self, key: str, tenant: str, chars: int, final: bool, tokens: int | None,
-                     cls: str | None, prefix: dict[str, int] | None,
-                     parent: str | None) -> Verdict:
-        """Admission off: the plane places the session (health is the only gate)."""
+            return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
+                                              prefix, parent)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
                                  final=final, cls=cls, prefix=prefix, parent=parent)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:

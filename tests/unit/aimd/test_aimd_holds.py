@@ -102,7 +102,7 @@ def test_one_shot_tasks_alone_on_a_worker_wait_in_its_queue_not_the_proxys(agent
                                         block_size=16)})
     first, tenant = ("a", "agents") if agent else ("n0", "batch")
     assert core.on_request(0.1, first, tenant, 640).kind is DecisionKind.ADMITTED
-    assert core.views()[0].unfitted_flat is not agent
+    assert core.views()[0].flat_only is not agent
     full = WorkerSignals(kv_usage=0.97, free_blocks=8, total_blocks=400, block_size=16)
     core.tick(1.0, {"w0": full})
     assert core.controllers["w0"].kv_overloaded is agent
