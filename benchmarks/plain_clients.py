@@ -2,7 +2,7 @@
 numbers, not a test).
 
     .venv/bin/python benchmarks/plain_clients.py [--concurrency 8] [--seconds 60] [--rounds 2]
-        [--num-blocks 512] [--prompt-chars 2000] [--max-tokens 32]
+        [--num-blocks 512] [--prompt-chars 2000] [--max-tokens 32] [--agents 0]
 
 The client is what a batch job with a stock OpenAI client sends: ``--concurrency`` loops, each
 sending one chat call after another, every call a new task (a fresh random prompt, so no prefix
@@ -13,6 +13,11 @@ defaults). Per run: calls done (with the errors), mean, P50, P99 and worst call,
 of the calls after the first 30 s (by then a key's one-shot tasks are known for what they are);
 per round the proxy's mean over direct's, overall and after 30 s. "Never worse than no proxy"
 is a ratio near 1.
+
+``--agents N`` runs N agent loops beside the batch client, under another API key: each sends
+sessions of ``AGENT_CALLS`` calls with an ``x-session-id``, a conversation that grows by the
+reply and a tool result, ``AGENT_TOOL_S`` between calls and the final flag on the last. Both
+clients' means are printed; the batch client must not pay for sharing the worker with agents.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from marsproxy.bench.procs import CLI, free_port, stop_all, wait_up
 # After this long a key's one-shot tasks are known (kv_hold_min_s, 20 s, past the first ones):
 # runs longer than that also print the mean of the calls that ended after it.
 LEARNT_S = 30.0
+AGENT_CALLS = 6
+AGENT_TOOL_S = 0.3
 
 
 @dataclass
@@ -62,8 +69,9 @@ class Run:
 
 
 async def client(url: str, concurrency: int, seconds: float, chars: int,
-                 max_tokens: int) -> Run:
-    run, rnd = Run(), random.Random()
+                 max_tokens: int, agents: int) -> tuple[Run, Run]:
+    """The batch client's run and the agents' (empty without agents), side by side."""
+    run, agent_run, rnd = Run(), Run(), random.Random()
     start = time.monotonic()
     end = start + seconds
     letters = string.ascii_lowercase + " "
@@ -75,19 +83,47 @@ async def client(url: str, concurrency: int, seconds: float, chars: int,
             text = f"task {i}-{n}: " + "".join(rnd.choices(letters, k=chars))
             body = {"model": "tiny-emulated", "max_tokens": max_tokens,
                     "messages": [{"role": "user", "content": text}]}
-            t0 = time.monotonic()
-            async with session.post(f"{url}/v1/chat/completions", json=body) as r:
-                await r.read()
-                if r.status != 200:
-                    run.errors[r.status] = run.errors.get(r.status, 0) + 1
-                    continue
-            t1 = time.monotonic()
-            run.latencies_s.append(t1 - t0)
-            run.ended_s.append(t1 - start)
+            await call(session, run, body, {"Authorization": "Bearer batch"})
+
+    async def call(session: aiohttp.ClientSession, into: Run, body: dict[str, object],
+                   headers: dict[str, str]) -> str | None:
+        t0 = time.monotonic()
+        async with session.post(f"{url}/v1/chat/completions", json=body,
+                                headers=headers) as r:
+            reply = await r.json(content_type=None)
+            if r.status != 200:
+                into.errors[r.status] = into.errors.get(r.status, 0) + 1
+                return None
+        t1 = time.monotonic()
+        into.latencies_s.append(t1 - t0)
+        into.ended_s.append(t1 - start)
+        return str(reply["choices"][0]["message"]["content"])
+
+    async def agent(session: aiohttp.ClientSession, i: int) -> None:
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+            sid = f"agent-{i}-{n}-{rnd.getrandbits(32):08x}"
+            messages = [{"role": "user", "content": f"fix bug {sid}: "
+                         + "".join(rnd.choices(letters, k=chars))}]
+            for k in range(AGENT_CALLS):
+                headers = {"Authorization": "Bearer agents", "x-session-id": sid}
+                if k == AGENT_CALLS - 1:
+                    headers["x-session-final"] = "true"
+                body = {"model": "tiny-emulated", "max_tokens": max_tokens,
+                        "messages": messages}
+                reply = await call(session, agent_run, body, headers)
+                if reply is None:
+                    break
+                messages = [*messages, {"role": "assistant", "content": reply},
+                            {"role": "user", "content": "tool output: "
+                             + "".join(rnd.choices(letters, k=chars // 4))}]
+                await asyncio.sleep(AGENT_TOOL_S)
 
     async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(loop(session, i) for i in range(concurrency)))
-    return run
+        await asyncio.gather(*(loop(session, i) for i in range(concurrency)),
+                             *(agent(session, i) for i in range(agents)))
+    return run, agent_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-blocks", type=int, default=512, help="the worker's KV blocks")
     ap.add_argument("--prompt-chars", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--agents", type=int, default=0,
+                    help="agent loops beside the batch client, under another API key")
     ap.add_argument("--config", default=None,
                     help="marsproxy's config file (default: none, the embedded defaults)")
     a = ap.parse_args(argv)
-    shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens)
+    shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens, a.agents)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         wport = free_port()
@@ -112,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         direct_url = f"http://127.0.0.1:{wport}"
         wait_up(f"{direct_url}/health", worker)
         print(f"{a.concurrency} at a time, {a.prompt_chars}-character prompts, {a.max_tokens}"
-              f" tokens out, {a.seconds:g} s per run, worker tiny with {a.num_blocks} blocks")
+              f" tokens out, {a.seconds:g} s per run, worker tiny with {a.num_blocks} blocks"
+              + (f", {a.agents} agents beside" if a.agents else ""))
         for r in range(a.rounds):
-            direct = asyncio.run(client(direct_url, *shape))
+            direct, direct_agents = asyncio.run(client(direct_url, *shape))
             pport = free_port()
             proxy = subprocess.Popen(
                 [*CLI, "serve", "--worker", direct_url, "--port", str(pport),
@@ -122,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 wait_up(f"http://127.0.0.1:{pport}/readyz", proxy)
-                proxied = asyncio.run(client(f"http://127.0.0.1:{pport}", *shape))
+                proxied, proxied_agents = asyncio.run(
+                    client(f"http://127.0.0.1:{pport}", *shape))
             finally:
                 stop_all([proxy])
             print(f"round {r}:\n{direct.line('direct')}\n{proxied.line('marsproxy')}")
@@ -132,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                 after = (f"; after {LEARNT_S:g} s {p_late / d_late:.2f}x"
                          if p_late and d_late else "")
                 print(f"   mean marsproxy / direct: {ratio:.2f}x{after}")
+            if a.agents:
+                print(f"{direct_agents.line('agents')} (direct)\n"
+                      f"{proxied_agents.line('agents')} (marsproxy)")
+                if direct_agents.latencies_s and proxied_agents.latencies_s:
+                    ratio = (statistics.mean(proxied_agents.latencies_s)
+                             / statistics.mean(direct_agents.latencies_s))
+                    print(f"   agents' mean call marsproxy / direct: {ratio:.2f}x")
     finally:
         stop_all(procs)
     return 0

@@ -138,13 +138,12 @@ class WorkerFit:
             committed_tokens = self.peaks.committed_tokens(worker, s.sessions_elsewhere)
         return committed_tokens
 
-    def _room(self, worker: str, fit_tokens: int, factor: float,
-              growth: float | None = None) -> int:
+    def _room(self, worker: str, fit_tokens: int, factor: float) -> int:
         s = self._signals[worker]
         assert s.total_blocks is not None  # _fit_tokens gave a count: the worker has blocks
         return self.peaks.room_blocks(fit_tokens, s.total_blocks,
                                       s.block_size or DEFAULT_BLOCK_SIZE,
-                                      self.cfg.kv_reserve_frac, factor, growth)
+                                      self.cfg.kv_reserve_frac, factor)
 
     def protected_room(self, worker: str) -> int | None:
         """The KV budget on ``worker`` of a session that would yield to nobody, while sessions
@@ -280,7 +279,7 @@ class WorkerFit:
         """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
         total). vLLM counts the cached blocks of a session in its tool phase as free; the ledger
         knows they will be wanted back. 0 while only one-shot tasks hold KV there
-        (``WorkerView.flat_only``): a full cache of calls that never return is the engine's own
+        (``PeakForecast.flat_only``): a full cache of calls that never return is the engine's own
         queue at work, as with no proxy, and a window cut would only hold tasks back."""
         s = self._signals[worker]
         u = s.kv_usage
@@ -303,8 +302,6 @@ class WorkerFit:
             cheap = self.cheap_slots(w, fit)
             factor = self.overlaps.ceiling if cheap else self.overlaps.factor(w)
             free, peak = self.free_budget(w), None if fit is None else self._room(w, fit, factor)
-            # A session that will not grow needs room for its first prompt alone.
-            flat = None if fit is None else self._room(w, fit, factor, growth=1.0)
             admitted, limit = self.sessions.load_on(w), c.effective_limit
             if cheap:  # the ceiling's room is for these few: the pass takes no more
                 limit = min(limit, admitted + cheap)
@@ -319,8 +316,6 @@ class WorkerFit:
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
                 protected_budget_blocks=self.protected_room(w),
-                flat_budget_blocks=None if flat is None else _smaller(free, flat),
-                flat_only=self._flat_only(w),
             ))
         return out
 

@@ -48,7 +48,7 @@ class QueueEntry:
     ahead of every class."""
     grows: bool = True
     """Forecast to grow by the learnt growth (false: its tenant's sessions are known not to
-    return, ``core/returns.py``): fitted against ``WorkerView.flat_budget_blocks``."""
+    return, ``core/returns.py``): not fitted (``Room.budget_of``)."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:

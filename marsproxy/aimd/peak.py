@@ -140,6 +140,12 @@ class PeakForecast:
         s = self._sessions.get(session)
         return 0 if s is None else s.peak(self.growth())
 
+    def one_shot(self, session: str) -> bool:
+        """Whether ``session`` is admitted and forecast not to grow (its tenant's sessions do
+        not come back: it holds no KV past its call)."""
+        s = self._sessions.get(session)
+        return s is not None and not s.grows
+
     def flat_only(self, worker: str) -> bool:
         """Whether sessions hold KV on ``worker`` and none of them is forecast to grow (one-shot
         tasks only: no returning session's KV there to protect)."""

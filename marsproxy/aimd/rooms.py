@@ -54,13 +54,6 @@ class WorkerView:
     protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
-    flat_budget_blocks: int | None = None
-    """The budget of a session forecast not to grow (``QueueEntry.grows``): the forecast fit's
-    room for a peak of its first prompt alone (``None``: ``budget_blocks``)."""
-    flat_only: bool = False
-    """Only sessions forecast not to grow (one-shot tasks) hold KV there: another such session
-    goes there without the KV fit, and what the KV cannot take waits in the engine's own queue,
-    as with no proxy (no returning session's KV there to protect)."""
 
     @property
     def placeable(self) -> bool:
@@ -90,17 +83,15 @@ class Room:
     placed: int = 0
     protected: int | None = None
     """``WorkerView.protected_budget_blocks``, shrinking as ``budget``."""
-    flat: int | None = None
-    """``WorkerView.flat_budget_blocks``, shrinking as ``budget``."""
 
     def budget_of(self, protected: bool, grows: bool = True) -> int | None:
-        """The budget a session that would yield to nobody (or one that would), forecast to
-        grow (or not), is fitted against."""
-        if not grows and self.view.flat_only:
+        """The budget a session that would yield to nobody (or one that would) is fitted
+        against; ``None`` for one forecast not to grow (a one-shot task): it holds no KV past
+        its call, so what the cache cannot take waits in the engine's own queue, as with no
+        proxy, rather than in the proxy's for room a call's end gives back."""
+        if not grows:
             return None
         budget = self.budget
-        if not grows and self.flat is not None:
-            budget = self.flat if budget is None else max(budget, self.flat)
         if protected and self.protected is not None:
             return max(self.protected, budget) if budget is not None else self.protected
         return budget
@@ -163,8 +154,7 @@ def room_of(w: WorkerView, index: int, long_pack_frac: float) -> Room:
         if w.peak_room_blocks is not None:
             pack = min(pack, w.peak_room_blocks)
     return Room(w, index, max(0, w.limit - w.admitted), w.budget_blocks, pack,
-                w.long_admitted, protected=w.protected_budget_blocks,
-                flat=w.flat_budget_blocks)
+                w.long_admitted, protected=w.protected_budget_blocks)
 
 
 def place(e: QueueEntry, rooms: list[Room], shorts_wait: bool, *, protected: bool,
@@ -202,8 +192,6 @@ def take(room: Room, e: QueueEntry) -> None:
         room.budget -= blocks
     if room.protected is not None:
         room.protected -= blocks
-    if room.flat is not None:
-        room.flat -= blocks
     if room.pack is not None:
         room.pack -= blocks
     if e.long:

@@ -80,6 +80,7 @@ class SchedulerCore(DispatchGate):
         """How far a session yields to others (0: not at all; ``aimd/yields.py``, the plane
         sets it): its calls go after theirs, in the gate and in the engine's priority."""
         self.protected_tokens: Callable[[str], int] = lambda _w: 0
+        self.one_shot: Callable[[str], bool] = lambda _s: False
         """The KV the sessions that yield to nobody on a worker are forecast to hold (the
         plane sets it): a yielding session's call is released only beside it (:meth:`_fits`)."""
 

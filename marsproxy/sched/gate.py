@@ -3,10 +3,10 @@
 :class:`DispatchGate` is the part of :class:`marsproxy.sched.core.SchedulerCore` that holds the
 worker's queue back while its in-flight count is at its cap (``max_num_seqs``), or, for a call
 that yields (a later class's), while its KV does not fit beside what runs there, what the ledger
-retains and what the sessions it yields to are forecast to need; it orders the queue by (aged)
-level, lets smaller calls pass a head that does not fit (a bounded number of times), and holds a
-yielding call on an idle worker while a session it yields to is due back. Its state is the
-core's (this is its base class).
+retains and what the sessions it yields to are forecast to need (a one-shot task's call: beside
+what runs and is retained); it orders the queue by (aged) level, lets smaller calls pass a head
+that does not fit (a bounded number of times), and holds a yielding call on an idle worker while
+a session it yields to is due back. Its state is the core's (this is its base class).
 
 Other calls are not held for KV: admission keeps the sessions' forecast peaks within the cache,
 and the engine takes a call when it has the blocks, as it would without the proxy; holding them
@@ -39,6 +39,7 @@ class DispatchGate:
     dispatched_total: dict[str, int]
     yield_rank: Callable[[str], int]
     protected_tokens: Callable[[str], int]
+    one_shot: Callable[[str], bool]
     _sessions: dict[str, SessionRecord]
     _queues: dict[str, list[Ticket]]
     _running: dict[str, dict[int, Ticket]]
@@ -87,12 +88,16 @@ class DispatchGate:
         usable = self.usable_blocks(worker)
         if usable is None:
             return True
+        need = self.running_blocks(worker) + t.blocks
+        if self.one_shot(t.session):
+            # It holds its KV only while it runs: leaving the others their forecast growth
+            # too would hold a batch key's tasks to a few at once beside a few agents.
+            return need <= usable
         # The engine does not preempt for a waiting call: a yielding session's call leaves the
         # others the room they are forecast to need (less what they run already).
         kept = sum(r.blocks for r in self._running[worker].values()
                    if not self.yield_rank(r.session))
         bs = self.facts[worker].block_size or 16
-        need = self.running_blocks(worker) + t.blocks
         need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
         return need <= usable
 

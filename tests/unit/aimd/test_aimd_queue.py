@@ -354,18 +354,17 @@ def test_critical_prefix_follows_the_admission_rate(monkeypatch: pytest.MonkeyPa
 
 
 
-def test_sessions_that_will_not_grow_fit_the_flat_budget() -> None:
-    # The forecast fit leaves 20 blocks of first prompt for a session that grows (its peak at
-    # the learnt growth) and 40 for one that will not (its tenant's sessions do not return):
-    # each is fitted against its own, and each placement shrinks both.
+def test_sessions_that_will_not_grow_are_not_fitted() -> None:
+    # The budget leaves 20 blocks of first prompt: a session that grows is fitted against it,
+    # one that will not (its tenant's sessions do not return) is not: it holds no KV past its
+    # call, so it waits in the engine's queue for blocks, not in this one. Slots still count.
     q = AdmissionQueue(CFG)
     for i, grows in enumerate([True, False, False, True]):
         assert q.push(q.entry(f"s{i}", "t", float(i), 16 * 15, grows=grows))  # 15 blocks
-    w = worker(budget_blocks=20, flat_budget_blocks=40)
-    # s0 (grows) takes 15 of 20; s1 fits the flat 25 left, s2 no longer (10 left), nor s3.
-    assert picked(q, 10.0, [w]) == ["s0", "s1"]
+    # s0 (grows) takes 15 of 20; s1 and s2 go without the fit, s3 no longer fits (5 left).
+    assert picked(q, 10.0, [worker(budget_blocks=20)]) == ["s0", "s1", "s2"]
     q2 = AdmissionQueue(CFG)
     assert q2.push(q2.entry("a", "t", 0.0, 16 * 30, grows=False))
-    busy = {"admitted": 1, "budget_blocks": 20}  # something runs: no no-deadlock admission
-    assert picked(q2, 1.0, [worker(**busy)]) == []  # no flat budget: the budget
-    assert picked(q2, 1.0, [worker(**busy, flat_budget_blocks=40)]) == ["a"]
+    assert q2.push(q2.entry("b", "t", 0.0, 16 * 30, grows=False))
+    full = {"admitted": 1, "limit": 2, "budget_blocks": -50}  # one slot left, no KV room
+    assert picked(q2, 1.0, [worker(**full)]) == ["a"]

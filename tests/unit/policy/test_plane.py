@@ -105,3 +105,19 @@ def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
     assert plane.scheduler.yield_rank("b") == 1
     plane.session_end(0.3, "b", EndReason.DELETED)
     assert plane.scheduler.yield_rank("b") == 0  # nothing kept of an ended session
+
+
+def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
+    # The dispatch gate leaves a one-shot task's call no room for the others' growth: it asks
+    # the plane's forecast which sessions will not grow (their key's sessions never return).
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    for _ in range(16):
+        plane.admission.sessions.returns.record("batch", False)
+    plane.admission.sessions.returns.record("agents", True)
+    for key, tenant in (("task", "batch"), ("agent", "agents")):
+        assert plane.request(0.1, key, tenant, chars=400).kind is DecisionKind.ADMITTED
+        assert plane.confirm(0.2, key) is not None
+    assert plane.scheduler.one_shot("task") and not plane.scheduler.one_shot("agent")
+    plane.session_end(0.3, "task", EndReason.DELETED)
+    assert not plane.scheduler.one_shot("task")  # nothing kept of an ended session
