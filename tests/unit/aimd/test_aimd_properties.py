@@ -263,7 +263,9 @@ def test_queue_never_loses_a_session(ops: list[tuple[float, tuple[Any, ...]]]) -
                     assert v.placeable
                     assert per[v.name] <= v.limit - v.admitted  # never past a free slot
             if any(a.forced for a in got):
-                assert len(got) == 1 and not any(v.admitted for v in views)
+                # The no-deadlock rule: one session, to a worker holding none.
+                to = {v.name: v for v in views}[got[0].worker]
+                assert len(got) == 1 and to.admitted == 0
         for s in gone:
             left[s] = left.get(s, 0) + 1
             assert left[s] <= pushed[s], f"{s} left the queue twice"
