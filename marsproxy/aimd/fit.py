@@ -23,7 +23,7 @@ from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import WorkerView
 from marsproxy.aimd.yields import Yields
-from marsproxy.core.kv import kv_budget
+from marsproxy.core.kv import blocks_for_tokens, kv_budget
 from marsproxy.core.lifecycle import SessionLifecycle
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for workers that do not report cache_config_info
@@ -227,7 +227,8 @@ class WorkerFit:
         self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
                               usable_blocks=usable,
                               sessions=self.sessions.admitted_on(worker) + s.sessions_elsewhere,
-                              preemptions_total=s.preemptions_total)
+                              preemptions_total=s.preemptions_total,
+                              tasks=self.peaks.flat_tokens(worker) > 0)
 
     def _free(self, worker: str) -> int | None:
         # Free blocks as the load balancer should see them: the gauge's, corrected by its lag.
@@ -276,21 +277,24 @@ class WorkerFit:
         return not s.sessions_elsewhere and not s.retained_blocks and self.peaks.flat_only(worker)
 
     def kv_signal(self, worker: str) -> float | None:
-        """The KV usage the AIMD controller reads: max(vLLM's gauge, (used + retained blocks) /
-        total). vLLM counts the cached blocks of a session in its tool phase as free; the ledger
-        knows they will be wanted back. 0 while only one-shot tasks hold KV there
-        (``PeakForecast.flat_only``): a full cache of calls that never return is the engine's own
-        queue at work, as with no proxy, and a window cut would only hold tasks back."""
+        """The KV usage the AIMD controller reads: the KV of the sessions that return.
+        max(vLLM's gauge, (used + retained blocks) / total): vLLM counts the cached blocks of a
+        session in its tool phase as free, the ledger knows they will be wanted back; less the
+        blocks of one-shot tasks in their call, and 0 where only those hold KV
+        (``PeakForecast.flat_only``): a cache full of calls that never return is the engine's
+        own queue at work, as with no proxy, and a window cut would only hold sessions back."""
         s = self._signals[worker]
         u = s.kv_usage
-        if u is not None and self._flat_only(worker):
-            return 0.0
-        if u is None or s.retained_blocks <= 0:
-            return u
+        if u is None or self._flat_only(worker):
+            return None if u is None else 0.0
         if not s.total_blocks or s.free_blocks is None:
             return u
-        used = s.total_blocks - s.free_blocks
-        return max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
+        if s.retained_blocks > 0:
+            used = s.total_blocks - s.free_blocks
+            u = max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
+        tasks = blocks_for_tokens(self.peaks.flat_tokens(worker),
+                                  s.block_size or DEFAULT_BLOCK_SIZE)
+        return max(0.0, u - tasks / s.total_blocks) if tasks else u
 
     def _views(self, now: float | None = None) -> list[WorkerView]:
         out = []

@@ -21,7 +21,11 @@ as they grow, and a few sessions overlap by chance:
   course) of qualifying readings, so it forgets a high reading only once the sessions that
   produced it are gone, and not at all before the first session has finished;
 - a rise of the engine's preemption counter resets it to 1, and a worker that reports no
-  such counter is never read (no overcommit without that safety net).
+  such counter is never read (no overcommit without that safety net); a rise while one-shot
+  tasks run there does not: vLLM preempts the latest-started calls first, a batch stream's, and
+  such a stream keeps the engine preempting whatever the sessions that return hold (read as
+  the fit's fault, it held a few agents beside a batch client to the strict fit: their new
+  sessions waited seconds for room the engine had).
 
 Pure code: no I/O, no clock (``now`` is a parameter).
 """
@@ -80,15 +84,17 @@ class OverlapTracker:
     def observe(
         self, now: float, worker: str, *, used_blocks: int, committed_blocks: int,
         usable_blocks: int, sessions: int, preemptions_total: float | None,
+        tasks: bool = False,
     ) -> None:
         """A control tick's reading of one worker: the blocks its engine holds (with the
         ledger's), the admitted sessions' forecasts in blocks, its usable blocks, how many
-        sessions it holds, and its preemption counter."""
+        sessions it holds, its preemption counter, and whether one-shot tasks run there."""
         w = self._workers[worker]
         last, w.last_now = w.last_now, now
         prev, w.preemptions = w.preemptions, preemptions_total
         # A counter that went down is a restarted engine: a new baseline, not a preemption.
-        if prev is not None and preemptions_total is not None and preemptions_total > prev:
+        if (not tasks and prev is not None and preemptions_total is not None
+                and preemptions_total > prev):
             w.overlap = 1.0
             return
         if preemptions_total is None:

@@ -146,6 +146,11 @@ class PeakForecast:
         s = self._sessions.get(session)
         return s is not None and not s.grows
 
+    def flat_tokens(self, worker: str) -> int:
+        """Σ forecasts of the sessions holding KV on ``worker`` that are not forecast to grow
+        (one-shot tasks in their call)."""
+        return sum(s.peak(1.0) for s in self._held.get(worker, {}).values() if not s.grows)
+
     def flat_only(self, worker: str) -> bool:
         """Whether sessions hold KV on ``worker`` and none of them is forecast to grow (one-shot
         tasks only: no returning session's KV there to protect)."""

@@ -3,14 +3,16 @@
 :class:`DispatchGate` is the part of :class:`marsproxy.sched.core.SchedulerCore` that holds the
 worker's queue back while its in-flight count is at its cap (``max_num_seqs``), or, for a call
 that yields (a later class's), while its KV does not fit beside what runs there, what the ledger
-retains and what the sessions it yields to are forecast to need (a one-shot task's call: beside
-what runs and is retained); it orders the queue by (aged) level, lets smaller calls pass a head
-that does not fit (a bounded number of times), and holds a yielding call on an idle worker while
-a session it yields to is due back. Its state is the core's (this is its base class).
+retains and what the sessions it yields to are forecast to need; it orders the queue by (aged)
+level, lets smaller calls pass a head that does not fit (a bounded number of times), and holds a
+yielding call on an idle worker while a session it yields to is due back. Its state is the
+core's (this is its base class).
 
 Other calls are not held for KV: admission keeps the sessions' forecast peaks within the cache,
 and the engine takes a call when it has the blocks, as it would without the proxy; holding them
-too cost every simulated twin (docs/scheduler.md, "Gated dispatch").
+too cost every simulated twin (docs/scheduler.md, "Gated dispatch"). Nor is a one-shot task's
+call (its key's sessions never return), yielding or not: its KV is gone when it ends, and held
+for the others' forecasts a batch key's tasks beside a few agents ran at half their throughput.
 
 Pure code: no I/O; ``now`` is a parameter.
 """
@@ -83,16 +85,12 @@ class DispatchGate:
         return out
 
     def _fits(self, worker: str, t: Ticket) -> bool:
-        if not self.yield_rank(t.session):
+        if not self.yield_rank(t.session) or self.one_shot(t.session):
             return True  # held by the cap alone (module doc)
         usable = self.usable_blocks(worker)
         if usable is None:
             return True
         need = self.running_blocks(worker) + t.blocks
-        if self.one_shot(t.session):
-            # It holds its KV only while it runs: leaving the others their forecast growth
-            # too would hold a batch key's tasks to a few at once beside a few agents.
-            return need <= usable
         # The engine does not preempt for a waiting call: a yielding session's call leaves the
         # others the room they are forecast to need (less what they run already).
         kept = sum(r.blocks for r in self._running[worker].values()

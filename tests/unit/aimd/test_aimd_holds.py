@@ -113,6 +113,38 @@ def test_one_shot_tasks_alone_on_a_worker_wait_in_its_queue_not_the_proxys(agent
     assert kinds == [DecisionKind.ADMITTED] * admitted + [DecisionKind.WAIT] * (8 - admitted)
 
 
+def test_one_shot_tasks_in_their_call_are_not_the_kv_pressure_of_sessions_that_return() -> None:
+    # An agent's session (40 blocks) and 8 one-shot tasks in their call (40 blocks each) on 400
+    # blocks, the gauge at 0.97: the window reads the agents' KV alone (0.97 - 320 / 400), so a
+    # cache full of tasks, which the engine's queue serves as with no proxy, cuts no window. Once
+    # the tasks' calls are over, the same gauge is the agents' and cuts it.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    core = AdmissionCore(cfg, ["w0"])
+    for _ in range(4):
+        core.sessions.returns.record("batch", False)
+    core.sessions.returns.record("agents", True)
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
+                                        block_size=16)})
+    assert core.on_request(0.1, "a", "agents", 640).kind is DecisionKind.ADMITTED
+    kinds = {core.on_request(0.2, f"n{i}", "batch", 640).kind for i in range(8)}
+    assert kinds == {DecisionKind.ADMITTED}
+    full = WorkerSignals(kv_usage=0.97, free_blocks=12, total_blocks=400, block_size=16)
+    core.tick(1.0, {"w0": full})
+    assert core.kv_signal("w0") == pytest.approx(0.97 - 320 / 400)
+    assert not core.controllers["w0"].kv_overloaded
+    seen: list[bool] = []  # and the overlap's reading is told the tasks run (overlap.py)
+    observe = core.overlaps.observe
+    core.overlaps.observe = lambda *a, **kw: (seen.append(kw["tasks"]), observe(*a, **kw))[1]
+    core.tick(1.2, {"w0": full})
+    for i in range(8):
+        core.on_response_end(1.5, f"n{i}", prompt_tokens=640)
+    core.tick(2.0, {"w0": full})
+    assert seen == [True, False]
+    assert core.kv_signal("w0") == pytest.approx(0.97)
+    assert core.controllers["w0"].kv_overloaded
+
+
 def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_passes() -> None:
     # A batch client: tasks one after another, none back. At 2 × 40 blocks, 4 in a call at once
     # fill the 360 usable blocks; once 4 sit in their first gap (one_shot_crowd) with none back,

@@ -21,9 +21,9 @@ def tracker(**cfg: Any) -> OverlapTracker:
 
 
 def read(t: OverlapTracker, now: float, used: int, *, committed: int = 800, usable: int = 900,
-         sessions: int = 6, preemptions: float | None = 0.0) -> None:
+         sessions: int = 6, preemptions: float | None = 0.0, tasks: bool = False) -> None:
     t.observe(now, "w0", used_blocks=used, committed_blocks=committed, usable_blocks=usable,
-              sessions=sessions, preemptions_total=preemptions)
+              sessions=sessions, preemptions_total=preemptions, tasks=tasks)
 
 
 def test_starts_strict_and_does_not_decay_before_a_session_has_finished() -> None:
@@ -90,6 +90,23 @@ def test_a_preemption_resets_it_and_a_restarted_engine_does_not() -> None:
     assert low < 0.2
     read(t, 20.2, used=100, preemptions=0.0)  # the counter went back: a new engine
     assert t.overlap("w0") <= low
+
+
+def test_a_preemption_while_one_shot_tasks_run_does_not_reset_it() -> None:
+    # A batch client's tasks beside the sessions: the engine preempts the latest-started calls,
+    # theirs, whatever the fit does. Rises while they run move the baseline; one after is read.
+    t = tracker()
+    t.session_lived(1.0)
+    read(t, 0.0, used=100, preemptions=5.0)
+    read(t, 10.0, used=100, preemptions=5.0)
+    low = t.overlap("w0")
+    assert low == pytest.approx(0.125)
+    read(t, 10.2, used=100, preemptions=9.0, tasks=True)
+    assert t.overlap("w0") <= low
+    read(t, 10.4, used=100, preemptions=9.0)  # no rise since the last reading
+    assert t.overlap("w0") <= low
+    read(t, 10.6, used=100, preemptions=10.0)
+    assert t.overlap("w0") == 1.0
 
 
 def test_no_preemption_counter_no_reading() -> None:

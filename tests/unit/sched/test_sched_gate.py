@@ -177,13 +177,13 @@ def test_a_later_class_call_leaves_room_for_the_first_classs_sessions() -> None:
     assert core.release(1.0) == [nxt]
 
 
-def test_a_one_shot_tasks_call_leaves_no_room_for_the_others_growth() -> None:
+def test_a_one_shot_tasks_call_waits_for_the_cap_alone() -> None:
     # A one-shot task (its tenant's sessions never come back) holds its KV only while it runs:
-    # its call goes beside what runs there, not also beside the others' forecasts, so a batch
-    # key's tasks are not held to a few at once beside a few agents. A yielding call of a
-    # session that returns is still held for them.
+    # its call is not held for KV, even where it yields (the engine queues what its cache
+    # cannot take, as with no proxy), so a batch key's tasks are not held to a few at once
+    # beside a few agents. A yielding call of a session that returns is still held.
     core = make(kv_reserve_frac=0.0)
-    core.set_facts("w", WorkerFacts(max_num_seqs=8, block_size=16, total_blocks=100))
+    core.set_facts("w", WorkerFacts(max_num_seqs=3, block_size=16, total_blocks=100))
     core.set_mode("w", "priority")
     core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
     core.one_shot = lambda s: s.startswith("batch-task")
@@ -191,13 +191,13 @@ def test_a_one_shot_tasks_call_leaves_no_room_for_the_others_growth() -> None:
     running = core.arrive(0.0, "inter", "w", 10 * 16)  # an agent's call runs (10 of its 80)
     assert running.dispatched
     held = core.arrive(0.1, "batch-agent", "w", 30 * 16, gate=True)  # 10 + 30 + 70 > 100
-    task = core.arrive(0.1, "batch-task0", "w", 30 * 16, gate=True)  # 10 + 30 <= 100
-    big = core.arrive(0.1, "batch-task1", "w", 70 * 16, gate=True)  # 40 + 70 > 100
-    assert core.release(0.1) == [task]
-    assert not held.dispatched and not big.dispatched
-    core.one_shot = lambda s: False  # were it a session that returns, it would wait too
-    end_ok(core, 0.5, task.call, 30 * 16)
-    again = core.arrive(0.6, "batch-task2", "w", 30 * 16, gate=True)
+    tasks = [core.arrive(0.1, f"batch-task{i}", "w", 60 * 16, gate=True) for i in range(3)]
+    assert core.release(0.1) == tasks[:2]  # 130 blocks beside 10: only the cap (3) holds
+    assert not held.dispatched and not tasks[2].dispatched
+    core.one_shot = lambda s: False  # were they sessions that return, they would wait
+    end_ok(core, 0.5, tasks[0].call, 60 * 16)
+    end_ok(core, 0.5, tasks[1].call, 60 * 16)
+    again = core.arrive(0.6, "batch-task3", "w", 30 * 16, gate=True)
     assert core.release(0.6) == [] and not again.dispatched
 
 
