@@ -127,6 +127,7 @@ class AdmissionCore(WorkerFit):
             released = not rec.kv_held
             self.sessions.request(now, session, final)
             self.gauge.resumed(session)  # its blocks are in use again
+            self.peaks.returned(session)  # it came back: it grows
             if released:
                 self.peaks.hold(session)  # back after its hold: its forecast counts again
             return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")

@@ -145,6 +145,24 @@ def test_one_shot_tasks_in_their_call_are_not_the_kv_pressure_of_sessions_that_r
     assert core.controllers["w0"].kv_overloaded
 
 
+def test_a_session_of_a_key_taken_for_one_shot_grows_once_it_comes_back() -> None:
+    # A key misread as one-shot (its first sessions all in long first tools): a session that
+    # sends another call is no one-shot task, whatever the record said when it was admitted.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    core = AdmissionCore(cfg, ["w0"])
+    for _ in range(4):
+        core.sessions.returns.record("t", False)
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
+                                        block_size=16)})
+    assert core.on_request(0.1, "s", "t", 640).kind is DecisionKind.ADMITTED
+    assert core.peaks.one_shot("s") and core.peaks.flat_tokens("w0") == 640
+    core.on_response_end(0.5, "s", prompt_tokens=640)
+    assert core.on_request(1.0, "s", "t", 700).kind is DecisionKind.ADMITTED
+    assert not core.peaks.one_shot("s") and core.peaks.flat_tokens("w0") == 0
+    assert core.peaks.committed_tokens("w0") == 2 * 640  # its growth forecast again
+
+
 def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_passes() -> None:
     # A batch client: tasks one after another, none back. At 2 × 40 blocks, 4 in a call at once
     # fill the 360 usable blocks; once 4 sit in their first gap (one_shot_crowd) with none back,

@@ -370,7 +370,7 @@ def test_held_index_matches_a_full_scan(ops: list[tuple[str, int, str, int]]) ->
 
 
 _OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit_flat", "move", "release", "hold",
-                                           "end"]),
+                                           "returned", "end"]),
                           st.sampled_from(["a", "b", "c"]), st.sampled_from(["w0", "w1"])),
                 max_size=40)
 
@@ -379,7 +379,8 @@ _OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit_flat", "move", "relea
 @settings(max_examples=200, deadline=None)
 def test_flat_only_follows_the_held_sessions(ops: list[tuple[str, str, str]]) -> None:
     # Whether only sessions forecast not to grow hold KV on a worker, kept as a count through
-    # every change of what is held, equals a scan of the held sessions.
+    # every change of what is held (and of what grows: a session that comes back does), equals
+    # a scan of the held sessions.
     p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
     grows: dict[str, bool] = {}
     for op, key, worker in ops:
@@ -392,8 +393,13 @@ def test_flat_only_follows_the_held_sessions(ops: list[tuple[str, str, str]]) ->
             p.release(key)
         elif op == "hold":
             p.hold(key)
+        elif op == "returned":
+            p.returned(key)
+            if key in p:
+                grows[key] = True
         else:
             p.end(key, finished=False)
         for w in ("w0", "w1"):
             held = p.held_on(w)
             assert p.flat_only(w) == (bool(held) and not any(grows[k] for k in held))
+            assert p.flat_tokens(w) == 100 * sum(not grows[k] for k in held)
