@@ -124,12 +124,9 @@ class AdmissionCore(WorkerFit):
         session whose parent is admitted (it waits in the children's lane, first)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
-            released = not rec.kv_held
             self.sessions.request(now, session, final)
             self.gauge.resumed(session)  # its blocks are in use again
-            self.peaks.returned(session)  # it came back: it grows
-            if released:
-                self.peaks.hold(session)  # back after its hold: its forecast counts again
+            self.peaks.back(session)  # its forecast counts (again, after its hold); it grows
             return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")
         if rec is not None:
             self.sessions.add_waiter(session, final)

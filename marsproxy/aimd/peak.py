@@ -80,14 +80,16 @@ class PeakForecast:
             if held:
                 self.hold(session)
 
-    def returned(self, session: str) -> None:
-        """``session`` sent another call: it grows, whatever its tenant's record said when it
-        was admitted (a key misread as one-shot while its first tools ran)."""
+    def back(self, session: str) -> None:
+        """``session`` sent another call: its forecast counts (again, if it was dormant past
+        its hold), and it grows, whatever its tenant's record said when it was admitted (a key
+        misread as one-shot while its first tools ran)."""
         s = self._sessions.get(session)
         if s is not None and not s.grows:
             s.grows = True
             if s.held:
                 self._growing[s.worker] = self._growing.get(s.worker, 0) + 1
+        self.hold(session)
 
     def release(self, session: str) -> None:
         """``session`` stayed dormant past its KV hold: its forecast stops counting."""

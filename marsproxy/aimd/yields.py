@@ -110,6 +110,11 @@ class Yields:
     def yields(self, session: str) -> bool:
         return self.rank(session) > 0
 
+    def later_class(self, session: str) -> bool:
+        """Whether ``session`` is admitted in a later class than the first."""
+        got = self._of.get(session)
+        return got is not None and got[1] > 0
+
     def protected(self, e: QueueEntry) -> bool:
         """Whether a waiting session would yield to nobody once admitted."""
         return self._classes.rank(e.cls) == 0 and not self.over_share(e.tenant, extra=1)

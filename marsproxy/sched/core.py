@@ -80,9 +80,11 @@ class SchedulerCore(DispatchGate):
         """How far a session yields to others (0: not at all; ``aimd/yields.py``, the plane
         sets it): its calls go after theirs, in the gate and in the engine's priority."""
         self.protected_tokens: Callable[[str], int] = lambda _w: 0
-        self.one_shot: Callable[[str], bool] = lambda _s: False
         """The KV the sessions that yield to nobody on a worker are forecast to hold (the
         plane sets it): a yielding session's call is released only beside it (:meth:`_fits`)."""
+        self.one_shot: Callable[[str], bool] = lambda _s: False
+        """Whether a session is a one-shot task of the first class (the plane sets it): its
+        calls are held by the cap alone, yielding or not (``sched/gate.py``)."""
 
     # -- configuration from the shell -----------------------------------------------------
     @property

@@ -11,8 +11,9 @@ core's (this is its base class).
 Other calls are not held for KV: admission keeps the sessions' forecast peaks within the cache,
 and the engine takes a call when it has the blocks, as it would without the proxy; holding them
 too cost every simulated twin (docs/scheduler.md, "Gated dispatch"). Nor is a one-shot task's
-call (its key's sessions never return), yielding or not: its KV is gone when it ends, and held
-for the others' forecasts a batch key's tasks beside a few agents ran at half their throughput.
+call (its key's sessions never return) of the first class, its tenant over its share or not: its
+KV is gone when it ends, and held for the others' forecasts a batch key's tasks beside a few
+agents ran at half their throughput. A later class's is held as asked for.
 
 Pure code: no I/O; ``now`` is a parameter.
 """

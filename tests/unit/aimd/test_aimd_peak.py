@@ -370,7 +370,7 @@ def test_held_index_matches_a_full_scan(ops: list[tuple[str, int, str, int]]) ->
 
 
 _OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit_flat", "move", "release", "hold",
-                                           "returned", "end"]),
+                                           "back", "end"]),
                           st.sampled_from(["a", "b", "c"]), st.sampled_from(["w0", "w1"])),
                 max_size=40)
 
@@ -393,8 +393,8 @@ def test_flat_only_follows_the_held_sessions(ops: list[tuple[str, str, str]]) ->
             p.release(key)
         elif op == "hold":
             p.hold(key)
-        elif op == "returned":
-            p.returned(key)
+        elif op == "back":
+            p.back(key)
             if key in p:
                 grows[key] = True
         else:

@@ -21,8 +21,9 @@ def test_a_later_class_yields_the_first_does_not() -> None:
     assert (y.rank("i"), y.rank("b"), y.rank("d")) == (0, 1, 0)
     assert y.protected(QueueEntry("i2", "t", 0.0, 10, 100.0, cls="interactive"))
     assert not y.protected(QueueEntry("b2", "t", 0.0, 10, 100.0, cls="batch"))
+    assert y.later_class("b") and not y.later_class("i") and not y.later_class("d")
     y.ended("b")
-    assert y.rank("b") == 0  # nothing kept of an ended session
+    assert y.rank("b") == 0 and not y.later_class("b")  # nothing kept of an ended session
 
 
 def test_a_tenant_alone_never_yields() -> None:
