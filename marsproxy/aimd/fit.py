@@ -222,13 +222,15 @@ class WorkerFit:
                 or s.free_blocks is None):
             return
         usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
-        committed = math.ceil(committed_tokens / (s.block_size or DEFAULT_BLOCK_SIZE))
-        used = s.total_blocks - s.free_blocks + s.retained_blocks
+        bs = s.block_size or DEFAULT_BLOCK_SIZE
+        committed = math.ceil(committed_tokens / bs)
+        tasks = blocks_for_tokens(self.peaks.flat_tokens(worker), bs)
+        # What the sessions that return hold: one-shot tasks' calls are left out of both sides.
+        used = max(0, s.total_blocks - s.free_blocks + s.retained_blocks - tasks)
         self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
                               usable_blocks=usable,
                               sessions=self.sessions.admitted_on(worker) + s.sessions_elsewhere,
-                              preemptions_total=s.preemptions_total,
-                              tasks=self.peaks.flat_tokens(worker) > 0)
+                              preemptions_total=s.preemptions_total, tasks=tasks > 0)
 
     def _free(self, worker: str) -> int | None:
         # Free blocks as the load balancer should see them: the gauge's, corrected by its lag.

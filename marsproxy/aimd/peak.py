@@ -174,13 +174,14 @@ class PeakForecast:
     def committed_tokens(self, worker: str, elsewhere: int = 0, *,
                          without: Callable[[str], bool] | None = None) -> int:
         """Sum of the forecast peaks of the sessions admitted on ``worker`` whose KV is held
-        (in a call, or dormant within their hold; ``without``: less those it is true of),
-        plus ``elsewhere``
-        sessions other replicas hold there, each counted at the typical forecast: the mean of
-        this replica's sessions on that worker, else the mean peak of finished sessions."""
+        (in a call, or dormant within their hold; ``without``: less those it is true of), plus
+        ``elsewhere`` sessions other replicas hold there, each counted at the typical forecast:
+        the mean of this replica's sessions on that worker, else the mean peak of finished
+        sessions. One-shot tasks are left out: they hold KV only in their call, which the
+        engine's queue serves as with no proxy (as the window's KV reading leaves them out)."""
         g = self.growth()
         mine = [s.peak(g) for k, s in self._held.get(worker, {}).items()
-                if not (without and without(k))]
+                if s.grows and not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
             if mine:
@@ -199,10 +200,13 @@ class PeakForecast:
         resident blocks (``blocks_of``, by session) plus its forecast growth (forecast peak
         less its context so far); one whose first prompt was not served yet, its forecast.
         Blocks two sessions share (a common system prompt) count once, for whichever session
-        stored them. ``elsewhere`` sessions of other replicas count at this worker's mean."""
+        stored them. ``elsewhere`` sessions of other replicas count at this worker's mean.
+        One-shot tasks are left out (:meth:`committed_tokens`)."""
         g = self.growth()
         total = n = 0
         for key, s in self._held.get(worker, {}).items():
+            if not s.grows:
+                continue
             peak = s.peak(g)
             n += 1
             if not s.observed:

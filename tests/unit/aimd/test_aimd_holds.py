@@ -63,9 +63,9 @@ def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) ->
 
 def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> None:
     # Once a tenant's whole history (4) of first gaps did not come back, its sessions are
-    # forecast at their first prompt (40 blocks), not at 2 × it, in what the others' fit counts,
-    # and are not fitted themselves. 360 usable blocks: at 2 × 40, 4 in a call at once fill the
-    # fit; once one-shot, 8 go beside an agent's session (2 × 40) and fill it.
+    # forecast at their first prompt (40 blocks), not at 2 × it, are not fitted, and are left
+    # out of the others' fit (their KV is their call's). 360 usable blocks: at 2 × 40, 4 in a
+    # call at once fill the fit; once one-shot, 8 go beside an agent's session (2 × 40).
     cfg = AdmissionConfig(tuning=AdmissionTuning(
         peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
     core = AdmissionCore(cfg, ["w0"])
@@ -81,9 +81,8 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
     assert core.on_request(31.0, "agent", "u", 640).kind is DecisionKind.ADMITTED
     kinds = [core.on_request(31.0, f"n{i}", "t", 640).kind for i in range(8)]
     assert kinds == [DecisionKind.ADMITTED] * 8
-    assert core.peaks.committed_tokens("w0") == 2 * 640 + 8 * 640
-    # What the forecast fit has left for a session that grows: nothing.
-    assert core.peak_room("w0") is not None and core.peak_room("w0") <= 0
+    assert core.peaks.flat_tokens("w0") == 8 * 640
+    assert core.peaks.committed_tokens("w0") == 2 * 640
 
 
 @pytest.mark.parametrize("agent", [False, True])
@@ -182,9 +181,10 @@ def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_pa
     assert core.sessions.returns.one_shot("t")
     kinds = [core.on_request(0.7, f"n{i}", "t", 640).kind for i in range(9)]
     # s4 was forecast at 2 × 640 when it arrived; the next are not fitted (at 640 each, 7
-    # would fill the 5,760 tokens beside it).
+    # would fill the 5,760 tokens beside it) and the fit leaves them out.
     assert kinds == [DecisionKind.ADMITTED] * 9
-    assert core.peaks.committed_tokens("w0") == 2 * 640 + 9 * 640
+    assert core.peaks.committed_tokens("w0") == 2 * 640
+    assert core.peaks.flat_tokens("w0") == 9 * 640
 
 
 def test_sessions_that_hold_no_room_hold_no_slot_in_the_window() -> None:

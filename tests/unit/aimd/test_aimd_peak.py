@@ -67,10 +67,11 @@ def test_a_session_known_not_to_return_is_forecast_without_growth() -> None:
     p.admit("a", "w0", 1000, grows=False)
     p.admit("b", "w0", 1200)
     assert (p.forecast("a"), p.forecast("b")) == (1000, 3600)
-    assert p.committed_tokens("w0") == 4600
+    # A one-shot task's KV is its call's: the fit of the sessions that return leaves it out.
+    assert p.committed_tokens("w0") == 3600 and p.flat_tokens("w0") == 1000
     p.observe("a", 1000, 250)
     assert p.forecast("a") == 1250  # its context: the one call's prompt and reply
-    assert p.resident_committed_tokens("w0", {"a": 79, "b": 0}, 16) == 79 * 16 + 3600
+    assert p.resident_committed_tokens("w0", {"a": 79, "b": 0}, 16) == 3600
 
 
 def test_room_counts_every_admitted_session_on_the_worker() -> None:
