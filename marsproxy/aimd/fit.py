@@ -287,8 +287,10 @@ class WorkerFit:
         own queue at work, as with no proxy, and a window cut would only hold sessions back."""
         s = self._signals[worker]
         u = s.kv_usage
-        if u is None or self._flat_only(worker):
-            return None if u is None else 0.0
+        if u is None:
+            return None
+        if self._flat_only(worker):
+            return 0.0
         if not s.total_blocks or s.free_blocks is None:
             return u
         if s.retained_blocks > 0:

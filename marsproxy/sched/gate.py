@@ -91,12 +91,12 @@ class DispatchGate:
         usable = self.usable_blocks(worker)
         if usable is None:
             return True
-        need = self.running_blocks(worker) + t.blocks
         # The engine does not preempt for a waiting call: a yielding session's call leaves the
         # others the room they are forecast to need (less what they run already).
         kept = sum(r.blocks for r in self._running[worker].values()
                    if not self.yield_rank(r.session))
         bs = self.facts[worker].block_size or 16
+        need = self.running_blocks(worker) + t.blocks
         need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
         return need <= usable
 
