@@ -6,8 +6,8 @@ numbers, not a test).
 
 The client is what a batch job with a stock OpenAI client sends: ``--concurrency`` loops, each
 sending one chat call after another, every call a new task (a fresh random prompt, so no prefix
-is shared), no session header, no final flag. One emulated worker (``marsproxy emulate
---profile tiny --num-blocks N``) serves every run; each round runs the client direct to it,
+is shared), its API key, no session header, no final flag. One emulated worker (``marsproxy
+emulate --profile tiny --num-blocks N``) serves every run; each round runs the client direct to it,
 then through a fresh ``marsproxy serve --worker URL`` without a config file (the embedded
 defaults). Per run: calls done (with the errors), mean, P50, P99 and worst call, and the mean
 of the calls after the first 30 s (by then a key's one-shot tasks are known for what they are);
