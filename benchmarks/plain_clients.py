@@ -90,10 +90,11 @@ async def client(url: str, concurrency: int, seconds: float, chars: int,
         t0 = time.monotonic()
         async with session.post(f"{url}/v1/chat/completions", json=body,
                                 headers=headers) as r:
-            reply = await r.json(content_type=None)
-            if r.status != 200:
+            if r.status != 200:  # counted, whatever its body
+                await r.read()
                 into.errors[r.status] = into.errors.get(r.status, 0) + 1
                 return None
+            reply = await r.json()
         t1 = time.monotonic()
         into.latencies_s.append(t1 - t0)
         into.ended_s.append(t1 - start)

@@ -96,15 +96,15 @@ class AdmissionCore(WorkerFit):
         self.workers = tuple(workers)
         self.controllers = {w: AimdController(cfg, w) for w in self.workers}
         self.queue = AdmissionQueue(cfg)
-        self.yields = Yields(cfg.classes, self.queue.shares.weight, self.queue.per_tenant)
+        t = cfg.tuning
+        self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)
+        self.yields = Yields(cfg.classes, self.queue.shares.weight, self.queue.per_tenant,
+                             one_shot=self.peaks.one_shot)
         self.queue.protected = self.yields.protected
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
-            cfg.tuning.kv_hold_min_s, return_history=cfg.tuning.return_history,
-            one_shot_crowd=cfg.tuning.one_shot_crowd)
-        t = cfg.tuning
+            t.kv_hold_min_s, return_history=t.return_history, one_shot_crowd=t.one_shot_crowd)
         self.estimator = PromptEstimator(t.chars_per_token, t.estimate_history)
-        self.peaks = PeakForecast(t.peak_growth_prior, t.peak_history, t.peak_min_samples)
         self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
         self.gauge = GaugeLag(self.workers)  # what the free-block gauge cannot show yet

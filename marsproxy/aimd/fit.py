@@ -222,9 +222,8 @@ class WorkerFit:
                 or s.free_blocks is None):
             return
         usable = s.total_blocks - math.ceil(self.cfg.kv_reserve_frac * s.total_blocks)
-        bs = s.block_size or DEFAULT_BLOCK_SIZE
-        committed = math.ceil(committed_tokens / bs)
-        tasks = blocks_for_tokens(self.peaks.flat_tokens(worker), bs)
+        committed = math.ceil(committed_tokens / (s.block_size or DEFAULT_BLOCK_SIZE))
+        tasks = self._task_blocks(worker)
         # What the sessions that return hold: one-shot tasks' calls are left out of both sides.
         used = max(0, s.total_blocks - s.free_blocks + s.retained_blocks - tasks)
         self.overlaps.observe(now, worker, used_blocks=used, committed_blocks=committed,
@@ -296,9 +295,13 @@ class WorkerFit:
         if s.retained_blocks > 0:
             used = s.total_blocks - s.free_blocks
             u = max(u, min(1.0, (used + s.retained_blocks) / s.total_blocks))
-        tasks = blocks_for_tokens(self.peaks.flat_tokens(worker),
-                                  s.block_size or DEFAULT_BLOCK_SIZE)
+        tasks = self._task_blocks(worker)
         return max(0.0, u - tasks / s.total_blocks) if tasks else u
+
+    def _task_blocks(self, worker: str) -> int:
+        """KV blocks of the one-shot tasks in their call on ``worker`` (their forecasts)."""
+        bs = self._signals[worker].block_size or DEFAULT_BLOCK_SIZE
+        return blocks_for_tokens(self.peaks.flat_tokens(worker), bs)
 
     def _views(self, now: float | None = None) -> list[WorkerView]:
         out = []

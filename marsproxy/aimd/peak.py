@@ -86,9 +86,8 @@ class PeakForecast:
         misread as one-shot while its first tools ran)."""
         s = self._sessions.get(session)
         if s is not None and not s.grows:
+            self._unhold(session)  # held again below, counted as growing
             s.grows = True
-            if s.held:
-                self._growing[s.worker] = self._growing.get(s.worker, 0) + 1
         self.hold(session)
 
     def release(self, session: str) -> None:

@@ -39,11 +39,14 @@ __all__ = ["Yields"]
 
 class Yields:
     def __init__(self, classes: ServiceClasses, weight: Callable[[str], float],
-                 waiting: Callable[[], Mapping[str, int]]) -> None:
-        """``weight``: a tenant's weight; ``waiting``: the waiting sessions per tenant."""
+                 waiting: Callable[[], Mapping[str, int]],
+                 one_shot: Callable[[str], bool] = lambda _s: False) -> None:
+        """``weight``: a tenant's weight; ``waiting``: the waiting sessions per tenant;
+        ``one_shot``: whether an admitted session is a one-shot task (``PeakForecast``)."""
         self._classes = classes
         self._weight = weight
         self._waiting = waiting
+        self._one_shot = one_shot
         self._of: dict[str, tuple[str, int]] = {}  # admitted session → (tenant, class rank)
         self._admitted: Counter[str] = Counter()  # tenant → admitted sessions
         self._later = 0  # admitted sessions of a later class
@@ -110,10 +113,13 @@ class Yields:
     def yields(self, session: str) -> bool:
         return self.rank(session) > 0
 
-    def later_class(self, session: str) -> bool:
-        """Whether ``session`` is admitted in a later class than the first."""
+    def leaves_room(self, session: str) -> bool:
+        """Whether ``session``'s calls wait in the dispatch gate for room beside the forecasts
+        of those it yields to: it yields, and is not a one-shot task of the first class (its
+        KV is gone when its call ends; a later class's still gives way, as it asked)."""
         got = self._of.get(session)
-        return got is not None and got[1] > 0
+        return (got is not None and self.rank(session) > 0
+                and (got[1] > 0 or not self._one_shot(session)))
 
     def protected(self, e: QueueEntry) -> bool:
         """Whether a waiting session would yield to nobody once admitted."""

@@ -76,8 +76,7 @@ class ControlPlane:
         yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
         self.scheduler.yield_rank = yields.rank
         self.scheduler.protected_tokens = partial(peaks.committed_tokens, without=yields.yields)
-        # A one-shot task yields in the gate only by its class (sched/gate.py).
-        self.scheduler.one_shot = lambda s: peaks.one_shot(s) and not yields.later_class(s)
+        self.scheduler.leaves_room = yields.leaves_room
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:

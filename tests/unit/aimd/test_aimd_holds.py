@@ -10,6 +10,21 @@ from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.core.lifecycle import EndReason
 
 
+def _one_shot_core(one_shot: str, returning: str | None = None) -> AdmissionCore:
+    """A core on one idle worker of 400 blocks whose tenant ``one_shot`` is known one-shot
+    (its latest 4 first gaps did not come back) and ``returning``'s sessions come back."""
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    core = AdmissionCore(cfg, ["w0"])
+    for _ in range(4):
+        core.sessions.returns.record(one_shot, False)
+    if returning is not None:
+        core.sessions.returns.record(returning, True)
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
+                                        block_size=16)})
+    return core
+
+
 def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     # Sessions of a tenant whose sessions come back: while they are dormant within their hold
     # their forecasts fill the fit; once past it (factor 4 × a usual tool time of 1 s, at least
@@ -91,14 +106,7 @@ def test_one_shot_tasks_alone_on_a_worker_wait_in_its_queue_not_the_proxys(agent
     # the cache cannot take waits in the engine's queue, as with no proxy. Alone on a worker,
     # nothing there returns for its KV, so a full cache cuts no window either; a session that
     # returns (an agent's) on the worker turns the window's KV signal back on.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
-    core = AdmissionCore(cfg, ["w0"])
-    for _ in range(4):
-        core.sessions.returns.record("batch", False)
-    core.sessions.returns.record("agents", True)
-    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
-                                        block_size=16)})
+    core = _one_shot_core(one_shot="batch", returning="agents")
     first, tenant = ("a", "agents") if agent else ("n0", "batch")
     assert core.on_request(0.1, first, tenant, 640).kind is DecisionKind.ADMITTED
     full = WorkerSignals(kv_usage=0.97, free_blocks=8, total_blocks=400, block_size=16)
@@ -117,14 +125,7 @@ def test_one_shot_tasks_in_their_call_are_not_the_kv_pressure_of_sessions_that_r
     # blocks, the gauge at 0.97: the window reads the agents' KV alone (0.97 - 320 / 400), so a
     # cache full of tasks, which the engine's queue serves as with no proxy, cuts no window. Once
     # the tasks' calls are over, the same gauge is the agents' and cuts it.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
-    core = AdmissionCore(cfg, ["w0"])
-    for _ in range(4):
-        core.sessions.returns.record("batch", False)
-    core.sessions.returns.record("agents", True)
-    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
-                                        block_size=16)})
+    core = _one_shot_core(one_shot="batch", returning="agents")
     assert core.on_request(0.1, "a", "agents", 640).kind is DecisionKind.ADMITTED
     kinds = {core.on_request(0.2, f"n{i}", "batch", 640).kind for i in range(8)}
     assert kinds == {DecisionKind.ADMITTED}
@@ -147,13 +148,7 @@ def test_one_shot_tasks_in_their_call_are_not_the_kv_pressure_of_sessions_that_r
 def test_a_session_of_a_key_taken_for_one_shot_grows_once_it_comes_back() -> None:
     # A key misread as one-shot (its first sessions all in long first tools): a session that
     # sends another call is no one-shot task, whatever the record said when it was admitted.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
-    core = AdmissionCore(cfg, ["w0"])
-    for _ in range(4):
-        core.sessions.returns.record("t", False)
-    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
-                                        block_size=16)})
+    core = _one_shot_core(one_shot="t")
     assert core.on_request(0.1, "s", "t", 640).kind is DecisionKind.ADMITTED
     assert core.peaks.one_shot("s") and core.peaks.flat_tokens("w0") == 640
     core.on_response_end(0.5, "s", prompt_tokens=640)

@@ -368,39 +368,3 @@ def test_held_index_matches_a_full_scan(ops: list[tuple[str, int, str, int]]) ->
             assert p.resident_committed_tokens(w, dict.fromkeys(held, 2), 16) == sum(
                 (2 * 16 + max(s.context, math.ceil(s.first * g)) - s.context) if s.observed
                 else max(s.context, math.ceil(s.first * g)) for s in held.values())
-
-
-_OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit_flat", "move", "release", "hold",
-                                           "back", "end"]),
-                          st.sampled_from(["a", "b", "c"]), st.sampled_from(["w0", "w1"])),
-                max_size=40)
-
-
-@given(_OPS)
-@settings(max_examples=200, deadline=None)
-def test_flat_only_follows_the_held_sessions(ops: list[tuple[str, str, str]]) -> None:
-    # Whether only sessions forecast not to grow hold KV on a worker, kept as a count through
-    # every change of what is held (and of what grows: a session that comes back does), equals
-    # a scan of the held sessions.
-    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
-    grows: dict[str, bool] = {}
-    for op, key, worker in ops:
-        if op.startswith("admit"):
-            grows[key] = op == "admit"
-            p.admit(key, worker, 100, grows=grows[key])
-        elif op == "move":
-            p.move(key, worker)
-        elif op == "release":
-            p.release(key)
-        elif op == "hold":
-            p.hold(key)
-        elif op == "back":
-            p.back(key)
-            if key in p:
-                grows[key] = True
-        else:
-            p.end(key, finished=False)
-        for w in ("w0", "w1"):
-            held = p.held_on(w)
-            assert p.flat_only(w) == (bool(held) and not any(grows[k] for k in held))
-            assert p.flat_tokens(w) == 100 * sum(not grows[k] for k in held)

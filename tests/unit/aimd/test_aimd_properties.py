@@ -12,6 +12,7 @@ from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 from marsproxy.aimd.order_index import OrderIndex
+from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import AdmissionQueue, WorkerView
 from marsproxy.core.lifecycle import EndReason, SessionState
 
@@ -347,3 +348,41 @@ def test_reordering_regression_three_sessions_urgent_at_once() -> None:
         tuning=AdmissionTuning(aging_margin_s=5.0, max_bypass=10_000, long_prompt_tokens=100_000))
     fate = _simulate(cfg, 1, 2.0, 3, [(0.0, 5000)], [2, 1, 1, 1])
     assert "expired" not in fate.values()
+
+
+# -- the forecast's count of growing sessions follows what it holds -------------------------
+
+_OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit_flat", "move", "release", "hold",
+                                           "back", "end"]),
+                          st.sampled_from(["a", "b", "c"]), st.sampled_from(["w0", "w1"])),
+                max_size=40)
+
+
+@given(_OPS)
+@settings(max_examples=200, deadline=None)
+def test_flat_only_follows_the_held_sessions(ops: list[tuple[str, str, str]]) -> None:
+    # Whether only sessions forecast not to grow hold KV on a worker, kept as a count through
+    # every change of what is held (and of what grows: a session that comes back does), equals
+    # a scan of the held sessions.
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    grows: dict[str, bool] = {}
+    for op, key, worker in ops:
+        if op.startswith("admit"):
+            grows[key] = op == "admit"
+            p.admit(key, worker, 100, grows=grows[key])
+        elif op == "move":
+            p.move(key, worker)
+        elif op == "release":
+            p.release(key)
+        elif op == "hold":
+            p.hold(key)
+        elif op == "back":
+            p.back(key)
+            if key in p:
+                grows[key] = True
+        else:
+            p.end(key, finished=False)
+        for w in ("w0", "w1"):
+            held = p.held_on(w)
+            assert p.flat_only(w) == (bool(held) and not any(grows[k] for k in held))
+            assert p.flat_tokens(w) == 100 * sum(not grows[k] for k in held)

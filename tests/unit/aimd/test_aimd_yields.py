@@ -21,9 +21,8 @@ def test_a_later_class_yields_the_first_does_not() -> None:
     assert (y.rank("i"), y.rank("b"), y.rank("d")) == (0, 1, 0)
     assert y.protected(QueueEntry("i2", "t", 0.0, 10, 100.0, cls="interactive"))
     assert not y.protected(QueueEntry("b2", "t", 0.0, 10, 100.0, cls="batch"))
-    assert y.later_class("b") and not y.later_class("i") and not y.later_class("d")
     y.ended("b")
-    assert y.rank("b") == 0 and not y.later_class("b")  # nothing kept of an ended session
+    assert y.rank("b") == 0  # nothing kept of an ended session
 
 
 def test_a_tenant_alone_never_yields() -> None:
@@ -48,6 +47,20 @@ def test_a_tenant_over_its_share_yields_while_another_is_there() -> None:
     assert y.yields("h0") and not y.yields("l0")  # 4 of 5 against 2.5
     y.ended("l0")
     assert not y.yields("h0")  # light is gone: heavy is alone again
+
+
+def test_a_one_shot_task_of_the_first_class_leaves_no_room_for_others() -> None:
+    # Over its share beside a light tenant, a tenant's sessions yield; those that return wait in
+    # the gate for room beside the light tenant's forecasts, its one-shot tasks do not (their KV
+    # is gone when their call ends) unless they are of a later class, as they asked.
+    tasks = {"t0", "tb"}
+    y = Yields(ServiceClasses(), lambda _t: 1.0, lambda: {}, one_shot=tasks.__contains__)
+    for k in ("t0", "s0", "s1"):
+        y.admitted(k, "heavy", None)
+    y.admitted("tb", "heavy", "batch")
+    y.admitted("l0", "light", None)
+    assert all(y.yields(k) for k in ("t0", "s0", "tb")) and not y.yields("l0")
+    assert [y.leaves_room(k) for k in ("t0", "s0", "tb", "l0")] == [False, True, True, False]
 
 
 def test_weights_set_the_share() -> None:

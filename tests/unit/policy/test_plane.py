@@ -108,8 +108,9 @@ def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
 
 
 def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
-    # The dispatch gate holds a one-shot task's call by the cap alone: it asks the plane which
-    # sessions will not grow (their key's sessions never return) and are of the first class.
+    # The dispatch gate holds a one-shot task's call by the cap alone, yielding or not: it asks
+    # the plane (Yields.leaves_room) which yielding sessions will not grow (their key's sessions
+    # never return) and are of the first class.
     plane, _ = _plane()
     plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
     for _ in range(16):
@@ -121,7 +122,9 @@ def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
     assert plane.request(0.1, "later", "batch", chars=400, cls="batch").kind is (
         DecisionKind.ADMITTED)
     assert plane.confirm(0.2, "later") is not None
-    assert plane.scheduler.one_shot("task") and not plane.scheduler.one_shot("agent")
-    assert not plane.scheduler.one_shot("later")  # a later class's task yields as asked for
-    plane.session_end(0.3, "task", EndReason.DELETED)
-    assert not plane.scheduler.one_shot("task")  # nothing kept of an ended session
+    assert plane.scheduler.yield_rank("task") > 0  # over its share beside a light tenant
+    leaves = plane.scheduler.leaves_room
+    assert not leaves("task") and not leaves("agent")
+    assert leaves("later")  # a later class's task yields as asked for
+    plane.admission.peaks.back("task")  # it came back: a session that returns
+    assert leaves("task")
