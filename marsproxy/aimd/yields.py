@@ -113,13 +113,12 @@ class Yields:
     def yields(self, session: str) -> bool:
         return self.rank(session) > 0
 
-    def leaves_room(self, session: str) -> bool:
-        """Whether ``session``'s calls wait in the dispatch gate for room beside the forecasts
-        of those it yields to: it yields, and is not a one-shot task of the first class (its
-        KV is gone when its call ends; a later class's still gives way, as it asked)."""
+    def first_class_task(self, session: str) -> bool:
+        """Whether ``session`` is a one-shot task of the first class: its calls wait in the
+        dispatch gate for no one's room, its tenant over its share or not (its KV is gone when
+        its call ends); a later class's task still gives way, as it asked."""
         got = self._of.get(session)
-        return (got is not None and self.rank(session) > 0
-                and (got[1] > 0 or not self._one_shot(session)))
+        return got is not None and got[1] == 0 and self._one_shot(session)
 
     def protected(self, e: QueueEntry) -> bool:
         """Whether a waiting session would yield to nobody once admitted."""

@@ -76,7 +76,7 @@ class ControlPlane:
         yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
         self.scheduler.yield_rank = yields.rank
         self.scheduler.protected_tokens = partial(peaks.committed_tokens, without=yields.yields)
-        self.scheduler.leaves_room = yields.leaves_room
+        self.scheduler.one_shot = yields.first_class_task
 
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:

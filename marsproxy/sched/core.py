@@ -82,10 +82,9 @@ class SchedulerCore(DispatchGate):
         self.protected_tokens: Callable[[str], int] = lambda _w: 0
         """The KV the sessions that yield to nobody on a worker are forecast to hold (the
         plane sets it): a yielding session's call is released only beside it (:meth:`_fits`)."""
-        self.leaves_room: Callable[[str], bool] = lambda s: self.yield_rank(s) > 0
-        """Whether a session's calls wait for room beside :attr:`protected_tokens` (the plane
-        sets it; ``Yields.leaves_room``: not a one-shot task of the first class); the others
-        are held by the cap alone."""
+        self.one_shot: Callable[[str], bool] = lambda _s: False
+        """Whether a session is a one-shot task of the first class (the plane sets it:
+        ``Yields.first_class_task``): its calls are held by the cap alone, yielding or not."""
 
     # -- configuration from the shell -----------------------------------------------------
     @property

@@ -42,7 +42,7 @@ class DispatchGate:
     dispatched_total: dict[str, int]
     yield_rank: Callable[[str], int]
     protected_tokens: Callable[[str], int]
-    leaves_room: Callable[[str], bool]
+    one_shot: Callable[[str], bool]
     _sessions: dict[str, SessionRecord]
     _queues: dict[str, list[Ticket]]
     _running: dict[str, dict[int, Ticket]]
@@ -86,7 +86,7 @@ class DispatchGate:
         return out
 
     def _fits(self, worker: str, t: Ticket) -> bool:
-        if not self.leaves_room(t.session):
+        if not self.yield_rank(t.session) or self.one_shot(t.session):
             return True  # held by the cap alone (module doc)
         usable = self.usable_blocks(worker)
         if usable is None:

@@ -60,7 +60,8 @@ def test_a_one_shot_task_of_the_first_class_leaves_no_room_for_others() -> None:
     y.admitted("tb", "heavy", "batch")
     y.admitted("l0", "light", None)
     assert all(y.yields(k) for k in ("t0", "s0", "tb")) and not y.yields("l0")
-    assert [y.leaves_room(k) for k in ("t0", "s0", "tb", "l0")] == [False, True, True, False]
+    assert [y.first_class_task(k) for k in ("t0", "s0", "tb", "l0")] == [True, False, False,
+                                                                         False]
 
 
 def test_weights_set_the_share() -> None:

@@ -109,7 +109,7 @@ def test_a_batch_sessions_calls_run_after_an_interactive_ones() -> None:
 
 def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
     # The dispatch gate holds a one-shot task's call by the cap alone, yielding or not: it asks
-    # the plane (Yields.leaves_room) which yielding sessions will not grow (their key's sessions
+    # the plane (Yields.first_class_task) which sessions will not grow (their key's sessions
     # never return) and are of the first class.
     plane, _ = _plane()
     plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
@@ -123,8 +123,8 @@ def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
         DecisionKind.ADMITTED)
     assert plane.confirm(0.2, "later") is not None
     assert plane.scheduler.yield_rank("task") > 0  # over its share beside a light tenant
-    leaves = plane.scheduler.leaves_room
-    assert not leaves("task") and not leaves("agent")
-    assert leaves("later")  # a later class's task yields as asked for
+    free = plane.scheduler.one_shot
+    assert free("task") and not free("agent")
+    assert not free("later")  # a later class's task yields as asked for
     plane.admission.peaks.back("task")  # it came back: a session that returns
-    assert leaves("task")
+    assert not free("task")

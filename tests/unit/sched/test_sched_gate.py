@@ -186,7 +186,7 @@ def test_a_one_shot_tasks_call_waits_for_the_cap_alone() -> None:
     core.set_facts("w", WorkerFacts(max_num_seqs=3, block_size=16, total_blocks=100))
     core.set_mode("w", "priority")
     core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
-    core.leaves_room = lambda s: s.startswith("batch") and not s.startswith("batch-task")
+    core.one_shot = lambda s: s.startswith("batch-task")
     core.protected_tokens = lambda w: 80 * 16  # the agents' forecasts
     running = core.arrive(0.0, "inter", "w", 10 * 16)  # an agent's call runs (10 of its 80)
     assert running.dispatched
@@ -194,7 +194,7 @@ def test_a_one_shot_tasks_call_waits_for_the_cap_alone() -> None:
     tasks = [core.arrive(0.1, f"batch-task{i}", "w", 60 * 16, gate=True) for i in range(3)]
     assert core.release(0.1) == tasks[:2]  # 130 blocks beside 10: only the cap (3) holds
     assert not held.dispatched and not tasks[2].dispatched
-    core.leaves_room = lambda s: s.startswith("batch")  # were they sessions that return
+    core.one_shot = lambda s: False  # were they sessions that return, they would wait
     end_ok(core, 0.5, tasks[0].call, 60 * 16)
     end_ok(core, 0.5, tasks[1].call, 60 * 16)
     again = core.arrive(0.6, "batch-task3", "w", 30 * 16, gate=True)
