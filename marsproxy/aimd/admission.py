@@ -127,6 +127,7 @@ class AdmissionCore(WorkerFit):
             self.sessions.request(now, session, final)
             self.gauge.resumed(session)  # its blocks are in use again
             self.peaks.back(session)  # its forecast counts (again, after its hold); it grows
+            self.yields.back(session)  # and it asks for its share again
             return Decision(DecisionKind.ADMITTED, worker=rec.worker, reason="continuation")
         if rec is not None:
             self.sessions.add_waiter(session, final)
@@ -141,8 +142,7 @@ class AdmissionCore(WorkerFit):
         alone = not len(self.queue) and self.yields.single_tenant(tenant)
         if not alone and not self.queue.push(entry):
             self.prefixes.forget(session)
-            # queue_full, class_over_share or tenant_over_share; a tenant over its share waits
-            # for its own sessions at its share of the admission rate.
+            # queue_full, class_over_share, tenant_over_share (retry at its share of the rate)
             reason = self.queue.refusal
             over = tenant if reason == "tenant_over_share" else None
             retry = self.queue.retry_after(now, tenant=over)
@@ -261,6 +261,7 @@ class AdmissionCore(WorkerFit):
         elif not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
             if not rec.watched:  # its key's never do: as good as ended, let in who waits
+                self.yields.away(session)
                 self._admit_pass(now, actions)
         return actions
 
@@ -291,6 +292,7 @@ class AdmissionCore(WorkerFit):
             self._end(now, rec.key, EndReason.IDLE_TIMEOUT, actions)
         for rec in self.sessions.hold_expired(now):
             self.peaks.release(rec.key)
+            self.yields.away(rec.key)
         expired = self.queue.expire(now)
         if expired:
             placeable = any(v.placeable for v in self._views())

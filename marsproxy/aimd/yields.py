@@ -21,7 +21,11 @@ that ask for more than their share (their admitted and waiting sessions together
 is left and give way to it, even one that holds no more than its share of the admitted
 sessions: its few sessions may still hold the KV the light tenant's calls need. A tenant
 alone, or every tenant within its share, yields nothing: nobody is capped while the others
-are idle. A tenant's share counts the sessions admitted on this replica.
+are idle. A tenant's share counts the sessions admitted on this replica that hold a slot: in a
+call, or dormant within their KV hold. One that holds none (a one-shot task after its call,
+dormant until its idle timeout; a session dormant past its hold) is *away*: it asks for nothing
+until it sends another call (a batch key's thousands of dormant tasks made every other tenant
+light).
 
 Pure code: no I/O.
 """
@@ -48,25 +52,42 @@ class Yields:
         self._waiting = waiting
         self._one_shot = one_shot
         self._of: dict[str, tuple[str, int]] = {}  # admitted session → (tenant, class rank)
-        self._admitted: Counter[str] = Counter()  # tenant → admitted sessions
-        self._later = 0  # admitted sessions of a later class
+        self._admitted: Counter[str] = Counter()  # tenant → admitted sessions, less the away
+        self._later = 0  # admitted sessions of a later class, less the away
+        self._away: set[str] = set()  # admitted sessions that hold no slot now
 
     def admitted(self, session: str, tenant: str, cls: str | None) -> None:
         if session in self._of:
             return
-        rank = self._classes.rank(cls or "")
-        self._of[session] = (tenant, rank)
-        self._admitted[tenant] += 1
-        self._later += rank > 0
+        self._of[session] = got = (tenant, self._classes.rank(cls or ""))
+        self._count(got, 1)
 
     def ended(self, session: str) -> None:
         got = self._of.pop(session, None)
-        if got is None:
-            return
-        self._admitted[got[0]] -= 1
-        self._later -= got[1] > 0
-        if self._admitted[got[0]] <= 0:
-            del self._admitted[got[0]]
+        if got is not None and session not in self._away:
+            self._count(got, -1)
+        self._away.discard(session)
+
+    def away(self, session: str) -> None:
+        """``session`` holds no slot now (dormant, its KV room released): it counts in its
+        tenant's share again only once it is :meth:`back`."""
+        got = self._of.get(session)
+        if got is not None and session not in self._away:
+            self._away.add(session)
+            self._count(got, -1)
+
+    def back(self, session: str) -> None:
+        """``session`` sent another call: it counts in its tenant's share again."""
+        if session in self._away:
+            self._away.discard(session)
+            self._count(self._of[session], 1)
+
+    def _count(self, got: tuple[str, int], sign: int) -> None:
+        tenant, rank = got
+        self._admitted[tenant] += sign
+        self._later += sign * (rank > 0)
+        if self._admitted[tenant] <= 0:
+            del self._admitted[tenant]
 
     def nobody(self) -> bool:
         """Whether no admitted session yields now: all of the first class, one tenant there

@@ -327,20 +327,19 @@ class SessionLifecycle:
         return [self._records[key] for _, key in self._idle[:end]]
 
     def hold_expired(self, now: float) -> list[SessionRecord]:
-        """Dormant sessions past their KV hold, now released (their forecasts stop counting
-        until their next request); a first gap among them did not come back in time."""
+        """Dormant sessions past their KV hold, each without KV room or slot now (its
+        forecast stops counting until its next request); a first gap among them did not come
+        back in time (one watched loses its slot)."""
         end = bisect.bisect_right(self._holds, now, key=lambda k: k[0])
         due = [self._records[key] for _, key in self._holds[:end]]
         del self._holds[:end]
-        out = []
         for rec in due:
             rec.hold_key = None
             if rec.first_gap:
                 self._end_gap(rec, came_back=False)
             if rec.kv_held:
                 self._release(rec, keep_slot=False)
-                out.append(rec)
-        return out
+        return due
 
     def release_hold(self, key: str) -> bool:
         """End a dormant session's KV hold before its deadline (it waits on its children);

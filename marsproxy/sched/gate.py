@@ -92,11 +92,13 @@ class DispatchGate:
         if usable is None:
             return True
         # The engine does not preempt for a waiting call: a yielding session's call leaves the
-        # others the room they are forecast to need (less what they run already).
-        kept = sum(r.blocks for r in self._running[worker].values()
-                   if not self.yield_rank(r.session))
+        # others the room they are forecast to need (less what they run already). One-shot
+        # tasks' calls are not waited for: theirs are not (above), and a tenant that yields
+        # would wait for another's tasks that are never held.
+        running = self._running[worker].values()
+        kept = sum(r.blocks for r in running if not self.yield_rank(r.session))
         bs = self.facts[worker].block_size or 16
-        need = self.running_blocks(worker) + t.blocks
+        need = sum(r.blocks for r in running if not self.one_shot(r.session)) + t.blocks
         need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
         return need <= usable
 

@@ -211,3 +211,25 @@ def test_sessions_that_hold_no_room_hold_no_slot_in_the_window() -> None:
     # The budget is spent, but only one-shot tasks hold KV there now: the next one waits in the
     # engine's queue, not the proxy's (the test below).
     assert core.on_request(4.6, "next", "t", 640).kind is DecisionKind.ADMITTED
+
+
+def test_a_keys_tasks_after_their_call_are_no_part_of_its_share_of_the_sessions() -> None:
+    # A batch key's one-shot tasks stay admitted (dormant) until their idle timeout, but hold
+    # no slot and no KV once their call is over. Counted in the tenants' shares, 20 of them made
+    # every agent tenant light beside them: the heavy agents' tenant, 3 sessions beside the
+    # light tenant's 1, stopped yielding to it. Not counted, heavy is over its share again, and
+    # a task that sends another call counts from then on.
+    core = _one_shot_core(one_shot="batch", returning="heavy")
+    core.sessions.returns.record("light", True)
+    for i in range(3):
+        assert core.on_request(0.1, f"h{i}", "heavy", 64).kind is DecisionKind.ADMITTED
+    assert core.on_request(0.1, "l0", "light", 64).kind is DecisionKind.ADMITTED
+    assert core.yields.yields("h0") and not core.yields.yields("l0")
+    for i in range(20):
+        assert core.on_request(0.2, f"t{i}", "batch", 64).kind is DecisionKind.ADMITTED
+        core.on_response_end(0.3, f"t{i}", prompt_tokens=64)
+    assert core.sessions.get("t0") is not None  # dormant, still admitted
+    assert core.yields.yields("h0") and not core.yields.yields("l0")
+    for i in range(4, 20):  # back: 17 batch sessions in a call, each a tenant's demand again
+        assert core.on_request(0.4, f"t{i}", "batch", 64).kind is DecisionKind.ADMITTED
+    assert not core.yields.over_share("heavy") and core.yields.over_share("batch")

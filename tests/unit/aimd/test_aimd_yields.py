@@ -123,3 +123,40 @@ def test_a_backlogged_tenant_yields_to_a_light_one_even_at_its_share() -> None:
     del waiting["light"]
     waiting["heavy"] = 0  # heavy asks for its share alone: both light, nobody yields
     assert not y.yields("h0") and not y.yields("l0")
+
+
+def test_a_session_away_asks_for_nothing_until_it_is_back() -> None:
+    # Sessions that hold no slot (a batch key's tasks after their call) are no part of their
+    # tenant's demand: heavy (3 admitted) stays over its share beside light (1) however many
+    # there are; one that sends another call counts again, and ending an away session, or
+    # sending one away twice, takes nothing more off.
+    y = _yields({})
+    for i in range(3):
+        y.admitted(f"h{i}", "heavy", None)
+    y.admitted("l0", "light", None)
+    for i in range(10):
+        y.admitted(f"t{i}", "batch", None)
+        y.away(f"t{i}")
+    y.away("t0")
+    y.ended("t1")
+    assert y.yields("h0") and not y.yields("l0") and not y.over_share("batch")
+    for i in range(2, 10):
+        y.back(f"t{i}")  # 8 in a call: batch asks for 8 of 12 against a third
+    assert y.over_share("batch") and not y.over_share("heavy")
+    y.back("t2")  # back already: counted once
+    for i in range(2, 10):
+        y.ended(f"t{i}")
+    assert y.yields("h0")
+    y.ended("l0")
+    assert y.single_tenant("heavy")  # nothing of batch's left counted
+
+
+def test_a_later_class_session_away_yields_nothing_and_leaves_nobody_yielding() -> None:
+    y = _yields({})
+    y.admitted("i", "t", "interactive")
+    y.admitted("b", "t", "batch")
+    assert not y.nobody()
+    y.away("b")
+    assert y.nobody()
+    y.back("b")
+    assert not y.nobody() and y.rank("b") == 1

@@ -199,8 +199,8 @@ def test_a_first_call_holds_kv_room_only_where_its_tenants_sessions_come_back() 
 def test_a_first_gap_not_held_is_still_watched_until_its_hold_would_end() -> None:
     t = _held_lifecycle()
     _dormant_after_first_call(t, "a", 0.0)
-    assert t.hold_expired(21.5) == []  # nothing held to release ...
-    assert t.returns.rates() == {"t": (0, 1, 0)}  # ... but it did not come back in time
+    assert [r.key for r in t.hold_expired(21.5)] == ["a"]  # it did not come back in time:
+    assert t.returns.rates() == {"t": (0, 1, 0)} and t.load_on("w0") == 0  # no slot now
     t.request(30.0, "a")  # later: nothing more recorded
     assert t.returns.rates() == {"t": (0, 1, 0)}
 

@@ -4,6 +4,7 @@ back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -177,17 +178,26 @@ def test_a_later_class_call_leaves_room_for_the_first_classs_sessions() -> None:
     assert core.release(1.0) == [nxt]
 
 
+def _tenants(max_num_seqs: int, *, yielding: Callable[[str], bool], tasks: str,
+             protected_blocks: int) -> SchedulerCore:
+    """A priority worker of 100 blocks; the sessions ``yielding`` is true of yield, those named
+    ``tasks``... are one-shot tasks, and who they yield to is forecast ``protected_blocks``."""
+    core = make(kv_reserve_frac=0.0)
+    core.set_facts("w", WorkerFacts(max_num_seqs=max_num_seqs, block_size=16, total_blocks=100))
+    core.set_mode("w", "priority")
+    core.yield_rank = lambda s: int(yielding(s))
+    core.one_shot = lambda s: s.startswith(tasks)
+    core.protected_tokens = lambda w: protected_blocks * 16
+    return core
+
+
 def test_a_one_shot_tasks_call_waits_for_the_cap_alone() -> None:
     # A one-shot task (its tenant's sessions never come back) holds its KV only while it runs:
     # its call is not held for KV, even where it yields (the engine queues what its cache
     # cannot take, as with no proxy), so a batch key's tasks are not held to a few at once
     # beside a few agents. A yielding call of a session that returns is still held.
-    core = make(kv_reserve_frac=0.0)
-    core.set_facts("w", WorkerFacts(max_num_seqs=3, block_size=16, total_blocks=100))
-    core.set_mode("w", "priority")
-    core.yield_rank = lambda s: 1 if s.startswith("batch") else 0
-    core.one_shot = lambda s: s.startswith("batch-task")
-    core.protected_tokens = lambda w: 80 * 16  # the agents' forecasts
+    core = _tenants(3, yielding=lambda s: s.startswith("batch"), tasks="batch-task",
+                    protected_blocks=80)  # the agents' forecasts
     running = core.arrive(0.0, "inter", "w", 10 * 16)  # an agent's call runs (10 of its 80)
     assert running.dispatched
     held = core.arrive(0.1, "batch-agent", "w", 30 * 16, gate=True)  # 10 + 30 + 70 > 100
@@ -199,6 +209,27 @@ def test_a_one_shot_tasks_call_waits_for_the_cap_alone() -> None:
     end_ok(core, 0.5, tasks[1].call, 60 * 16)
     again = core.arrive(0.6, "batch-task3", "w", 30 * 16, gate=True)
     assert core.release(0.6) == [] and not again.dispatched
+
+
+def test_a_yielding_call_does_not_wait_for_one_shot_tasks_calls() -> None:
+    # Two tenants over their share beside a light one: a batch key's tasks and a heavy agents'
+    # key. The tasks' calls are never held for KV; were the heavy key's held until they fit
+    # beside them, it would yield to the tasks (which yield too) and not only to the light
+    # tenant. Beside the tasks' calls the heavy call leaves the light tenant's forecast room
+    # and goes; beside a returning session's call of the same size it waits.
+    core = _tenants(8, yielding=lambda s: not s.startswith("light"), tasks="task",
+                    protected_blocks=40)  # the light tenant's forecast
+    tasks = [core.arrive(0.0, f"task{i}", "w", 25 * 16, gate=True) for i in range(2)]
+    assert core.release(0.0) == tasks  # 50 blocks of tasks
+    heavy = core.arrive(0.1, "heavy", "w", 30 * 16, gate=True)  # 30 + 40 <= 100 beside them
+    assert heavy.dispatched or core.release(0.1) == [heavy]
+    end_ok(core, 0.5, heavy.call, 30 * 16)
+    for t in tasks:
+        end_ok(core, 0.5, t.call, 25 * 16)
+    agent = core.arrive(0.6, "agent", "w", 50 * 16, gate=True)  # a returning session's call
+    assert agent.dispatched or core.release(0.6) == [agent]
+    again = core.arrive(0.7, "heavy", "w", 30 * 16, gate=True)  # 50 + 30 + 40 > 100: waits
+    assert core.release(0.7) == [] and not again.dispatched
 
 
 def _idle_worker_with_a_dormant_first_class_session() -> tuple[SchedulerCore, Any]:
