@@ -3,6 +3,7 @@ numbers, not a test).
 
     .venv/bin/python benchmarks/plain_clients.py [--concurrency 8] [--seconds 60] [--rounds 2]
         [--num-blocks 512] [--prompt-chars 2000] [--max-tokens 32] [--agents 0]
+        [--light-agents 0]
 
 The client is what a batch job with a stock OpenAI client sends: ``--concurrency`` loops, each
 sending one chat call after another, every call a new task (a fresh random prompt, so no prefix
@@ -18,6 +19,9 @@ is a ratio near 1.
 sessions of ``AGENT_CALLS`` calls with an ``x-session-id``, a conversation that grows by the
 reply and a tool result, ``AGENT_TOOL_S`` between calls and the final flag on the last. Both
 clients' means are printed; the batch client must not pay for sharing the worker with agents.
+``--light-agents K`` adds K more agent loops under a third key ("light"): beside the many
+agents of ``--agents``, a light tenant, which max-min fairness serves as if alone (its calls'
+mean against direct's is printed too).
 """
 
 from __future__ import annotations
@@ -69,9 +73,10 @@ class Run:
 
 
 async def client(url: str, concurrency: int, seconds: float, chars: int,
-                 max_tokens: int, agents: int) -> tuple[Run, Run]:
-    """The batch client's run and the agents' (empty without agents), side by side."""
-    run, agent_run, rnd = Run(), Run(), random.Random()
+                 max_tokens: int, agents: dict[str, int]) -> tuple[Run, dict[str, Run]]:
+    """The batch client's run and each agent key's (``agents``: loops per API key), side by
+    side."""
+    run, agent_runs, rnd = Run(), {key: Run() for key in agents}, random.Random()
     start = time.monotonic()
     end = start + seconds
     letters = string.ascii_lowercase + " "
@@ -100,20 +105,20 @@ async def client(url: str, concurrency: int, seconds: float, chars: int,
         into.ended_s.append(t1 - start)
         return str(reply["choices"][0]["message"]["content"])
 
-    async def agent(session: aiohttp.ClientSession, i: int) -> None:
+    async def agent(session: aiohttp.ClientSession, key: str, i: int) -> None:
         n = 0
         while time.monotonic() < end:
             n += 1
-            sid = f"agent-{i}-{n}-{rnd.getrandbits(32):08x}"
+            sid = f"{key}-{i}-{n}-{rnd.getrandbits(32):08x}"
             messages = [{"role": "user", "content": f"fix bug {sid}: "
                          + "".join(rnd.choices(letters, k=chars))}]
             for k in range(AGENT_CALLS):
-                headers = {"Authorization": "Bearer agents", "x-session-id": sid}
+                headers = {"Authorization": f"Bearer {key}", "x-session-id": sid}
                 if k == AGENT_CALLS - 1:
                     headers["x-session-final"] = "true"
                 body = {"model": "tiny-emulated", "max_tokens": max_tokens,
                         "messages": messages}
-                reply = await call(session, agent_run, body, headers)
+                reply = await call(session, agent_runs[key], body, headers)
                 if reply is None:
                     break
                 messages = [*messages, {"role": "assistant", "content": reply},
@@ -123,8 +128,9 @@ async def client(url: str, concurrency: int, seconds: float, chars: int,
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(loop(session, i) for i in range(concurrency)),
-                             *(agent(session, i) for i in range(agents)))
-    return run, agent_run
+                             *(agent(session, key, i) for key, n in agents.items()
+                               for i in range(n)))
+    return run, agent_runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,10 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--agents", type=int, default=0,
                     help="agent loops beside the batch client, under another API key")
+    ap.add_argument("--light-agents", type=int, default=0,
+                    help="agent loops under a third API key (a light tenant)")
     ap.add_argument("--config", default=None,
                     help="marsproxy's config file (default: none, the embedded defaults)")
     a = ap.parse_args(argv)
-    shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens, a.agents)
+    keys = {k: n for k, n in (("agents", a.agents), ("light", a.light_agents)) if n > 0}
+    shape = (a.concurrency, a.seconds, a.prompt_chars, a.max_tokens, keys)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         wport = free_port()
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_up(f"{direct_url}/health", worker)
         print(f"{a.concurrency} at a time, {a.prompt_chars}-character prompts, {a.max_tokens}"
               f" tokens out, {a.seconds:g} s per run, worker tiny with {a.num_blocks} blocks"
-              + (f", {a.agents} agents beside" if a.agents else ""))
+              + "".join(f", {n} {k} beside" for k, n in keys.items()))
         for r in range(a.rounds):
             direct, direct_agents = asyncio.run(client(direct_url, *shape))
             pport = free_port()
@@ -173,13 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                 after = (f"; after {LEARNT_S:g} s {p_late / d_late:.2f}x"
                          if p_late and d_late else "")
                 print(f"   mean marsproxy / direct: {ratio:.2f}x{after}")
-            if a.agents:
-                print(f"{direct_agents.line('agents')} (direct)\n"
-                      f"{proxied_agents.line('agents')} (marsproxy)")
-                if direct_agents.latencies_s and proxied_agents.latencies_s:
-                    ratio = (statistics.mean(proxied_agents.latencies_s)
-                             / statistics.mean(direct_agents.latencies_s))
-                    print(f"   agents' mean call marsproxy / direct: {ratio:.2f}x")
+            for k in keys:
+                d, p = direct_agents[k], proxied_agents[k]
+                print(f"{d.line(k)} (direct)\n{p.line(k)} (marsproxy)")
+                if d.latencies_s and p.latencies_s:
+                    ratio = statistics.mean(p.latencies_s) / statistics.mean(d.latencies_s)
+                    print(f"   {k}' mean call marsproxy / direct: {ratio:.2f}x")
     finally:
         stop_all(procs)
     return 0
