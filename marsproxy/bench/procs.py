@@ -104,8 +104,10 @@ def cpu_since(start: CpuMark, pid: int | None = None) -> dict[str, float | None]
     wall = max(1e-9, end.wall - start.wall)
     proc = (None if start.process_s is None or end.process_s is None
             else round((end.process_s - start.process_s) / wall, 3))
-    return {"wall_s": round(wall, 2), "cores": float(psutil.cpu_count() or 1),
-            "host_busy_cores": round((end.host_busy_s - start.host_busy_s) / wall, 3),
+    cores = float(psutil.cpu_count() or 1)
+    # The host's ticks (10 ms) can read a little over its cores on a fully busy host.
+    busy = min(cores, (end.host_busy_s - start.host_busy_s) / wall)
+    return {"wall_s": round(wall, 2), "cores": cores, "host_busy_cores": round(busy, 3),
             "process_cores": proc}
 
 
