@@ -120,14 +120,14 @@ class AdmissionTuning(_Section):
     )
     peak_cheap_reprefill_s: float = Field(
         0.5, ge=0,
-        description="Where the worker re-prefills a typical forecast peak of its sessions (their"
-        " mean forecast over its measured prefill speed) within this many seconds, and fewer than"
-        " peak_free_sessions of them are in an LLM call, the fit overcommits by"
-        " peak_overcommit_max for as many admissions as bring the sessions in a call back to"
-        " peak_free_sessions: such preemptions cost less than sessions held back while the"
-        " engine has little to run. 0: off. Keep it below a second: on workers that take longer"
-        " to re-prefill, the preemptions it lets in cost more than they save.",
+        description="Where a worker re-prefills its sessions' mean forecast peak (at its measured"
+        " prefill speed) within this many seconds and fewer than peak_cheap_sessions of them are"
+        " in an LLM call, the fit overcommits by peak_overcommit_max for as many admissions as"
+        " fill the calls to that: such preemptions cost less than an engine with little to run."
+        " 0: off. Keep it below a second: dearer re-prefills cost more than they save.",
     )
+    peak_cheap_sessions: int = Field(
+        3, ge=0, description="Sessions in an LLM call the cheap-preemption ceiling fills to.")
     idle_admit: bool = Field(
         True,
         description="A worker with sessions waiting, whose admitted sessions are all in tool"

@@ -172,14 +172,14 @@ class WorkerFit:
     def peak_factor(self, worker: str, committed_tokens: int | None = None) -> float:
         """The overcommit the forecast-peak fit uses on ``worker`` now: the measured overlap's
         (``overlap.py``), or ``peak_overcommit_max`` while a preemption there is cheap (see
-        :meth:`reprefill_s`) and fewer than ``peak_free_sessions`` sessions are in a call
+        :meth:`reprefill_s`) and fewer than ``peak_cheap_sessions`` sessions are in a call
         (those of other replicas count as in a call: this replica cannot see them)."""
         factor = self.overlaps.factor(worker)
         return self.overlaps.ceiling if self.cheap_slots(worker, committed_tokens) else factor
 
     def cheap_slots(self, worker: str, committed_tokens: int | None = None) -> int:
         """Sessions the cheap-preemption ceiling may let in on ``worker`` now: as many as
-        bring its sessions in a call to ``peak_free_sessions`` (0: the ceiling does not apply,
+        bring its sessions in a call to ``peak_cheap_sessions`` (0: the ceiling does not apply,
         the measured overlap's factor rules). Each one admitted goes into a call, so a pass
         that let in more on the ceiling would break the premise it was granted on: a drained
         worker took 8 at once on the twins, then preempted. That holds also below
@@ -192,7 +192,7 @@ class WorkerFit:
             return 0
         # The count first (an index lookup); the price sums the worker's forecasts.
         in_call = self.sessions.active_on(worker) + self._signals[worker].sessions_elsewhere
-        slots = max(0, self.cfg.tuning.peak_free_sessions - in_call)
+        slots = max(0, self.cfg.tuning.peak_cheap_sessions - in_call)
         if not slots:
             return 0
         reprefill = self.reprefill_s(worker, committed_tokens)

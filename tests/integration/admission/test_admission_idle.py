@@ -32,7 +32,7 @@ async def _holder_in_its_tool_phase(s: Any) -> asyncio.Task[Any]:
 
 async def test_the_held_session_goes_in_once_the_worker_sat_idle(make_stack: _Factory) -> None:
     s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0,
-                         idle_admit_after_s=0.3)
+                         peak_cheap_sessions=0, idle_admit_after_s=0.3)
     waiter = await _holder_in_its_tool_phase(s)
     assert (await asyncio.wait_for(waiter, 10))[0] == 200
     row = (await s.state())["admission"]["workers"]["w0"]
@@ -42,8 +42,8 @@ async def test_the_held_session_goes_in_once_the_worker_sat_idle(make_stack: _Fa
 
 
 async def test_off_the_fit_holds_it_until_the_holder_ends(make_stack: _Factory) -> None:
-    s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0, idle_admit=False,
-                         idle_admit_after_s=0.3)
+    s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0,
+                         peak_cheap_sessions=0, idle_admit=False, idle_admit_after_s=0.3)
     waiter = await _holder_in_its_tool_phase(s)
 
     async def idle_a_while() -> bool:

@@ -199,7 +199,7 @@ def _two_in_tools(c: AdmissionCore) -> None:
 
 
 def _cheap_core(speed: float | None, **cfg: Any) -> AdmissionCore:
-    c = core(peak_free_sessions=2, peak_overcommit_max=3.0, **cfg)
+    c = core(peak_free_sessions=2, peak_cheap_sessions=2, peak_overcommit_max=3.0, **cfg)
     c.tick(0.5, {"w0": sig(prefill_tokens_per_s=speed)})
     return c
 
@@ -223,7 +223,7 @@ def test_cheap_preemption_overcommits_while_few_sessions_are_in_a_call() -> None
 def test_the_cheap_ceiling_lets_in_only_enough_to_fill_its_calls() -> None:
     # Four sessions wait while both admitted ones are in a call (strict fit, no room). Once
     # both sit in tools the ceiling's room (600 first-prompt blocks) would take all four in one
-    # pass; it takes two, which bring the sessions in a call back to peak_free_sessions, and
+    # pass; it takes two, which bring the sessions in a call back to peak_cheap_sessions, and
     # the strict fit has no room for the others.
     c = _cheap_core(72_000.0)
     for i in range(2):

@@ -54,12 +54,13 @@ def test_admission_holds_sessions_when_kv_is_short() -> None:
 def test_forecast_peak_fit_keeps_the_cache_from_overflowing() -> None:
     # With the fit from the first session on, only what fits at its forecast peak is admitted:
     # (almost) no preemption, so the window never collapses. With the first-prompt fit alone,
-    # admitted contexts outgrow the cache: preemptions, and the window moves. (Idle admission,
-    # the fit's one exception, is off: this is about the fit.)
+    # admitted contexts outgrow the cache: preemptions, and the window moves. (Idle admission
+    # and cheap preemption, the fit's exceptions, are off: this is about the fit.)
     def run(fit: str) -> RunResult:
         cfg = options.proxy_config("mars", options.parse_sets(
             [f"admission.tuning.kv_fit_peak={fit}", "admission.tuning.peak_free_sessions=0",
-             "admission.tuning.idle_admit=false"]), ["http://w0"])
+             "admission.tuning.peak_cheap_sessions=0", "admission.tuning.idle_admit=false"]),
+            ["http://w0"])
         return Simulation(_workload(), "mars", SETUP, cfg).run()
 
     fit, first = run("true"), run("false")
