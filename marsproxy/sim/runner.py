@@ -18,6 +18,7 @@ from marsproxy.runs.results import RunResult, write_log
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
+from marsproxy.sim.sweep import proxy_config as sweep_config
 from marsproxy.sim.sweep import sweep
 
 
@@ -100,7 +101,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     k.add_argument("--sweep", type=int, default=None, metavar="N",
                    help="instead of the workloads above: check the admission invariants"
                    " (docs/admission.md) on N seeded random workloads, seeds --seed .."
-                   " --seed+N-1; exit status 1 on any violation")
+                   " --seed+N-1, the --set items over mars' config; exit status 1 on any"
+                   " violation")
     p.set_defaults(func=main)
 
 
@@ -109,7 +111,12 @@ def main(args: argparse.Namespace) -> int:
         if args.sweep < 1:
             sys.stderr.write(f"marsproxy sim: --sweep needs N >= 1, got {args.sweep}\n")
             return 2
-        return 1 if sweep(args.sweep, args.seed, sys.stdout) else 0
+        try:
+            sweep_config(args.sets)  # a bad --set fails here, not in the first workload
+        except ValueError as exc:
+            sys.stderr.write(f"marsproxy sim: {exc}\n")
+            return 2
+        return 1 if sweep(args.sweep, args.seed, sys.stdout, args.sets) else 0
     try:
         profile = get_profile(args.profile, num_blocks=args.num_blocks)
         cases = options.cases(args, profile.effective_max_model_len)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from marsproxy.aimd.admission import AdmissionCore
+from marsproxy.config import MarsConfig
 from marsproxy.emulator.profiles import EngineProfile, get_profile
 from marsproxy.runs import options
 from marsproxy.runs.arrivals import ArrivalSpec
@@ -178,11 +179,15 @@ def _longest_call(plan: PlannedSession, system: int) -> int:
     return longest
 
 
-def run_case(case: SweepCase) -> CaseResult:
-    """``mars`` with the invariants checked at every control tick and at the end, then
-    ``direct`` on the same workload for (c)."""
-    workers = [f"http://w{i}" for i in range(case.setup.workers)]
-    cfg = options.proxy_config(_POLICY, options.parse_sets([]), workers)
+def proxy_config(sets: Sequence[str], workers: Sequence[str] = ("http://w0",)) -> MarsConfig:
+    """The swept policy's config with ``sets`` over it (a ``ValueError`` names a bad item)."""
+    return options.proxy_config(_POLICY, options.parse_sets(list(sets)), list(workers))
+
+
+def run_case(case: SweepCase, sets: Sequence[str] = ()) -> CaseResult:
+    """``mars`` (its config with ``sets``, ``--set`` items, over it) with the invariants checked
+    at every control tick and at the end, then ``direct`` on the same workload for (c)."""
+    cfg = proxy_config(sets, [f"http://w{i}" for i in range(case.setup.workers)])
     out = CaseResult(case)
 
     def on_tick(now: float, core: AdmissionCore) -> None:
@@ -205,15 +210,16 @@ def run_case(case: SweepCase) -> CaseResult:
     return out
 
 
-def sweep(n: int, first_seed: int, out: TextIO) -> int:
+def sweep(n: int, first_seed: int, out: TextIO, sets: Sequence[str] = ()) -> int:
     """Run workloads ``first_seed`` .. ``first_seed + n - 1``; print each one's violations and
-    a summary. Returns the number of violations."""
+    a summary. Returns the number of violations. ``sets``: ``--set`` items over the config."""
     traces = load_trace(None)
-    out.write(f"marsproxy sim --sweep {n} --seed {first_seed}: policy {_POLICY} (default"
-              f" config of marsproxy sim) against direct\n")
+    config = "default config of marsproxy sim" + "".join(f", {s}" for s in sets)
+    out.write(f"marsproxy sim --sweep {n} --seed {first_seed}: policy {_POLICY} ({config})"
+              " against direct\n")
     results = []
     for seed in range(first_seed, first_seed + n):
-        r = run_case(make_case(seed, traces))
+        r = run_case(make_case(seed, traces), sets)
         results.append(r)
         if r.violations:
             out.write(f"seed {seed}: {r.case.label}: {len(r.violations)} violations\n")

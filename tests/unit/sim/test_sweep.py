@@ -16,7 +16,7 @@ from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.invariants import check_drained
-from marsproxy.sim.sweep import _longest_call, make_case, sweep
+from marsproxy.sim.sweep import _longest_call, make_case, run_case, sweep
 
 SETUP = SimSetup(profile=get_profile("tiny", num_blocks=1024), tool_cpus=4,
                  system_prompt_tokens=60)
@@ -84,3 +84,19 @@ def test_the_sweep_prints_the_same_report_twice() -> None:
 def test_the_cli_refuses_an_empty_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["sim", "--sweep", "0"]) == 2
     assert "--sweep needs N >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_sweeps_overrides_reach_the_swept_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    # Seed 3 (a burst of 9 on one small worker): sessions wait for admission on the defaults,
+    # none with admission off; the report names the override. A bad one is refused up front.
+    out = io.StringIO()
+    sweep(1, 3, out)
+    case = make_case(3, load_trace())
+    assert run_case(case).waiting_ticks > 0
+    off = io.StringIO()
+    sweep(1, 3, off, ["admission.enabled=false"])
+    assert run_case(case, ["admission.enabled=false"]).waiting_ticks == 0
+    assert "admission.enabled=false" in off.getvalue().splitlines()[0]
+    assert "waiting: 0" in off.getvalue() and "waiting: 0" not in out.getvalue()
+    assert cli_main(["sim", "--sweep", "1", "--set", "admission.window_min=-3"]) == 2
+    assert "window_min" in capsys.readouterr().err
