@@ -95,11 +95,14 @@ class DispatchGate:
         # others the room they are forecast to need (less what they run already). One-shot
         # tasks' calls are not waited for: theirs are not (above), and a tenant that yields
         # would wait for another's tasks that are never held.
-        running = self._running[worker].values()
-        kept = sum(r.blocks for r in running if not self.yield_rank(r.session))
+        need = kept = 0
+        for r in self._running[worker].values():  # each running call judged once
+            if not self.one_shot(r.session):
+                need += r.blocks
+            if not self.yield_rank(r.session):
+                kept += r.blocks
         bs = self.facts[worker].block_size or 16
-        need = sum(r.blocks for r in running if not self.one_shot(r.session)) + t.blocks
-        need += max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
+        need += t.blocks + max(0, blocks_for_tokens(self.protected_tokens(worker), bs) - kept)
         return need <= usable
 
     def _release_worker(self, now: float, w: str) -> list[Ticket]:

@@ -18,8 +18,7 @@ from marsproxy.runs.results import RunResult, write_log
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
-from marsproxy.sim.sweep import proxy_config as sweep_config
-from marsproxy.sim.sweep import sweep
+from marsproxy.sim.sweep import sweep, swept_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
             sys.stderr.write(f"marsproxy sim: --sweep needs N >= 1, got {args.sweep}\n")
             return 2
         try:
-            sweep_config(args.sets)  # a bad --set fails here, not in the first workload
+            swept_config(args.sets)  # a bad --set fails here, not in the first workload
         except ValueError as exc:
             sys.stderr.write(f"marsproxy sim: {exc}\n")
             return 2

@@ -179,7 +179,7 @@ def _longest_call(plan: PlannedSession, system: int) -> int:
     return longest
 
 
-def proxy_config(sets: Sequence[str], workers: Sequence[str] = ("http://w0",)) -> MarsConfig:
+def swept_config(sets: Sequence[str], workers: Sequence[str] = ("http://w0",)) -> MarsConfig:
     """The swept policy's config with ``sets`` over it (a ``ValueError`` names a bad item)."""
     return options.proxy_config(_POLICY, options.parse_sets(list(sets)), list(workers))
 
@@ -187,7 +187,7 @@ def proxy_config(sets: Sequence[str], workers: Sequence[str] = ("http://w0",)) -
 def run_case(case: SweepCase, sets: Sequence[str] = ()) -> CaseResult:
     """``mars`` (its config with ``sets``, ``--set`` items, over it) with the invariants checked
     at every control tick and at the end, then ``direct`` on the same workload for (c)."""
-    cfg = proxy_config(sets, [f"http://w{i}" for i in range(case.setup.workers)])
+    cfg = swept_config(sets, [f"http://w{i}" for i in range(case.setup.workers)])
     out = CaseResult(case)
 
     def on_tick(now: float, core: AdmissionCore) -> None:
