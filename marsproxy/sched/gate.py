@@ -97,8 +97,9 @@ class DispatchGate:
         # would wait for another's tasks that are never held.
         need = kept = 0
         for r in self._running[worker].values():  # each running call judged once
-            if not self.one_shot(r.session):
-                need += r.blocks
+            if self.one_shot(r.session):
+                continue  # nor is its call part of the protected forecasts it would run into
+            need += r.blocks
             if not self.yield_rank(r.session):
                 kept += r.blocks
         bs = self.facts[worker].block_size or 16

@@ -232,6 +232,20 @@ def test_a_yielding_call_does_not_wait_for_one_shot_tasks_calls() -> None:
     assert core.release(0.7) == [] and not again.dispatched
 
 
+def test_a_light_keys_running_tasks_leave_the_protected_sessions_room_whole() -> None:
+    # The protected forecasts leave one-shot tasks out (PeakForecast.committed_tokens): the
+    # tasks' running calls (a light batch key's, yielding to nobody) are no part of what the
+    # protected sessions already run, so a heavy call still leaves the light agent's 40 blocks.
+    core = _tenants(8, yielding=lambda s: s.startswith("heavy"), tasks="task",
+                    protected_blocks=40)  # a light agent's forecast, dormant
+    tasks = [core.arrive(0.0, f"task{i}", "w", 25 * 16, gate=True) for i in range(2)]
+    assert all(t.dispatched for t in tasks) or core.release(0.0) == tasks
+    heavy = core.arrive(0.1, "heavy", "w", 70 * 16, gate=True)  # 70 + 40 > 100: waits
+    assert core.release(0.1) == [] and not heavy.dispatched
+    small = core.arrive(0.2, "heavy2", "w", 50 * 16, gate=True)  # 50 + 40 <= 100: backfills
+    assert small.dispatched or small in core.release(0.2)
+
+
 def _idle_worker_with_a_dormant_first_class_session() -> tuple[SchedulerCore, Any]:
     """A worker of 100 blocks; ``inter`` (first class, 40 blocks of context) and a batch
     session's call that took 0.5 s both ended at 1.0; the batch session comes back at 1.1."""
