@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -203,7 +204,10 @@ class Upstream:
         ``pick`` gets the workers already tried (to exclude) and returns a worker or ``None``.
         """
         assert self.session is not None, "Upstream.start() was not awaited"
-        loop = asyncio.get_running_loop()
+        # The wait is timed with perf_counter: uvloop's loop.time() is the loop's cached
+        # millisecond clock, so a sub-millisecond wait read as 0 or 1 ms (and the overhead
+        # header, the wall time less this wait, as anything from 0 to 1 ms too much).
+        clock = time.perf_counter
         tried: list[WorkerConfig] = []
         attempts = 2 if self._cfg.retry_connect_once else 1
         last_error = "no healthy worker"
@@ -215,7 +219,7 @@ class Upstream:
                     raise UpstreamFailure(503, "no_healthy_worker", "no healthy worker available")
                 break
             tried.append(worker)
-            t0 = loop.time()
+            t0 = clock()
             wait = self._first_byte.start()
             try:
                 try:
@@ -231,25 +235,25 @@ class Upstream:
             except asyncio.CancelledError as exc:
                 if not wait.timed_out():
                     raise
-                raise self._first_byte_timeout(worker, waited + loop.time() - t0) from exc
+                raise self._first_byte_timeout(worker, waited + clock() - t0) from exc
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                waited += loop.time() - t0
+                waited += clock() - t0
                 last_error = f"cannot connect to worker {worker.label}: {exc}"
                 log.warning("%s", last_error)
                 self._report(worker, "connect")
                 continue
             except TimeoutError as exc:  # none expected from aiohttp beyond the above
-                raise self._first_byte_timeout(worker, waited + loop.time() - t0) from exc
+                raise self._first_byte_timeout(worker, waited + clock() - t0) from exc
             except aiohttp.ClientError as exc:
                 self._report(worker, "protocol")
                 raise UpstreamFailure(
                     502,
                     "upstream_error",
                     f"worker {worker.label} failed: {exc!r}",
-                    waited + loop.time() - t0,
+                    waited + clock() - t0,
                 ) from exc
             reader = BodyReader(resp, self._cfg.idle_timeout_s)
-            return Opened(worker, resp, waited + loop.time() - t0, reader)
+            return Opened(worker, resp, waited + clock() - t0, reader)
         raise UpstreamFailure(502, "upstream_connect_failed", last_error, waited)
 
     def _first_byte_timeout(self, worker: WorkerConfig, upstream_s: float) -> UpstreamFailure:
