@@ -17,7 +17,7 @@ class AdmissionTuning(_Section):
 
     # -- AIMD window --------------------------------------------------------------------------
     increase: int = Field(1, ge=1, description="Additive increase per control tick.")
-    decrease: float = Field(0.7, gt=0, lt=1, description="Multiplicative decrease per tick.")
+    decrease: float = Field(0.85, gt=0, lt=1, description="Multiplicative decrease per tick.")
     control_interval_s: float = Field(0.2, gt=0, description="Period of the control tick.")
     app_limited_frac: float = Field(
         0.5, ge=0, le=1,

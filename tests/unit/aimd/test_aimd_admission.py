@@ -195,7 +195,7 @@ def test_disabled_places_on_healthy_workers_whose_metrics_are_not_read_yet() -> 
 def test_window_change_events_from_tick() -> None:
     c = core()
     acts = c.tick(0.2, {"w0": sig(kv_usage=0.95)})
-    assert [(e.old, e.new, e.reason) for e in acts.window_changes] == [(4, 2, "kv_overload")]
+    assert [(e.old, e.new, e.reason) for e in acts.window_changes] == [(4, 3, "kv_overload")]
     assert acts.window_changes[0] in acts.events
 
 

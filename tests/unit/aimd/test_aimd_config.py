@@ -15,7 +15,7 @@ def test_defaults() -> None:
     t = c.tuning
     assert c.enabled is True
     assert (c.window_init, c.window_min, c.window_max, t.increase) == (30, 4, None, 1)
-    assert (t.decrease, t.control_interval_s) == (0.7, 0.2)
+    assert (t.decrease, t.control_interval_s) == (0.85, 0.2)
     assert (t.kv_enter, t.kv_leave) == (0.90, 0.85)
     assert (t.cpu_backlog_enter, t.cpu_backlog_leave) == (2.0, 1.0)
     assert (t.tool_wait_enter_s, t.tool_wait_leave_s) == (5.0, 2.0)

@@ -9,7 +9,9 @@ import pytest
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 
-CFG = AdmissionConfig()
+# The window arithmetic below is worked out for a cut to 0.7 per tick (the default is 0.85).
+TUNING = AdmissionTuning(decrease=0.7)
+CFG = AdmissionConfig(tuning=TUNING)
 DT = CFG.tuning.control_interval_s
 
 
@@ -57,7 +59,7 @@ def test_window_change_events_carry_reason_and_values() -> None:
 def test_cpu_overload_holds_the_window_and_the_cap_binds(signals: ControlSignals) -> None:
     # By default CPU overload neither shrinks nor grows the window; the cap, ceil(2 · 4) = 8,
     # bounds the limit at once and for as long as the overload lasts.
-    c = AimdController(AdmissionConfig(window_init=20))
+    c = AimdController(AdmissionConfig(window_init=20, tuning=TUNING))
     assert run(c, [signals] * 6) == [20] * 6
     assert c.cpu_overloaded and (c.cpu_cap, c.effective_limit) == (8, 8)
     assert c.tick(99.0, signals) == []  # no window change to publish
@@ -85,7 +87,7 @@ def test_psi_only_when_enabled() -> None:
     off = AimdController(CFG)
     off.tick(0.0, s)
     assert not off.cpu_overloaded and off.window == 31  # grew: nothing overloaded
-    on = AimdController(AdmissionConfig(tuning=AdmissionTuning(use_psi=True)))
+    on = AimdController(AdmissionConfig(tuning=AdmissionTuning(decrease=0.7, use_psi=True)))
     assert on.tick(0.0, s) == []  # CPU overload holds the window
     assert on.cpu_overloaded and on.window == 30
     # PSI 40 % is inside its band: still overloaded; 30 % leaves.
@@ -105,7 +107,7 @@ def test_slow_growth_after_overload_when_used() -> None:
 
 
 def test_growth_stops_at_max() -> None:
-    c = AimdController(AdmissionConfig(window_init=28, window_max=30))
+    c = AimdController(AdmissionConfig(window_init=28, window_max=30, tuning=TUNING))
     assert run(c, [healthy()] * 4) == [29, 30, 30, 30]
     assert c.ceiling == 30 and c.effective_limit == 30
 
@@ -113,7 +115,7 @@ def test_growth_stops_at_max() -> None:
 def test_window_binds_only_while_overloaded() -> None:
     # Work conservation: without overload the count of admitted sessions holds nobody back;
     # overloaded, the window (cut from what the worker holds) does.
-    c = AimdController(AdmissionConfig(window_init=10))
+    c = AimdController(AdmissionConfig(window_init=10, tuning=TUNING))
     c.tick(0.0, healthy(admitted=3))
     assert c.window == 10 and c.effective_limit == NO_CEILING
     c.tick(0.2, healthy(kv_usage=0.95, admitted=40))
@@ -133,13 +135,13 @@ def test_app_limited_guard() -> None:
 
 
 def test_no_growth_without_kv_budget() -> None:
-    c = AimdController(AdmissionConfig(window_init=10))
+    c = AimdController(AdmissionConfig(window_init=10, tuning=TUNING))
     assert run(c, [healthy(budget_blocks=0)] * 3) == [10, 10, 10]
     assert run(c, [healthy(budget_blocks=None)] * 2, t0=5.0) == [11, 12]  # no block counts
 
 
 def test_hold_inside_band_from_below() -> None:
-    c = AimdController(AdmissionConfig(window_init=10))
+    c = AimdController(AdmissionConfig(window_init=10, tuning=TUNING))
     trace = [healthy(kv_usage=u) for u in (0.86, 0.89, 0.87, 0.8999, 0.86)]
     assert run(c, trace) == [10] * 5
     assert not c.kv_overloaded
@@ -160,7 +162,7 @@ def test_no_oscillation_inside_band_after_overload() -> None:
 
 
 def test_cpu_overload_needs_both_marks_to_leave() -> None:
-    c = AimdController(AdmissionConfig(window_init=20))
+    c = AimdController(AdmissionConfig(window_init=20, tuning=TUNING))
     c.tick(0.0, healthy(backlog_ratio=2.5))
     c.tick(0.2, healthy(backlog_ratio=0.5, tool_wait_ema_s=3.0))  # wait above its leave mark
     assert c.cpu_overloaded and c.window == 20
@@ -181,7 +183,7 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
 )
 def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
     c = AimdController(AdmissionConfig(window_max=30,
-                                       tuning=AdmissionTuning(cpu_cap_backlog=per_cpu)))
+                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=per_cpu)))
     c.tick(0.0, healthy(tool_cpus=tool_cpus, backlog_ratio=2.0))  # CPU overloaded
     assert c.cpu_cap == cap
     assert c.effective_limit == cap  # the window (30, held) does not bind
@@ -202,7 +204,7 @@ def test_kv_cap_is_the_floor_from_the_high_mark(usage: float, cap: int) -> None:
 def test_cpu_cap_binds_only_while_cpu_is_overloaded() -> None:
     # 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window (20) rules.
     c = AimdController(AdmissionConfig(window_init=20, window_max=30,
-                                       tuning=AdmissionTuning(cpu_cap_backlog=1.5)))
+                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=1.5)))
     c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
     assert (c.cpu_cap, c.effective_limit) == (30, 30)
     # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the held window (20).
@@ -216,7 +218,7 @@ def test_cpu_cap_binds_only_while_cpu_is_overloaded() -> None:
 
 def test_effective_limit_is_min_of_window_and_caps() -> None:
     c = AimdController(AdmissionConfig(window_init=20, window_max=30,
-                                       tuning=AdmissionTuning(cpu_cap_backlog=1.5)))
+                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=1.5)))
     # KV and CPU inside their bands: the window holds, the CPU cap binds (CPUs pressed).
     c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, backlog_ratio=1.5, admitted=0))
     assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 30, 12, 12)
@@ -247,7 +249,7 @@ def test_control_interval_respected() -> None:
 
 
 def test_float_accumulated_ticks_are_not_skipped() -> None:
-    c = AimdController(AdmissionConfig(window_init=4))
+    c = AimdController(AdmissionConfig(window_init=4, tuning=TUNING))
     t = 0.0
     for _ in range(20):
         c.tick(t, healthy())
