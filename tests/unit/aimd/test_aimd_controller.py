@@ -182,8 +182,8 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
     ],
 )
 def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
-    c = AimdController(AdmissionConfig(window_max=30,
-                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=per_cpu)))
+    tuning = AdmissionTuning(decrease=0.7, cpu_cap_backlog=per_cpu)
+    c = AimdController(AdmissionConfig(window_max=30, tuning=tuning))
     c.tick(0.0, healthy(tool_cpus=tool_cpus, backlog_ratio=2.0))  # CPU overloaded
     assert c.cpu_cap == cap
     assert c.effective_limit == cap  # the window (30, held) does not bind
