@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 
-# The window arithmetic below is worked out for a cut to 0.7 per tick (the default is 0.85).
-TUNING = AdmissionTuning(decrease=0.7)
+
+def tuned(**kw: Any) -> AdmissionTuning:
+    # The window arithmetic below is worked out for a cut to 0.7 per tick (the default is 0.85).
+    return AdmissionTuning(decrease=0.7, **kw)
+
+
+TUNING = tuned()
 CFG = AdmissionConfig(tuning=TUNING)
 DT = CFG.tuning.control_interval_s
 
@@ -87,7 +93,7 @@ def test_psi_only_when_enabled() -> None:
     off = AimdController(CFG)
     off.tick(0.0, s)
     assert not off.cpu_overloaded and off.window == 31  # grew: nothing overloaded
-    on = AimdController(AdmissionConfig(tuning=AdmissionTuning(decrease=0.7, use_psi=True)))
+    on = AimdController(AdmissionConfig(tuning=tuned(use_psi=True)))
     assert on.tick(0.0, s) == []  # CPU overload holds the window
     assert on.cpu_overloaded and on.window == 30
     # PSI 40 % is inside its band: still overloaded; 30 % leaves.
@@ -182,8 +188,7 @@ def test_cpu_overload_needs_both_marks_to_leave() -> None:
     ],
 )
 def test_cpu_cap(per_cpu: float, tool_cpus: float, cap: int) -> None:
-    tuning = AdmissionTuning(decrease=0.7, cpu_cap_backlog=per_cpu)
-    c = AimdController(AdmissionConfig(window_max=30, tuning=tuning))
+    c = AimdController(AdmissionConfig(window_max=30, tuning=tuned(cpu_cap_backlog=per_cpu)))
     c.tick(0.0, healthy(tool_cpus=tool_cpus, backlog_ratio=2.0))  # CPU overloaded
     assert c.cpu_cap == cap
     assert c.effective_limit == cap  # the window (30, held) does not bind
@@ -204,7 +209,7 @@ def test_kv_cap_is_the_floor_from_the_high_mark(usage: float, cap: int) -> None:
 def test_cpu_cap_binds_only_while_cpu_is_overloaded() -> None:
     # 8 tool CPUs, cap ceil(8 · 1.5) = 12. Healthy CPUs: no cap, the window (20) rules.
     c = AimdController(AdmissionConfig(window_init=20, window_max=30,
-                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=1.5)))
+                                       tuning=tuned(cpu_cap_backlog=1.5)))
     c.tick(0.0, healthy(tool_cpus=8.0, admitted=0))
     assert (c.cpu_cap, c.effective_limit) == (30, 30)
     # Overloaded (backlog 2.5 ≥ 2.0): the cap binds at once, below the held window (20).
@@ -218,7 +223,7 @@ def test_cpu_cap_binds_only_while_cpu_is_overloaded() -> None:
 
 def test_effective_limit_is_min_of_window_and_caps() -> None:
     c = AimdController(AdmissionConfig(window_init=20, window_max=30,
-                                       tuning=AdmissionTuning(decrease=0.7, cpu_cap_backlog=1.5)))
+                                       tuning=tuned(cpu_cap_backlog=1.5)))
     # KV and CPU inside their bands: the window holds, the CPU cap binds (CPUs pressed).
     c.tick(0.0, healthy(kv_usage=0.86, tool_cpus=8.0, backlog_ratio=1.5, admitted=0))
     assert (c.window, c.kv_cap, c.cpu_cap, c.effective_limit) == (20, 30, 12, 12)
