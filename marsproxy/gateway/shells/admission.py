@@ -25,6 +25,7 @@ replica adopt another's session are :mod:`marsproxy.gateway.shells.replicas`. Ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class AdmissionShell(StoreConfirmations):
         self.held = HeldRequests()
         self._closing = False
         self._stopping = False
+        self._tick_now = asyncio.Event()  # a control tick before the period is over
         self._windows: dict[str, WindowRecord] = {}  # as published by the leader
         self._store_admitted: dict[str, int] = dict.fromkeys(self.urls, 0)
         self._confirm_lock = asyncio.Lock()
@@ -123,7 +125,16 @@ class AdmissionShell(StoreConfirmations):
                 await self.tick()
             except Exception:  # a failed tick must not stop admission for good
                 log.exception("admission tick failed")
-            await asyncio.sleep(self.acfg.tuning.control_interval_s)
+            self._tick_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tick_now.wait(), self.acfg.tuning.control_interval_s)
+
+    def scraped(self) -> None:
+        """A worker was scraped. Requests held because nothing was known of any worker yet
+        (the first ones after start, before the first scrape landed) are decided now, not up
+        to a control period later."""
+        if self.plane.admission.all_stale() and self.held.waiting():
+            self._tick_now.set()
 
     async def _wakeup_loop(self) -> None:
         # A lease released anywhere (this replica or another) may let a pending session in.

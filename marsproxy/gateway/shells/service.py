@@ -86,6 +86,7 @@ class Gateway:
         )
         if self.admission is not None:
             self.admission.observe = lambda: self.observe()
+            tel.scraped = self.admission.scraped
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)

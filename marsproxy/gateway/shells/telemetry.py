@@ -63,6 +63,9 @@ class Telemetry:
         self.busy: Callable[[str], bool] = lambda _worker: False
         """Whether the proxy has calls in flight on a worker or sessions waiting for it (its
         scrapes stay fast then); set before :meth:`start`."""
+        self.scraped: Callable[[], None] = lambda: None
+        """Called after each scrape attempt of any worker (admission: the first requests after
+        start wait for the first scrape, not for the next control tick)."""
         self._http: aiohttp.ClientSession | None = None
         self._redis: Any = None
         self._sinks: list[_Sink] = []
@@ -147,6 +150,7 @@ class Telemetry:
         while True:
             began = loop.time()
             await self.scraper.scrape_once(name)
+            self.scraped()
             n += 1
             if n % every == 0:
                 self.bus.publish(self._pressure_sample(self.scraper.snapshot(name)))

@@ -89,14 +89,15 @@ async def make_stack() -> AsyncIterator[StackFactory]:
     """``await make_stack(workers=n, window=w, store={...}, app=factory, **admission)``
     (admission keys of both levels: the tuning ones go under ``admission.tuning``);
     ``share=stack`` puts a second gateway (a replica) in front of that stack's workers;
-    ``cpu={...}`` overrides ``probes.cpu``."""
+    ``cpu={...}`` overrides ``probes.cpu``, ``vllm={...}`` ``probes.vllm``."""
     made: list[Stack] = []
     http = aiohttp.ClientSession()
 
     async def make(
         workers: int = 1, window: int = 1, store: dict[str, Any] | None = None,
         app: Callable[[], web.Application] | None = None, share: Stack | None = None,
-        cpu: dict[str, Any] | None = None, **admission: Any
+        cpu: dict[str, Any] | None = None, vllm: dict[str, Any] | None = None,
+        **admission: Any
     ) -> Stack:
         build = app or (lambda: create_app(EmulatorOptions(profile="tiny", time_scale=0.05)))
         if share is not None:
@@ -115,7 +116,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
                 "health": {"interval_s": 0.1, "timeout_s": 0.5},
                 "probes": {
                     "vllm": {"period_s": 0.05, "idle_period_s": 0.05, "timeout_s": 0.2,
-                             "stale_after_s": 0.5},
+                             "stale_after_s": 0.5} | (vllm or {}),
                     "nvml": {"enabled": False},
                     "cpu": {"period_s": 0.1} | (cpu or {}),
                 },
