@@ -121,11 +121,11 @@ class AdmissionShell(StoreConfirmations):
 
     async def _control_loop(self) -> None:
         while not self._stopping:
+            self._tick_now.clear()  # before the tick: a wake-up during it ticks again at once
             try:
                 await self.tick()
             except Exception:  # a failed tick must not stop admission for good
                 log.exception("admission tick failed")
-            self._tick_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._tick_now.wait(), self.acfg.tuning.control_interval_s)
 
