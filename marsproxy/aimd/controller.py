@@ -130,16 +130,24 @@ class AimdController:
 
     # -- the control tick -------------------------------------------------------------------
     def tick(self, now: float, signals: ControlSignals) -> list[WindowChange]:
-        """Run one control step if ``control_interval_s`` has passed since the last one.
+        """Run one control step if ``control_interval_s`` has passed since the last one, or
+        at once when the worker was unseen (stale) and is seen now.
 
         Returns the window changes (at most one) to publish; empty when skipped or held.
         """
         cfg = self.cfg
         last = self._last_tick
-        if last is not None and now < last + cfg.tuning.control_interval_s - _EPS:
+        stale = signals.stale or signals.kv_usage is None
+        early = last is not None and now < last + cfg.tuning.control_interval_s - _EPS
+        # The interval paces the window's steps. A worker unseen at the last tick (before its
+        # first scrape) and seen now gets its caps from the facts at once, or it would sit at
+        # the floor for a whole interval; its window's next step still waits for the interval.
+        seen = self._stale and not stale
+        if early and not seen:
             return []
-        self._last_tick = now
-        self._stale = signals.stale or signals.kv_usage is None
+        if not early:
+            self._last_tick = now
+        self._stale = stale
         usage = 1.0 if self._stale else float(signals.kv_usage or 0.0)
         self._update_kv(usage)
         self._update_cpu(signals)
@@ -148,6 +156,8 @@ class AimdController:
         # overload them, so the cap binds in the band as well as in overload.
         pressed = self._cpu_over or not self._cpu_below_leave(signals)
         self._cpu_cap = self._cpu_cap_for(signals.tool_cpus) if pressed else self._ceiling
+        if early:
+            return []
 
         old = self._window
         reason = ""

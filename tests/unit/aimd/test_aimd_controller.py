@@ -253,6 +253,22 @@ def test_control_interval_respected() -> None:
     assert c.last_tick == 0.2
 
 
+def test_a_worker_seen_after_a_stale_tick_gets_its_caps_at_once() -> None:
+    """The interval paces window steps; a worker unseen at one tick (the floor) and seen
+    before the interval is over gets its caps from the facts then. Its window's next step,
+    and a worker going stale, still wait for the interval."""
+    c = AimdController(CFG)
+    c.tick(0.0, healthy(stale=True))
+    assert c.stale and c.effective_limit == 4 and c.window == 21
+    assert c.tick(0.05, healthy(stale=True)) == [] and c.stale
+    assert c.tick(0.1, healthy(kv_usage=0.1)) == []  # seen: caps now, no window step
+    assert not c.stale and not c.kv_overloaded and c.effective_limit == NO_CEILING
+    assert c.window == 21 and c.last_tick == 0.0
+    assert c.tick(0.15, healthy(stale=True)) == [] and not c.stale  # going stale: paced
+    (ev,) = c.tick(0.2, healthy(kv_usage=0.1))  # the interval's tick: the window's step
+    assert ev.reason == "additive_increase" and c.window == 22 and c.last_tick == 0.2
+
+
 def test_float_accumulated_ticks_are_not_skipped() -> None:
     c = AimdController(AdmissionConfig(window_init=4, tuning=TUNING))
     t = 0.0
