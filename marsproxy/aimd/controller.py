@@ -71,6 +71,7 @@ class AimdController:
         self._kv_over = False
         self._cpu_over = False
         self._stale = False
+        self._seen = False  # a tick with the worker's facts has run
         self._last_tick: float | None = None
 
     # -- state ----------------------------------------------------------------------------
@@ -156,7 +157,10 @@ class AimdController:
         # overload them, so the cap binds in the band as well as in overload.
         pressed = self._cpu_over or not self._cpu_below_leave(signals)
         self._cpu_cap = self._cpu_cap_for(signals.tool_cpus) if pressed else self._ceiling
-        if early:
+        # Never seen yet (before the first scrape): the floor holds it, and nothing was
+        # measured that the window could step on. A worker seen before that goes stale is cut.
+        self._seen = self._seen or not stale
+        if early or not self._seen:
             return []
 
         old = self._window

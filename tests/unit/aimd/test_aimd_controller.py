@@ -237,10 +237,18 @@ def test_effective_limit_is_min_of_window_and_caps() -> None:
 )
 def test_stale_counts_as_kv_overloaded(signals: ControlSignals) -> None:
     c = AimdController(CFG)
-    (ev,) = c.tick(0.0, signals)
+    c.tick(0.0, healthy(admitted=0))  # seen once
+    (ev,) = c.tick(0.2, signals)
     assert ev.reason == "stale" and ev.new == 21
     assert c.kv_overloaded and c.stale
     assert c.kv_cap == 4 and c.effective_limit == 4
+
+
+def test_a_worker_never_seen_is_held_at_the_floor_without_a_window_step() -> None:
+    c = AimdController(CFG)
+    assert c.tick(0.0, healthy(stale=True)) == [] and c.tick(0.2, healthy(stale=True)) == []
+    assert c.stale and c.window == 30 and c.effective_limit == 4
+    assert c.tick(0.4, healthy(kv_usage=0.95)) and c.window == 21  # seen, overloaded: cut
 
 
 def test_control_interval_respected() -> None:
@@ -258,15 +266,16 @@ def test_a_worker_seen_after_a_stale_tick_gets_its_caps_at_once() -> None:
     before the interval is over gets its caps from the facts then. Its window's next step,
     and a worker going stale, still wait for the interval."""
     c = AimdController(CFG)
-    c.tick(0.0, healthy(stale=True))
+    c.tick(0.0, healthy(admitted=0))
+    c.tick(0.2, healthy(stale=True))
     assert c.stale and c.effective_limit == 4 and c.window == 21
-    assert c.tick(0.05, healthy(stale=True)) == [] and c.stale
-    assert c.tick(0.1, healthy(kv_usage=0.1)) == []  # seen: caps now, no window step
+    assert c.tick(0.25, healthy(stale=True)) == [] and c.stale
+    assert c.tick(0.3, healthy(kv_usage=0.1)) == []  # seen: caps now, no window step
     assert not c.stale and not c.kv_overloaded and c.effective_limit == NO_CEILING
-    assert c.window == 21 and c.last_tick == 0.0
-    assert c.tick(0.15, healthy(stale=True)) == [] and not c.stale  # going stale: paced
-    (ev,) = c.tick(0.2, healthy(kv_usage=0.1))  # the interval's tick: the window's step
-    assert ev.reason == "additive_increase" and c.window == 22 and c.last_tick == 0.2
+    assert c.window == 21 and c.last_tick == 0.2
+    assert c.tick(0.35, healthy(stale=True)) == [] and not c.stale  # going stale: paced
+    (ev,) = c.tick(0.4, healthy(kv_usage=0.1))  # the interval's tick: the window's step
+    assert ev.reason == "additive_increase" and c.window == 22 and c.last_tick == 0.4
 
 
 def test_float_accumulated_ticks_are_not_skipped() -> None:
