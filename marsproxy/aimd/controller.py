@@ -143,8 +143,8 @@ class AimdController:
         # The interval paces the window's steps. A worker unseen at the last tick (before its
         # first scrape) and seen now gets its caps from the facts at once, or it would sit at
         # the floor for a whole interval; its window's next step still waits for the interval.
-        seen = self._stale and not stale
-        if early and not seen:
+        back = self._stale and not stale
+        if early and not back:
             return []
         if not early:
             self._last_tick = now
