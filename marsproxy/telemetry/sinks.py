@@ -72,6 +72,7 @@ class RedisStreamSink:
         self.errors = 0
         self._ok = True  # the last write worked (a Redis that is down is not waited for at stop)
         self._stopping = False
+        self._writing = False  # a batch taken from the subscription is on its way to Redis
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="redis-stream-sink")
@@ -81,10 +82,14 @@ class RedisStreamSink:
         # loop anyway, so stop() never waits on a task that did not notice it was cancelled.
         while not self._stopping:
             batch = await self._sub.get_batch(limit=512)
+            self._writing = True
             try:
                 await self._write(batch)
             except Exception as exc:  # Redis down: drop this batch, keep the proxy going
                 self._failed(exc)
+            finally:
+                self._writing = False
+            if not self._ok:
                 await asyncio.sleep(1.0)
 
     async def _write(self, batch: list[Event]) -> None:
@@ -108,9 +113,14 @@ class RedisStreamSink:
         """Write what is still queued (for at most ``flush_timeout_s``: Redis may be gone)."""
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
+            # A batch in flight is finished, not cancelled: it has left the subscription, and a
+            # cancelled write would lose it (the first events of a short run, sent while the
+            # connection is still being made). Waiting for events, the task holds none.
+            if not self._writing:
+                self._task.cancel()
             await asyncio.wait({self._task}, timeout=flush_timeout_s)
             if not self._task.done():
+                self._task.cancel()
                 log.warning("redis event sink %s did not stop in time; abandoning it", self._key)
         rest = self._sub.poll(limit=1 << 30)
         self._sub.close()
