@@ -126,6 +126,11 @@ class AimdController:
         return self._stale
 
     @property
+    def seen(self) -> bool:
+        """Whether a tick with the worker's facts has run (before: held at the floor)."""
+        return self._seen
+
+    @property
     def last_tick(self) -> float | None:
         return self._last_tick
 

@@ -164,11 +164,14 @@ class AdmissionShell(StoreConfirmations):
         out.extend(self._plane_tick())
         now_ms = wall_clock_ms()
         if await store.try_lead(now_ms):
+            # Not for a worker not seen yet: its floor would bind every replica until the next
+            # tick; without a record each replica goes by its own controller (seen at once).
             records = {
                 w: WindowRecord(c.effective_limit, c.window, now_ms, idle_limit=c.idle_limit)
-                for w, c in self.core.controllers.items()
+                for w, c in self.core.controllers.items() if c.seen
             }
-            await store.publish_windows(records)
+            if records:  # an empty set reads as "keep the last" (read_windows)
+                await store.publish_windows(records)
         self._windows = await store.read_windows()
         await self._carry(out)
 

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from marsproxy.emulator.server import EmulatorOptions, create_app
@@ -59,15 +60,21 @@ async def test_a_session_held_before_the_first_scrape_goes_in_when_it_lands(
         scrapes.set()  # the scraper's pending request ends before the stack stops
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
 async def test_a_burst_after_the_first_scrape_is_not_held_at_the_floor(
-    make_stack: _Factory,
+    make_stack: _Factory, backend: str, request: pytest.FixtureRequest,
 ) -> None:
     """The control tick at start saw the worker unseen (limit ``window_min``, 1 here); a burst
     of three arriving once the scrape has landed, well within the control period, all go in:
-    the worker's limit is 4 as soon as it is seen, not a period later."""
+    the worker's limit is 4 as soon as it is seen, not a period later. With Redis the store
+    enforces the windows the leader published: none for a worker it has not seen."""
+    store = None
+    if backend == "redis":
+        url = request.getfixturevalue("private_redis").url
+        store = {"backend": "redis", "redis_url": url, "pool": "start", "op_timeout_s": 2.0}
     scrapes = asyncio.Event()
     s = await make_stack(window=4, window_min=1, app=_metrics_held(scrapes),
-                         control_interval_s=60.0,
+                         control_interval_s=60.0, store=store,
                          vllm={"timeout_s": 30.0, "stale_after_s": 60.0})
     try:
         async def ticked_unseen() -> bool:  # the start's control tick ran: stale, at the floor
