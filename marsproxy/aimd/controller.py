@@ -154,6 +154,7 @@ class AimdController:
         if not early:
             self._last_tick = now
         self._stale = stale
+        self._seen = self._seen or not stale
         usage = 1.0 if self._stale else float(signals.kv_usage or 0.0)
         self._update_kv(usage)
         self._update_cpu(signals)
@@ -164,7 +165,6 @@ class AimdController:
         self._cpu_cap = self._cpu_cap_for(signals.tool_cpus) if pressed else self._ceiling
         # Never seen yet (before the first scrape): the floor holds it, and nothing was
         # measured that the window could step on. A worker seen before that goes stale is cut.
-        self._seen = self._seen or not stale
         if early or not self._seen:
             return []
 

@@ -15,6 +15,9 @@ from aiohttp import web
 from marsproxy.emulator.server import EmulatorOptions, create_app
 
 _Factory = Any
+# The scrape waits for the test, never for a timeout; a control period far longer than the
+# test: only the scrape (and the request path) can let sessions in.
+_HELD = {"control_interval_s": 60.0, "vllm": {"timeout_s": 30.0, "stale_after_s": 60.0}}
 
 
 def _metrics_held(scrapes: asyncio.Event) -> Callable[[], web.Application]:
@@ -41,14 +44,12 @@ async def test_a_session_held_before_the_first_scrape_goes_in_when_it_lands(
     make_stack: _Factory,
 ) -> None:
     scrapes = asyncio.Event()
-    # A control period far longer than the test: only the scrape can let the session in.
-    s = await make_stack(window=4, app=_metrics_held(scrapes), control_interval_s=60.0,
-                         vllm={"timeout_s": 30.0, "stale_after_s": 60.0})
+    s = await make_stack(window=4, app=_metrics_held(scrapes), **_HELD)
     try:
         chat = asyncio.create_task(s.chat("first"))
 
         async def held() -> bool:
-            return await s.queue_length() == 1
+            return bool(await s.queue_length() == 1)
 
         await s.until(held)
         assert not chat.done()
@@ -73,9 +74,8 @@ async def test_a_burst_after_the_first_scrape_is_not_held_at_the_floor(
         url = request.getfixturevalue("private_redis").url
         store = {"backend": "redis", "redis_url": url, "pool": "start", "op_timeout_s": 2.0}
     scrapes = asyncio.Event()
-    s = await make_stack(window=4, window_min=1, app=_metrics_held(scrapes),
-                         control_interval_s=60.0, store=store,
-                         vllm={"timeout_s": 30.0, "stale_after_s": 60.0})
+    s = await make_stack(window=4, window_min=1, app=_metrics_held(scrapes), store=store,
+                         **_HELD)
     try:
         async def ticked_unseen() -> bool:  # the start's control tick ran: stale, at the floor
             w = (await s.state())["admission"]["workers"]["w0"]
