@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 
 from marsproxy.config import load_config
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.policy.observe import WorkerObservation
 from marsproxy.policy.plane import ControlPlane
 

@@ -7,9 +7,7 @@ back: wake held requests on their worker, answer expired ones with 503, publish 
 
 Invariant: a session is admitted onto a worker only while that worker holds fewer sessions
 than its effective limit. A shrinking window never evicts admitted sessions; it only stops new
-ones until enough end. Continuations of an admitted session are never held.
-
-Pure code: no I/O; ``now`` is a parameter.
+ones until enough end. Continuations of an admitted session are never held. Pure code: no I/O.
 """
 
 from __future__ import annotations
@@ -36,7 +34,8 @@ from marsproxy.core.events import (
     WindowChange,
 )
 from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits
-from marsproxy.core.lifecycle import EndReason, SessionLifecycle, SessionState
+from marsproxy.core.lifecycle import SessionLifecycle
+from marsproxy.core.session_record import EndReason, SessionState
 
 # WorkerSignals is the core's input: importable from here with the core that reads it.
 __all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "WorkerSignals"]

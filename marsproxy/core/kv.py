@@ -25,6 +25,13 @@ def blocks_for_tokens(tokens: int, block_size: int) -> int:
     return max(0, math.ceil(tokens / block_size))
 
 
+def reprefill_seconds(context_tokens: int, prefill_tokens_per_s: float | None) -> float | None:
+    """Time to prefill the context again; None without a measured throughput."""
+    if prefill_tokens_per_s is None or prefill_tokens_per_s <= 0:
+        return None
+    return max(0, context_tokens) / prefill_tokens_per_s
+
+
 def free_blocks_from_usage(kv_usage: float | None, total_blocks: int | None) -> int | None:
     """Free blocks from vLLM's usage gauge and ``num_gpu_blocks`` (vLLM exports no free count).
 

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from marsproxy.aimd.admission import DecisionKind, Expiry
 from marsproxy.core.events import Event
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.sched.ledger import Reservation
 from marsproxy.sched.tickets import EndResult, Ticket
 

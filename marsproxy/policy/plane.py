@@ -26,7 +26,7 @@ from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expir
 from marsproxy.aimd.order_index import QueueEntry
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event
-from marsproxy.core.lifecycle import EndReason, SessionState
+from marsproxy.core.session_record import EndReason, SessionState
 from marsproxy.policy.kv_facts import correct_ledger, verify_retention
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation, admission_signals, scheduler_facts

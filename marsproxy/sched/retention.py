@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marsproxy.core.events import RetentionDecision
-from marsproxy.core.kv import blocks_for_tokens
+from marsproxy.core.kv import blocks_for_tokens, reprefill_seconds
 from marsproxy.sched.config import SchedulerConfig
 
 
@@ -52,13 +52,6 @@ class RetentionOutcome:
             prefill_tokens_per_s=prefill_tokens_per_s,
             policy=policy,
         )
-
-
-def reprefill_seconds(context_tokens: int, prefill_tokens_per_s: float | None) -> float | None:
-    """Time to prefill the context again; None without a measured throughput."""
-    if prefill_tokens_per_s is None or prefill_tokens_per_s <= 0:
-        return None
-    return max(0, context_tokens) / prefill_tokens_per_s
 
 
 def decide(

@@ -21,7 +21,7 @@ from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind
 from marsproxy.config import MarsConfig
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.emulator.engine import Engine, FinishedEvent, Policy, RequestError, StepResult
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.plane import Outcome

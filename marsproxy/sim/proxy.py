@@ -18,7 +18,7 @@ from typing import Any
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.events import Event, PressureSample, event_to_dict
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.emulator.engine import Engine
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation

@@ -36,7 +36,7 @@ import aiohttp
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.aimd.stores import MemoryStore, WindowRecord, WindowStore, make_store, wall_clock_ms
 from marsproxy.config import MarsConfig
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 
 # The gateway session table's reasons for forgetting a session, as the core's end reasons.
 END_REASONS: dict[str, EndReason] = {

@@ -19,7 +19,7 @@ from typing import Any
 from marsproxy.aimd.admission import AdmissionCore
 from marsproxy.aimd.stores import MemoryStore, WindowRecord, WindowStore, wall_clock_ms
 from marsproxy.core.events import SessionAdmitted
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.shells.admission_types import Granted, Refused
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics

@@ -19,7 +19,7 @@ from typing import Any
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import SessionEnd
-from marsproxy.core.lifecycle import EndReason as Ending
+from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
 from marsproxy.gateway.http.sse import Usage

@@ -25,7 +25,7 @@ from marsproxy.core.events import (
     SessionEnd,
     ToolEnd,
 )
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from marsproxy.config import WorkerConfig
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.shells.admission_types import Granted

@@ -7,7 +7,7 @@ from typing import Any
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.core.events import Rejected, SessionAdmitted, SessionEnd, SessionQueued
-from marsproxy.core.lifecycle import EndReason, SessionState
+from marsproxy.core.session_record import EndReason, SessionState
 
 
 def sig(**kw: Any) -> WorkerSignals:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from marsproxy.aimd.admission import Actions, AdmissionCore, Decision, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.queue import AdmissionQueue, WorkerView
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 
 CFG = AdmissionConfig(tuning=AdmissionTuning(long_prompt_tokens=1000))
 

@@ -7,7 +7,7 @@ import pytest
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 
 
 def _one_shot_core(one_shot: str, returning: str | None = None) -> AdmissionCore:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
 from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.aimd.peak import PeakForecast
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 
 
 def test_prior_until_enough_sessions_finished_then_ratio_of_sums() -> None:

@@ -10,7 +10,7 @@ from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.prefix import prefer_prefix, waits_for_prefix
 from marsproxy.aimd.queue import WorkerView
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 
 W = ("w0", "w1", "w2")
 

@@ -14,7 +14,7 @@ from marsproxy.aimd.controller import NO_CEILING, AimdController, ControlSignals
 from marsproxy.aimd.order_index import OrderIndex
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.queue import AdmissionQueue, WorkerView
-from marsproxy.core.lifecycle import EndReason, SessionState
+from marsproxy.core.session_record import EndReason, SessionState
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -10,6 +10,7 @@ from marsproxy.core.kv import (
     fits,
     free_blocks_from_usage,
     kv_budget,
+    reprefill_seconds,
 )
 
 
@@ -92,3 +93,8 @@ def test_estimator_ignores_useless_usage() -> None:
 )
 def test_free_blocks_from_usage(usage: float | None, total: int | None, free: int | None) -> None:
     assert free_blocks_from_usage(usage, total) == free
+
+
+def test_reprefill_seconds() -> None:
+    assert reprefill_seconds(3_000, 1_500.0) == 2.0
+    assert reprefill_seconds(3_000, None) is None

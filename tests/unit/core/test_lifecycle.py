@@ -6,13 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marsproxy.core.lifecycle import (
-    EndReason,
-    LifecycleError,
-    Phase,
-    SessionLifecycle,
-    SessionState,
-)
+from marsproxy.core.lifecycle import SessionLifecycle
+from marsproxy.core.session_record import EndReason, LifecycleError, Phase, SessionState
 
 
 def table() -> SessionLifecycle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import load_config
-from marsproxy.core.lifecycle import EndReason
+from marsproxy.core.session_record import EndReason
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation
 from marsproxy.policy.plane import ControlPlane, Phase

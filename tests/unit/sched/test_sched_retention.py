@@ -6,7 +6,7 @@ import pytest
 
 from marsproxy.core.events import event_to_dict
 from marsproxy.sched.config import SchedulerConfig
-from marsproxy.sched.retention import decide, reprefill_seconds
+from marsproxy.sched.retention import decide
 
 CFG = SchedulerConfig()
 
@@ -75,10 +75,6 @@ def test_negative_prediction_is_an_error() -> None:
     with pytest.raises(ValueError):
         decide(100, 5_000.0, -1.0, CFG)
 
-
-def test_reprefill_seconds() -> None:
-    assert reprefill_seconds(3_000, 1_500.0) == 2.0
-    assert reprefill_seconds(3_000, None) is None
 
 
 def test_event_carries_inputs() -> None:
