@@ -33,7 +33,7 @@ from marsproxy.core.events import (
     SessionQueued,
     WindowChange,
 )
-from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits
+from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits, reprefill_seconds
 from marsproxy.core.lifecycle import SessionLifecycle
 from marsproxy.core.session_record import EndReason, SessionState
 
@@ -102,7 +102,8 @@ class AdmissionCore(WorkerFit):
         self.queue.protected = self.yields.protected
         self.sessions = SessionLifecycle(
             cfg.idle_timeout_factor, cfg.idle_timeout_min_s, cfg.idle_timeout_max_s,
-            t.kv_hold_min_s, return_history=t.return_history, one_shot_crowd=t.one_shot_crowd)
+            t.kv_hold_min_s, return_history=t.return_history, one_shot_crowd=t.one_shot_crowd,
+            hold_reprefill_factor=t.kv_hold_reprefill_factor)
         self.estimator = PromptEstimator(t.chars_per_token, t.estimate_history)
         self.overlaps = OverlapTracker(cfg, self.workers)
         self._signals: dict[str, WorkerSignals] = {w: WorkerSignals(stale=True) for w in workers}
@@ -248,12 +249,13 @@ class AdmissionCore(WorkerFit):
         if prompt_tokens is not None:
             self.peaks.observe(session, prompt_tokens, completion_tokens)
         self.gauge.settle(session)  # the worker has seen its prompt now
+        reprefill_s = None  # what rebuilding its context would take: the hold's floor
         if rec.worker is not None and prompt_tokens is not None:  # its blocks are free now
-            s = self._signals[rec.worker]
-            blocks = blocks_for_tokens(prompt_tokens + completion_tokens,
-                                       s.block_size or DEFAULT_BLOCK_SIZE)
-            self.gauge.ended(session, rec.worker, rec.last_active, now, blocks)
-        rec = self.sessions.response_end(now, session, usual_tool_s)
+            s, context = self._signals[rec.worker], prompt_tokens + completion_tokens
+            self.gauge.ended(session, rec.worker, rec.last_active, now,
+                             blocks_for_tokens(context, s.block_size or DEFAULT_BLOCK_SIZE))
+            reprefill_s = reprefill_seconds(context, s.prefill_tokens_per_s)
+        rec = self.sessions.response_end(now, session, usual_tool_s, reprefill_s)
         if rec.final and rec.in_flight == 0:
             self._end(now, session, EndReason.FINAL, actions)
             self._admit_pass(now, actions)
@@ -360,14 +362,13 @@ class AdmissionCore(WorkerFit):
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
         prefix: Mapping[str, int] | None,
     ) -> Decision:
-        # Admission control off: the fewest sessions holding KV among healthy workers, ties in
-        # worker order; the window is ignored (also by prefix placement, the only reader of
-        # the full views here). Health is the only gate, as without a proxy: a worker whose
-        # metrics were not read yet (just started) takes its share at once; left out until
-        # the next tick, a burst of new sessions would all stay on the others.
-        sig = self._signals
-        names = [w for w in self.workers if sig[w].healthy]
-        worker = min(names or self.workers, key=self.sessions.held_on)
+        # Admission control off: the fewest sessions holding KV among healthy workers, ties to
+        # the fewest placed so far, then in worker order; the window is ignored (also by prefix
+        # placement, the only reader of the full views here). Health is the only gate, as
+        # without a proxy: a worker whose metrics were not read yet (just started) takes its
+        # share at once; left out until the next tick, a burst would all stay on the others.
+        names = [w for w in self.workers if self._signals[w].healthy]
+        worker = min(names or self.workers, key=self.sessions.spread_key)
         if prefix:
             views = [v for v in self._views() if v.name in names] or self._views()
             worker = prefer_prefix(self.placement, views, prefix, worker, est_tokens,

@@ -19,11 +19,8 @@ class AdmissionTuning(_Section):
     increase: int = Field(1, ge=1, description="Additive increase per control tick.")
     decrease: float = Field(0.85, gt=0, lt=1, description="Multiplicative decrease per tick.")
     control_interval_s: float = Field(0.2, gt=0, description="Period of the control tick.")
-    app_limited_frac: float = Field(
-        0.5, ge=0, le=1,
-        description="Grow only when admitted sessions ≥ this fraction of the window (app-limited"
-        " guard).",
-    )
+    app_limited_frac: float = Field(0.5, ge=0, le=1, description="Grow only when admitted"
+        " sessions ≥ this fraction of the window (app-limited guard).")
     # -- Overload marks -------------------------------------------------------------------------
     kv_enter: float = Field(
         0.90, gt=0, le=1,
@@ -37,9 +34,8 @@ class AdmissionTuning(_Section):
         description="Tool backlog ratio (tools in flight / tool CPUs) at or above which CPU"
         " overload begins.",
     )
-    cpu_backlog_leave: float = Field(
-        1.0, ge=0, description="Tool backlog ratio at or below which CPU overload may end."
-    )
+    cpu_backlog_leave: float = Field(1.0, ge=0, description="Tool backlog ratio at or below"
+                                     " which CPU overload may end.")
     tool_wait_enter_s: float = Field(
         5.0, gt=0, description="Tool queue-wait EMA (s) at or above which CPU overload begins."
     )
@@ -126,8 +122,8 @@ class AdmissionTuning(_Section):
         " fill the calls to that: such preemptions cost less than an engine with little to run."
         " 0: off. Keep it below a second: dearer re-prefills cost more than they save.",
     )
-    peak_cheap_sessions: int = Field(
-        3, ge=0, description="Sessions in an LLM call the cheap-preemption ceiling fills to.")
+    peak_cheap_sessions: int = Field(3, ge=0, description="Sessions in an LLM call the"
+        " cheap-preemption ceiling fills to.")
     idle_admit: bool = Field(
         True,
         description="A worker with sessions waiting, whose admitted sessions are all in tool"
@@ -148,6 +144,11 @@ class AdmissionTuning(_Section):
         " history: this long). A session away longer than that (a plain client's finished"
         " task) stays admitted but no longer holds KV room; it counts again when it is back.",
     )
+    kv_hold_reprefill_factor: float = Field(4.0, ge=0, description="With tool history, a"
+        " dormant session's forecast counts for kv_hold_min_s at most this many times what"
+        " re-prefilling its context takes at the worker's measured prefill speed (its slot for"
+        " the full hold): a prefix cheap to rebuild is not worth KV room others wait for, as a"
+        " plain client's finished sessions held it. 0: off.")
     return_history: int = Field(
         16, ge=1,
         description="A session dormant after its first call holds KV room only where at least"

@@ -327,6 +327,7 @@ class WorkerFit:
                 idle_s=None if now is None else self.idle_s(now, w),
                 free_budget_blocks=free, idle_limit=c.idle_limit,
                 protected_budget_blocks=self.protected_room(w),
+                placed=self.sessions.placed_on(w),
             ))
         return out
 

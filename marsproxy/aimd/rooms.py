@@ -51,6 +51,8 @@ class WorkerView:
     idle_limit: int = 0
     """Sessions an idle admission may bring the worker to: the limit without the tool-CPU
     bound while KV is not overloaded (an idle engine is no tool CPU's bottleneck)."""
+    placed: int = 0
+    """Sessions placed there so far (``SessionLifecycle.placed_on``): the tie-break."""
     protected_budget_blocks: int | None = None
     """The budget of a session that would yield to nobody, while sessions that yield hold KV
     there (``yields.py``; ``None``: none do: ``budget_blocks`` for all)."""
@@ -96,10 +98,12 @@ class Room:
             return max(self.protected, budget) if budget is not None else self.protected
         return budget
 
-    def rank(self) -> tuple[int, int]:
-        # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties in
-        # worker order: with equal loads, as round robin spreads sessions without a proxy.
-        return (-(self.view.admitted + self.placed), -self.index)
+    def rank(self) -> tuple[int, int, int]:
+        # Fewest sessions holding KV first (an engine with fewer runs each call faster), ties to
+        # the fewest placed there so far, then in worker order: with equal loads, as round robin
+        # spreads sessions without a proxy (loads fall back to equal as sessions go dormant).
+        return (-(self.view.admitted + self.placed), -(self.view.placed + self.placed),
+                -self.index)
 
 
 class Offer(Enum):

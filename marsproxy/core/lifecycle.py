@@ -4,9 +4,7 @@ A session's first request waits in the admission queue (QUEUED). Once admitted o
 holds a slot there in its calls and tool phases (freed between calls, others would push its
 prefix out of the KV cache) until dormant past its KV hold, or done after one call where its
 tenant's sessions never return; back, it is served at once. It ends on its final request, a
-delete, or idle past a timeout scaled by its usual tool time.
-
-Pure code: no I/O; ``now`` is a parameter.
+delete, or idle past a timeout scaled by its usual tool time. Pure code: no I/O.
 """
 
 from __future__ import annotations
@@ -30,9 +28,11 @@ class SessionLifecycle:
     """The live sessions of the admission plane, and the counts per worker."""
 
     def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
-                 hold_min_s: float = 0.0, *, return_history: int, one_shot_crowd: int) -> None:
+                 hold_min_s: float = 0.0, *, return_history: int, one_shot_crowd: int,
+                 hold_reprefill_factor: float = 0.0) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
+        self._hold_reprefill_factor = hold_reprefill_factor
         self.returns = ReturnTally(return_history, one_shot_crowd)
         # (hold deadline, key) of dormant sessions whose KV budget is held (or watched), sorted.
         self._holds: list[tuple[float, str]] = []
@@ -49,6 +49,7 @@ class SessionLifecycle:
         # (idle deadline, key) of admitted sessions with nothing in flight, sorted, so a tick
         # finds the timed-out ones without scanning every session.
         self._idle: list[tuple[float, str]] = []
+        self._placed: dict[str, int] = {}  # worker → sessions placed there so far
 
     # -- queries ----------------------------------------------------------------------------
     def get(self, key: str) -> SessionRecord | None:
@@ -82,6 +83,18 @@ class SessionLifecycle:
                 return max(0.0, -neg)
             heapq.heappop(heap)  # it went back to work, moved or ended since
         raise AssertionError(f"dormant sessions on {worker} missing from their index")
+
+    def placed_on(self, worker: str) -> int:
+        """Sessions placed on ``worker`` so far (a move counts on its target only): equally
+        loaded workers take turns by it, as round robin spreads sessions without a proxy."""
+        return self._placed.get(worker, 0)
+
+    def spread_key(self, worker: str) -> tuple[int, int]:
+        """Where a new session goes without admission control, least first."""
+        return self.held_on(worker), self.placed_on(worker)
+
+    def _place(self, worker: str, sign: int = 1) -> None:
+        self._placed[worker] = self._placed.get(worker, 0) + sign
 
     def long_on(self, worker: str) -> int:
         return self._long_by_worker.get(worker, 0)
@@ -129,6 +142,7 @@ class SessionLifecycle:
         rec.phase = Phase.LLM
         rec.turns += rec.in_flight
         self._count(rec, +1)
+        self._place(worker)
         return rec
 
     def adopt(self, now: float, key: str, tenant: str, worker: str, est_tokens: int, long: bool,
@@ -142,14 +156,18 @@ class SessionLifecycle:
                             final=final, turns=turns + 1)
         self._records[key] = rec
         self._count(rec, +1)
+        self._place(worker)
         return rec
 
     def move(self, key: str, worker: str) -> SessionRecord:
         """An admitted session goes to another worker before any request of it was served."""
         rec = self._require(key, SessionState.ADMITTED)
         self._count(rec, -1)
+        assert rec.worker is not None
+        self._place(rec.worker, -1)
         rec.worker = worker
         self._count(rec, +1)
+        self._place(worker)
         return rec
 
     def _count(self, rec: SessionRecord, sign: int) -> None:
@@ -200,6 +218,7 @@ class SessionLifecycle:
         if rec.first_gap:  # back within its hold (or its idle timeout, where that is shorter)
             self._end_gap(rec, came_back=True)
         self._unwatch(rec)
+        rec.slot_until = None
         if not rec.kv_held:
             rec.kv_held = True
             self._held(rec, +1)
@@ -212,8 +231,10 @@ class SessionLifecycle:
         self._activity(rec, +1)
         return rec
 
-    def response_end(self, now: float, key: str, usual_tool_s: float | None) -> SessionRecord:
-        """A request of an admitted session finished (well or not); a tool phase may begin."""
+    def response_end(self, now: float, key: str, usual_tool_s: float | None,
+                     reprefill_s: float | None = None) -> SessionRecord:
+        """A request of an admitted session finished (well or not); a tool phase may begin.
+        ``reprefill_s``: what rebuilding its context would take its worker (``None``: unknown)."""
         rec = self._require(key, SessionState.ADMITTED)
         self._activity(rec, -1)
         rec.in_flight = max(0, rec.in_flight - 1)
@@ -225,8 +246,10 @@ class SessionLifecycle:
             self._unidle(rec)
             rec.idle_key = (rec.last_active + rec.idle_timeout_s, key)
             bisect.insort(self._idle, rec.idle_key)
-            factor = self._idle_args[0]
-            hold = kv_hold_s(usual_tool_s, factor, self._hold_min_s, rec.idle_timeout_s)
+            args = (usual_tool_s, self._idle_args[0], self._hold_min_s, rec.idle_timeout_s)
+            hold = kv_hold_s(*args, reprefill_s, self._hold_reprefill_factor)
+            slot = kv_hold_s(*args)  # the load it adds: as if its prefix were dear
+            rec.slot_until = rec.last_active + slot if slot > hold else None
             self._unhold(rec)
             if hold < rec.idle_timeout_s:  # else the idle timeout ends it first
                 rec.hold_key = (rec.last_active + hold, key)
@@ -265,9 +288,10 @@ class SessionLifecycle:
         return [self._records[key] for _, key in self._idle[:end]]
 
     def hold_expired(self, now: float) -> list[SessionRecord]:
-        """Dormant sessions past their KV hold, each without KV room or slot now (its
-        forecast stops counting until its next request); a first gap among them did not come
-        back in time (one watched loses its slot)."""
+        """Dormant sessions past their KV hold, each without KV room now (its forecast stops
+        counting until its next request) and without a slot unless it keeps one until
+        ``slot_until``; a first gap among them did not come back in time (one watched loses
+        its slot). A watched session past ``slot_until`` loses its slot (not returned)."""
         end = bisect.bisect_right(self._holds, now, key=lambda k: k[0])
         due = [self._records[key] for _, key in self._holds[:end]]
         del self._holds[:end]
@@ -275,8 +299,15 @@ class SessionLifecycle:
             rec.hold_key = None
             if rec.first_gap:
                 self._end_gap(rec, came_back=False)
-            if rec.kv_held:
+            slot, rec.slot_until = rec.slot_until, None
+            if rec.kv_held and slot is not None and slot > now:
+                self._release(rec, keep_slot=True)
+                rec.hold_key = (slot, rec.key)
+                bisect.insort(self._holds, rec.hold_key)
+            elif rec.kv_held:
                 self._release(rec, keep_slot=False)
+            else:
+                self._unwatch(rec)
         return due
 
     def release_hold(self, key: str) -> bool:

@@ -61,7 +61,9 @@ class SessionRecord:
     idle_key: tuple[float, str] | None = None
     """Its place in the lifecycle's idle index while it is idle."""
     hold_key: tuple[float, str] | None = None
-    """Its place in the KV-hold index while it is dormant and its KV budget still held."""
+    """Its place in the KV-hold index while it is dormant and its KV budget (or slot) held."""
+    slot_until: float | None = None
+    """Past a KV hold cut short by a cheap re-prefill, it keeps its slot (load) until then."""
     kv_held: bool = True
     """Whether its forecast counts in the KV fit (false once dormant past its hold)."""
     first_gap: bool = False

@@ -51,6 +51,31 @@ def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     assert core.peaks.committed_tokens("w0") == 2 * 1280  # s0 and "late" count, s1 not
 
 
+@pytest.mark.parametrize(("speed", "released_at"), [(3200.0, 0.9), (64.0, 20.1)])
+def test_a_hold_is_no_longer_than_rebuilding_the_prefix_is_worth(
+    speed: float, released_at: float
+) -> None:
+    # Two sessions with short tool phases (usual 0.05 s) fill the fit. Their prompts of 640
+    # tokens re-prefill in 0.2 s at 3200 tokens/s: the hold's floor falls from kv_hold_min_s
+    # (20 s) to 4 × 0.2 s, so "late" gets their room 0.8 s after their calls; at 64 tokens/s
+    # rebuilding takes 10 s, and the floor stays 20 s.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    assert cfg.tuning.kv_hold_min_s == 20.0 and cfg.tuning.kv_hold_reprefill_factor == 4.0
+    core = AdmissionCore(cfg, ["w0"])
+    core.sessions.returns.record("t", True)
+    sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16,
+                        prefill_tokens_per_s=speed)
+    core.tick(0.0, {"w0": sig})
+    for i in range(2):
+        assert core.on_request(0.0, f"s{i}", "t", 640).kind is DecisionKind.ADMITTED
+        core.on_response_end(0.1, f"s{i}", prompt_tokens=640, usual_tool_s=0.05)
+    assert core.on_request(0.2, "late", "t", 640).kind is DecisionKind.WAIT
+    assert not core.tick(released_at - 0.2, {"w0": sig}).admitted
+    acts = core.tick(released_at, {"w0": sig})
+    assert [a.entry.session for a in acts.admitted] == ["late"]
+
+
 @pytest.mark.parametrize("agents", [False, True])
 def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) -> None:
     # A plain client's one-shot tasks (each its own session, no final flag) one after another:
@@ -233,3 +258,21 @@ def test_a_keys_tasks_after_their_call_are_no_part_of_its_share_of_the_sessions(
     for i in range(4, 20):  # back: 17 batch sessions in a call, each a tenant's demand again
         assert core.on_request(0.4, f"t{i}", "batch", 64).kind is DecisionKind.ADMITTED
     assert not core.yields.over_share("heavy") and core.yields.over_share("batch")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_equally_loaded_workers_take_new_sessions_in_turn(enabled: bool) -> None:
+    # One-call sessions (the final flag) one after another on three idle workers: each one is
+    # over before the next arrives, so every worker holds nothing each time. They go round, as
+    # round robin spreads them without a proxy, instead of all to the first worker.
+    cfg = AdmissionConfig(enabled=enabled, tuning=AdmissionTuning(idle_admit=False))
+    core = AdmissionCore(cfg, ["w0", "w1", "w2"])
+    sig = WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400, block_size=16)
+    core.tick(0.0, {w: sig for w in core.workers})
+    placed = []
+    for i in range(6):
+        d = core.on_request(float(i), f"s{i}", "t", 640, final=True)
+        assert d.kind is DecisionKind.ADMITTED
+        placed.append(d.worker)
+        core.on_response_end(i + 0.5, f"s{i}", prompt_tokens=640)
+    assert placed == ["w0", "w1", "w2"] * 2

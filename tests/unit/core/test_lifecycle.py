@@ -274,3 +274,36 @@ def test_a_first_gap_released_early_stays_load_until_it_ends() -> None:
     t.end(5.0, "p", EndReason.IDLE_TIMEOUT)
     assert (t.held_on("w0"), t.load_on("w0")) == (0, 0)
     assert t.returns.rates() == {"t": (1, 2, 0)}
+
+
+def test_a_hold_cut_short_by_a_cheap_prefix_keeps_the_sessions_slot_until_the_full_hold() -> None:
+    # Tool history 0.1 s (4 × 0.1 s), a prefix that re-prefills in 0.25 s: its KV room goes
+    # after 4 × 0.25 s, its slot (the load placement and the window count) after the 20 s floor.
+    t = SessionLifecycle(idle_factor=4.0, idle_min_s=60.0, idle_max_s=1800.0, hold_min_s=20.0,
+                         return_history=16, one_shot_crowd=32, hold_reprefill_factor=4.0)
+    t.returns.record("t", True)
+    t.queue(0.0, "a", "t", 500, long=False)
+    t.admit(0.0, "a", "w0")
+    t.response_end(0.5, "a", usual_tool_s=None)
+    t.request(0.6, "a")  # back: past its first gap
+    t.response_end(1.0, "a", usual_tool_s=0.1, reprefill_s=0.25)
+    a = t.get("a")
+    assert a is not None and a.kv_held and a.slot_until == 21.0
+    assert [r.key for r in t.hold_expired(2.01)] == ["a"]
+    assert not a.kv_held and t.held_on("w0") == 0 and t.load_on("w0") == 1
+    assert [r.key for r in t.hold_expired(21.01)] == ["a"]
+    assert t.load_on("w0") == 0 and t.admitted_on("w0") == 1  # admitted still, no slot
+    t.request(25.0, "a")  # back: it holds both again, the cut-short deadline forgotten
+    assert a.kv_held and a.slot_until is None and t.load_on("w0") == 1
+
+
+def test_placements_are_counted_on_the_worker_a_session_ends_up_on() -> None:
+    t = table()
+    t.queue(0.0, "a", "t", 500, long=False)
+    t.admit(0.0, "a", "w0")
+    t.move("a", "w1")  # before its first call was served
+    t.queue(0.0, "b", "t", 500, long=False)
+    t.admit(0.0, "b", "w1")
+    assert (t.placed_on("w0"), t.placed_on("w1")) == (0, 2)
+    t.end(1.0, "a", EndReason.FINAL)
+    assert t.placed_on("w1") == 2  # a count of placements, not of sessions there now

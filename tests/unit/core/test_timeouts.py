@@ -20,3 +20,15 @@ def test_the_hold_scales_with_the_usual_tool_time_within_its_bounds() -> None:
     assert kv_hold_s(0.1, 4.0, 5.0, 60.0) == 5.0
     assert kv_hold_s(3.0, 4.0, 5.0, 60.0) == 12.0
     assert kv_hold_s(30.0, 4.0, 5.0, 60.0) == 60.0
+
+
+def test_a_prefix_cheap_to_rebuild_lowers_the_floor_once_tool_history_exists() -> None:
+    # floor min(20, 4 × 0.5 s) = 2 s; the usual tool time still sets a longer hold
+    assert kv_hold_s(0.1, 4.0, 20.0, 60.0, reprefill_s=0.5, reprefill_factor=4.0) == 2.0
+    assert kv_hold_s(1.0, 4.0, 20.0, 60.0, reprefill_s=0.5, reprefill_factor=4.0) == 4.0
+    assert kv_hold_s(0.1, 4.0, 20.0, 60.0, reprefill_s=30.0, reprefill_factor=4.0) == 20.0
+    # no tool history: the floor stands (the first gap's hold tells whether sessions return)
+    assert kv_hold_s(None, 4.0, 20.0, 60.0, reprefill_s=0.5, reprefill_factor=4.0) == 20.0
+    # off, or the prefill speed unknown
+    assert kv_hold_s(0.1, 4.0, 20.0, 60.0, reprefill_s=0.5, reprefill_factor=0.0) == 20.0
+    assert kv_hold_s(0.1, 4.0, 20.0, 60.0, reprefill_s=None, reprefill_factor=4.0) == 20.0
