@@ -86,6 +86,9 @@ class ReplayOptions:
     """Size each continuation from the prompt and completion tokens the server reported for
     the previous call (a real tokenizer counts the re-sent reply and the chat template's
     markers its own way), so prompts track the trace's lengths instead of drifting."""
+    plain: bool = False
+    """Send no session id and no final flag, as a plain OpenAI client: the proxy finds each
+    session from its conversation and ends it when it idles."""
 
 
 ToolRunner = Callable[[float, str], Awaitable[None]]
@@ -214,9 +217,11 @@ async def replay_plan(
                  "content": filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)}
             )
             sent_tokens = max(turn.input_tokens, sent_tokens + 1)
-        headers = {opts.session_header: plan.id, **_mix_headers(plan)}
-        if i == len(turns) - 1:
-            headers["x-session-final"] = "true"
+        headers = _mix_headers(plan)
+        if not opts.plain:
+            headers[opts.session_header] = plan.id
+            if i == len(turns) - 1:
+                headers["x-session-final"] = "true"
         sent = time.perf_counter()
         try:
             tr, reply = await _send_turn(http, opts, headers, messages, turn.output_tokens)

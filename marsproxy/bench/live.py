@@ -84,7 +84,8 @@ async def _replay_all(
         opts = [ReplayOptions(base_url=url, model=model,
                               system_prompt_tokens=setup.system_prompt_tokens,
                               seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s,
-                              chars_per_token=cpt, follow_usage=setup.vllm is not None)
+                              chars_per_token=cpt, follow_usage=setup.vllm is not None,
+                              plain=setup.plain_clients)
                 for url in targets]
         system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed), cpt)
 
@@ -94,7 +95,8 @@ async def _replay_all(
                                      json={"type": kind, "tool": tool[:64] or "other"}) as r:
                     await r.read()
 
-        on_tool = report_tool if proxy is not None and setup.report_tools else None
+        reports = setup.report_tools and not setup.plain_clients
+        on_tool = report_tool if proxy is not None and reports else None
         tool = tool_runner(setup.min_tool_cpu_s)
         t0, wall0 = time.perf_counter(), time.time()
 
@@ -200,6 +202,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " subscribes to them (prefix placement, resident-block fit, retention)")
     e.add_argument("--no-tool-events", action="store_true",
                    help="agents do not report tool_start/tool_end; the proxy infers them")
+    e.add_argument("--plain-clients", action="store_true",
+                   help="agents send nothing special (a plain OpenAI client): no session id,"
+                   " no final flag, no tool events; the proxy finds sessions from their"
+                   " conversations, infers tool phases and ends sessions when idle")
     e.add_argument("--state-every", type=float, default=1.0, metavar="S",
                    help="read each proxy's /mars/v1/state every S seconds into"
                    " logs/state-*.jsonl (0: never)")
@@ -252,6 +258,7 @@ def main(args: argparse.Namespace) -> int:
             vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
+            plain_clients=args.plain_clients,
             kv_events=args.kv_events,
             vllm_kv_events=vllm_kv_events(args.vllm_kv_events, len(vllm_urls)),
             min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
@@ -283,7 +290,9 @@ def main(args: argparse.Namespace) -> int:
         "seed": options.seeds_text(args),
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
-        "overrides": sets, "agents report tool events": setup.report_tools,
+        "overrides": sets,
+        "agents report tool events": setup.report_tools and not setup.plain_clients,
+        "agents send session ids and final flags": not setup.plain_clients,
         "kv_events": args.kv_events or bool(args.vllm_kv_events),
         "prefix_groups": args.prefix_groups,
         "queue deadline": options.deadline_meta(sets, options.DEFAULT_QUEUE_DEADLINE_S,

@@ -92,6 +92,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    " dispatch gate")
     e.add_argument("--infer-tools", action="store_true",
                    help="agents do not report tool events; the proxy infers tool phases")
+    e.add_argument("--plain-clients", action="store_true",
+                   help="agents send nothing special (a plain OpenAI client): no final flag,"
+                   " no tool events; the proxy infers tool phases and ends sessions when idle")
     e.add_argument("--kv-events", action="store_true",
                    help="workers publish KV events: the proxy places new sessions by resident"
                    " prefix (placement.policy), budgets admission by resident blocks and"
@@ -136,7 +139,9 @@ def main(args: argparse.Namespace) -> int:
     setup = SimSetup(profile=profile, workers=args.workers, tool_cpus=args.tool_cpus,
                      busy_cpus=args.busy_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
-                     report_tools=not args.infer_tools, worker_mode=args.worker_mode,
+                     report_tools=not (args.infer_tools or args.plain_clients),
+                     send_final=not args.plain_clients,
+                     worker_mode=args.worker_mode,
                      time_scale=args.time_scale, call_overhead_s=args.call_overhead,
                      state_every_s=args.state_every, kv_events=args.kv_events,
                      horizon_s=args.horizon)
@@ -157,7 +162,9 @@ def main(args: argparse.Namespace) -> int:
             "seed": options.seeds_text(args),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
             "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
-            "overrides": sets, "agents report tool events": not args.infer_tools,
+            "overrides": sets,
+            "agents report tool events": not (args.infer_tools or args.plain_clients),
+            "agents flag their last call final": not args.plain_clients,
             "kv_events": args.kv_events, "prefix_groups": args.prefix_groups,
             "prefix_tokens": args.prefix_tokens,
             "horizon_s": args.horizon,

@@ -104,3 +104,45 @@ async def test_a_mixed_workloads_session_sends_its_class_and_its_tenants_key() -
     assert seen[1]["Authorization"] == "Bearer sk-bench-light"
     assert "x-session-class" not in seen[1]
     assert "x-session-class" not in seen[2] and "Authorization" not in seen[2]
+
+
+@pytest.mark.parametrize("plain", [False, True])
+async def test_a_plain_client_sends_no_session_id_and_no_final_flag(plain: bool) -> None:
+    # bench live --plain-clients: the agent sends what a plain OpenAI client sends.
+    seen: list[dict[str, str]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({
+            "id": "c", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+
+    async def no_tool(seconds: float, kind: str) -> None:
+        return None
+
+    try:
+        opts = ReplayOptions(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", model="m",
+                             system_prompt_tokens=10, plain=plain)
+        plan = PlannedSession("s1", "t", 0.0, (PlannedTurn(50, 1, 0.0, "bash"),
+                                               PlannedTurn(60, 1, None, "")))
+        async with aiohttp.ClientSession() as http:
+            res = await replay_plan(http, plan, opts, filler(10, random.Random(0)), no_tool)
+        assert [t.ok for t in res.turns] == [True, True]
+    finally:
+        await runner.cleanup()
+    ids = [h.get("x-session-id") for h in seen]
+    finals = [h.get("x-session-final") for h in seen]
+    if plain:
+        assert ids == [None, None] and finals == [None, None]
+    else:
+        assert ids == ["s1", "s1"] and finals == [None, "true"]
