@@ -29,7 +29,7 @@ class SessionLifecycle:
 
     def __init__(self, idle_factor: float, idle_min_s: float, idle_max_s: float,
                  hold_min_s: float = 0.0, *, return_history: int, one_shot_crowd: int,
-                 hold_reprefill_factor: float = 0.0) -> None:
+                 hold_reprefill_factor: float) -> None:
         self._idle_args = (idle_factor, idle_min_s, idle_max_s)
         self._hold_min_s = hold_min_s
         self._hold_reprefill_factor = hold_reprefill_factor
@@ -247,8 +247,9 @@ class SessionLifecycle:
             rec.idle_key = (rec.last_active + rec.idle_timeout_s, key)
             bisect.insort(self._idle, rec.idle_key)
             args = (usual_tool_s, self._idle_args[0], self._hold_min_s, rec.idle_timeout_s)
-            hold = kv_hold_s(*args, reprefill_s, self._hold_reprefill_factor)
-            slot = kv_hold_s(*args)  # the load it adds: as if its prefix were dear
+            slot = hold = kv_hold_s(*args)  # the slot (its load): as if its prefix were dear
+            if self._hold_reprefill_factor > 0 and reprefill_s is not None:
+                hold = kv_hold_s(*args, reprefill_s, self._hold_reprefill_factor)
             rec.slot_until = rec.last_active + slot if slot > hold else None
             self._unhold(rec)
             if hold < rec.idle_timeout_s:  # else the idle timeout ends it first

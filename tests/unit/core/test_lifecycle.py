@@ -12,7 +12,7 @@ from marsproxy.core.session_record import EndReason, LifecycleError, Phase, Sess
 
 def table() -> SessionLifecycle:
     return SessionLifecycle(return_history=16, one_shot_crowd=32, idle_factor=4.0, idle_min_s=60.0,
-                            idle_max_s=1800.0)
+                            idle_max_s=1800.0, hold_reprefill_factor=0.0)
 
 
 def test_full_life() -> None:
@@ -165,7 +165,8 @@ def test_activity_index_matches_a_full_scan(ops: list[tuple[float, str, int, str
 def _held_lifecycle(idle_min_s: float = 60.0, crowd: int = 32) -> SessionLifecycle:
     """Holds of at least 20 s; a tenant's record of its latest 16 first gaps."""
     return SessionLifecycle(idle_factor=4.0, idle_min_s=idle_min_s, idle_max_s=1800.0,
-                            hold_min_s=20.0, return_history=16, one_shot_crowd=crowd)
+                            hold_min_s=20.0, return_history=16, one_shot_crowd=crowd,
+                            hold_reprefill_factor=0.0)
 
 
 def _dormant_after_first_call(t: SessionLifecycle, key: str, at: float) -> None:
