@@ -294,6 +294,7 @@ class AdmissionCore(WorkerFit):
         for rec in self.sessions.hold_expired(now):
             self.peaks.release(rec.key)
             self.yields.away(rec.key)
+            self.overlaps.went_quiet(rec.admitted_at, rec.last_active)
         expired = self.queue.expire(now)
         if expired:
             placeable = any(v.placeable for v in self._views())
@@ -351,8 +352,7 @@ class AdmissionCore(WorkerFit):
         if a.forced or a.idle:
             self.prefixes.forget(a.entry.session)
             return a
-        target = self.prefixes.admitted(a.entry.session, self._views, a.worker,
-                                        a.entry.est_tokens)
+        target = self.prefixes.admitted(a.entry.session, self._views, a.worker, a.entry.est_tokens)
         if target is None:
             return a
         self._move(a.entry.session, target, a.entry.est_tokens)

@@ -19,7 +19,8 @@ as they grow, and a few sessions overlap by chance:
 - it is a decaying maximum that starts at 1 (no overcommit) and halves once per *session
   lifetime* (the mean time admitted of the last ``peak_history`` sessions that ran their
   course) of qualifying readings, so it forgets a high reading only once the sessions that
-  produced it are gone, and not at all before the first session has finished;
+  produced it are gone, and not at all before the first session has finished or gone quiet
+  past its KV hold (a plain client's sessions end only at their idle timeout, a minute on);
 - a rise of the engine's preemption counter resets it to 1, and a worker that reports no
   such counter is never read (no overcommit without that safety net); a rise while one-shot
   tasks run there does not: vLLM preempts the latest-started calls first, a batch stream's, and
@@ -73,6 +74,13 @@ class OverlapTracker:
     def lifetime_s(self) -> float | None:
         """Mean time admitted of the recent sessions that ran their course."""
         return self._sum_lives / len(self._lives) if self._lives else None
+
+    def went_quiet(self, admitted_at: float | None, last_active: float) -> None:
+        """A session admitted at ``admitted_at`` stayed dormant past its KV hold after its
+        last request at ``last_active``: while no session has run its course, it counts as one
+        that did (it is likely done, as the hold assumes), so that the decay starts."""
+        if not self._lives and admitted_at is not None:
+            self.session_lived(last_active - admitted_at)
 
     def session_lived(self, seconds: float) -> None:
         """A session ran its course after ``seconds`` admitted: the decay's pace."""

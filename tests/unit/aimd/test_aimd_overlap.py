@@ -34,6 +34,19 @@ def test_starts_strict_and_does_not_decay_before_a_session_has_finished() -> Non
     assert t.overlap("w0") == 1.0 and t.lifetime_s is None
 
 
+def test_a_session_gone_quiet_starts_the_decay_until_one_runs_its_course() -> None:
+    t = tracker()
+    t.went_quiet(admitted_at=2.0, last_active=8.0)  # admitted 6 s until its last call
+    assert t.lifetime_s == pytest.approx(6.0)
+    t.went_quiet(admitted_at=0.0, last_active=100.0)  # a pace is known: no more guesses
+    assert t.lifetime_s == pytest.approx(6.0)
+    read(t, 0.0, used=100)
+    read(t, 6.0, used=100)
+    assert t.overlap("w0") == pytest.approx(0.5)
+    t.session_lived(30.0)  # one that ran its course counts beside it
+    assert t.lifetime_s == pytest.approx(18.0)
+
+
 def test_decays_by_half_per_session_lifetime_down_to_what_is_held() -> None:
     t = tracker()
     t.session_lived(10.0)
@@ -175,6 +188,22 @@ def test_sessions_seen_holding_little_let_the_fit_admit_more() -> None:
     assert c.sessions.admitted_on("w0") == 5
     assert c.overlaps.factor("w0") > 1.0
     assert before == 50  # (900 usable - 800 forecast) / growth 2: a 100-block prompt did not fit
+
+
+def test_a_plain_clients_session_quiet_past_its_hold_lets_the_overlap_decay() -> None:
+    # No final flag: nothing ends before the idle timeout (a minute), yet a session silent past
+    # its KV hold (20 s, no tool history) is likely done: its time admitted paces the decay.
+    c = core()
+    assert fill(c, 6) == ["s0", "s1", "s2", "s3"]
+    c.on_response_end(1.1, "s0", prompt_tokens=FIRST)  # s0's one call; it never returns
+    for k in range(1, 20):  # the others' calls run on, holding 20 % of the blocks
+        c.tick(1.0 * k, {"w0": sig(kv_usage=0.2, free_blocks=800)})
+    assert c.overlaps.lifetime_s is None and c.overlaps.overlap("w0") == 1.0
+    for k in range(20, 60):
+        c.tick(1.0 * k, {"w0": sig(kv_usage=0.2, free_blocks=800)})
+    assert c.overlaps.lifetime_s == pytest.approx(1.0)  # admitted at 0.1, last call to 1.1
+    assert c.overlaps.factor("w0") > 1.0
+    assert c.sessions.get("s0") is not None  # still admitted: only its idle timeout ends it
 
 
 def test_a_preemption_puts_the_strict_fit_back() -> None:
