@@ -45,6 +45,7 @@ from marsproxy.sim.invariants import (
     check_light_load,
     check_outcomes,
     check_tick,
+    light_load,
 )
 
 LIGHT_LOAD_TOLERANCE = 0.03
@@ -69,6 +70,8 @@ class CaseResult:
     violations: list[Violation] = field(default_factory=list)
     light: LightLoad | None = None
     """The proxy against ``direct``, where ``direct`` saw no overload."""
+    versus: LightLoad | None = None
+    """The proxy against ``direct`` on any load (the sessions both finished)."""
     refused: int = 0
     waiting_ticks: int = 0
     """Control ticks after which a session waited (where (a) had something to check)."""
@@ -201,6 +204,7 @@ def run_case(case: SweepCase, sets: Sequence[str] = ()) -> CaseResult:
                                     float(mine.extra["sim_end_s"]))
     out.refused = sum(1 for o in mine.outcomes if o.rejected)
     direct = Simulation(case.workload, options.DIRECT, case.setup, None).run()
+    out.versus = light_load(direct, mine)
     stats = direct.extra["stats"]
     tool_cores = case.setup.tool_cpus - case.setup.busy_cpus
     if stats["preemptions"] == 0 and stats["max_tools"] <= tool_cores and all(
@@ -254,8 +258,25 @@ def summary(results: Sequence[CaseResult]) -> str:
             f" {worst.light.p95_ratio:.4f}x; bound {1 + LIGHT_LOAD_TOLERANCE:.2f}x)")
     else:
         lines.append("light load: no workload")
+    lines.append(_versus(results))
     total = sum(by_rule.values())
     counts = ", ".join(f"{k}: {v}" for k, v in by_rule.items())
     lines.append(f"violations: {total} ({counts})"
                  + (f" in workloads {', '.join(map(str, bad))}" if bad else ""))
     return "\n".join(lines) + "\n"
+
+
+def _versus(results: Sequence[CaseResult]) -> str:
+    """Every workload's mean E2E under the proxy over ``direct``'s: where it is worse."""
+    rs = sorted((r for r in results if r.versus is not None),
+                key=lambda r: r.versus.mean_ratio if r.versus else 0.0)
+    if not rs:
+        return "all loads: no workload"
+    ratios = [r.versus.mean_ratio for r in rs if r.versus]
+    worse = [r for r in rs if r.versus and r.versus.mean_ratio > 1 + LIGHT_LOAD_TOLERANCE]
+    plain = sum(1 for r in worse if not r.case.setup.send_final)
+    worst = rs[-1]
+    return (f"all loads: mean E2E over direct's: median {ratios[len(ratios) // 2]:.3f}x, best"
+            f" {ratios[0]:.3f}x, worst {ratios[-1]:.3f}x (seed {worst.case.seed}:"
+            f" {worst.case.label}); above {1 + LIGHT_LOAD_TOLERANCE:.2f}x: {len(worse)} of"
+            f" {len(rs)} ({plain} without the final flag)")

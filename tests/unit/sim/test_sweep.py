@@ -15,8 +15,8 @@ from marsproxy.runs.arrivals import ArrivalSpec
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
-from marsproxy.sim.invariants import check_drained
-from marsproxy.sim.sweep import _longest_call, make_case, run_case, sweep
+from marsproxy.sim.invariants import LightLoad, check_drained
+from marsproxy.sim.sweep import CaseResult, _longest_call, make_case, run_case, summary, sweep
 
 SETUP = SimSetup(profile=get_profile("tiny", num_blocks=1024), tool_cpus=4,
                  system_prompt_tokens=60)
@@ -100,3 +100,19 @@ def test_the_sweeps_overrides_reach_the_swept_proxy(capsys: pytest.CaptureFixtur
     assert "waiting: 0" in off.getvalue() and "waiting: 0" not in out.getvalue()
     assert cli_main(["sim", "--sweep", "1", "--set", "admission.window_min=-3"]) == 2
     assert "window_min" in capsys.readouterr().err
+
+
+def test_the_summary_says_where_the_proxy_is_worse_than_direct_at_any_load() -> None:
+    traces = load_trace()
+    cases = [make_case(seed, traces) for seed in range(4)]
+    ratios = [0.7, 1.0, 1.2, 1.01]
+    results = [CaseResult(c, versus=LightLoad(r, r)) for c, r in zip(cases, ratios, strict=True)]
+    line = next(x for x in summary(results).splitlines() if x.startswith("all loads"))
+    plain = 0 if cases[2].setup.send_final else 1
+    assert line == (
+        "all loads: mean E2E over direct's: median 1.010x, best 0.700x, worst 1.200x (seed 2:"
+        f" {cases[2].label}); above 1.03x: 1 of 4 ({plain} without the final flag)")
+    # A heavy workload (seed 3: a burst of 9 on one small worker) is compared too.
+    heavy = run_case(cases[3])
+    assert heavy.light is None and heavy.versus is not None
+    assert heavy.versus.mean_ratio < 1.0  # the proxy finishes them sooner than direct
