@@ -252,6 +252,7 @@ def main(args: argparse.Namespace) -> int:
         options.check_mix(cases[0].spec.mix, sets)
         if args.state_every < 0:
             raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
+        traces = load_trace(args.trace, held_out=args.held_out)  # a bad one fails here
         setup = LiveSetup(
             profile=args.profile, time_scale=args.time_scale, workers=args.workers,
             num_blocks=args.num_blocks, vllm_urls=vllm_urls,
@@ -272,7 +273,6 @@ def main(args: argparse.Namespace) -> int:
     out = options.out_dir(args.out, "live")
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    traces = load_trace(args.trace)
     t0 = time.perf_counter()
     results: list[RunResult] = []
     for case in cases:
@@ -286,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
         "kind": "live", "backend": ", ".join(setup.vllm_urls) or
         f"{args.workers} emulated worker(s), profile {args.profile}, time scale {args.time_scale}",
         "host CPUs": os.cpu_count(), "tool_cpus (proxy)": args.tool_cpus or "host",
-        "trace": args.trace or "packaged sample", "sessions": args.sessions,
+        "trace": options.trace_label(args), "sessions": args.sessions,
         "seed": options.seeds_text(args),
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,

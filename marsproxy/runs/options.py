@@ -37,6 +37,12 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def trace_label(args: argparse.Namespace) -> str:
+    """The trace a run replays, as its report's meta names it."""
+    name = args.trace or "packaged sample"
+    return f"{name}, held out (the packaged sample's sessions left out)" if args.held_out else name
+
+
 def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
                       token_scale: float, tool_time_scale: float, max_turns: int | None,
                       regimes: str, queue_deadline: str = f"{DEFAULT_QUEUE_DEADLINE_S:g} s",
@@ -44,6 +50,10 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     """The shared options; ``queue_deadline`` names the command's default deadline."""
     g = p.add_argument_group("workload")
     g.add_argument("--trace", default=None, help="trace file (default: the packaged sample)")
+    g.add_argument("--held-out", action="store_true",
+                   help="leave out the trace's sessions that the packaged sample holds (the"
+                   " defaults were tuned on workloads drawn from it): what is left was never"
+                   " tuned on")
     g.add_argument("--sessions", type=int, default=sessions, help="sessions per run")
     g.add_argument("--seed", type=int, default=0, help="seed of sampling and arrivals")
     g.add_argument(

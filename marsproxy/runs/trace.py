@@ -49,8 +49,23 @@ def _parse_line(line: str, where: str) -> SessionTrace:
         raise TraceError(f"{where}: not a session trace line ({exc})") from exc
 
 
-def load_trace(path: str | Path | None = None) -> list[SessionTrace]:
-    """Load sessions from ``path``, or the packaged sample when ``path`` is None."""
+def load_trace(path: str | Path | None = None, *, held_out: bool = False) -> list[SessionTrace]:
+    """Load sessions from ``path``, or the packaged sample when ``path`` is None.
+    ``held_out``: without the sessions the packaged sample holds (the defaults were tuned on
+    workloads drawn from it), so that what is left was never tuned on."""
+    if held_out and path is None:
+        raise TraceError("held out: the packaged sample is what the defaults were tuned on;"
+                         " name a trace file")
+    sessions = _read(path)
+    if held_out:
+        seen = {s.id for s in _read(None)}
+        sessions = [s for s in sessions if s.id not in seen]
+        if not sessions:
+            raise TraceError(f"{path}: every session is in the packaged sample: none is held out")
+    return sessions
+
+
+def _read(path: str | Path | None) -> list[SessionTrace]:
     if path is None:
         text = resources.files("marsproxy.data").joinpath("sample_trace.jsonl").read_text()
         name = "packaged sample_trace.jsonl"

@@ -15,7 +15,7 @@ from marsproxy.emulator.profiles import get_profile, profile_names
 from marsproxy.runs import options, report
 from marsproxy.runs.progress import Progress
 from marsproxy.runs.results import RunResult, write_log
-from marsproxy.runs.trace import load_trace
+from marsproxy.runs.trace import SessionTrace, load_trace
 from marsproxy.runs.workload import build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.sweep import sweep, swept_config
@@ -30,13 +30,12 @@ class SimRun:
 
 
 def run_cases(
-    run: SimRun, trace: str | None, out: TextIO | None = None,
+    run: SimRun, traces: list[SessionTrace], out: TextIO | None = None,
     on_case: Callable[[list[RunResult]], None] | None = None, logs: Path | None = None,
 ) -> list[RunResult]:
     """Every policy on every case; ``on_case`` gets the results so far after each case (a
     long matrix keeps what it has if it is stopped); each run's state snapshots (with
     ``setup.state_every_s``) go to ``logs``."""
-    traces = load_trace(trace)
     results: list[RunResult] = []
     workers = [f"http://w{i}" for i in range(run.setup.workers)]
     for case in run.cases:
@@ -133,6 +132,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--call-overhead must be >= 0, got {args.call_overhead}")
         if args.state_every < 0:
             raise ValueError(f"--state-every must be >= 0, got {args.state_every}")
+        traces = load_trace(args.trace, held_out=args.held_out)
     except ValueError as exc:
         sys.stderr.write(f"marsproxy sim: {exc}\n")
         return 2
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
             "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
             "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
             "state_every_s": args.state_every,
-            "trace": args.trace or "packaged sample",
+            "trace": options.trace_label(args),
             "sessions": args.sessions if not cases[0].spec.mix else "by group",
             "seed": options.seeds_text(args),
             "arrivals": args.arrivals, "token_scale": args.token_scale,
@@ -179,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
     if args.state_every > 0:
         logs = out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-    results = run_cases(run, args.trace, sys.stderr, partial, logs)
+    results = run_cases(run, traces, sys.stderr, partial, logs)
     path = report.write(out, results, "marsproxy sim", meta(), make_plots=not args.no_plots)
     sys.stderr.writelines(line + "\n" for line in report.summary_lines(results))
     sys.stdout.write(f"{path}\n")

@@ -114,6 +114,9 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
      "marsproxy bench live: --classes: unknown class gold; known: interactive, batch"),
     (["bench", "live", "--classes", "batch:1@1", "--tenants", "a:1@1"],
      "marsproxy bench live: give --classes or --tenants, not both"),
+    (["bench", "live", "--trace", "/no/such/trace.jsonl"],
+     "marsproxy bench live: cannot read trace /no/such/trace.jsonl"),
+    (["bench", "live", "--held-out"], "marsproxy bench live: held out: the packaged sample is"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],

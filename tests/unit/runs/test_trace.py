@@ -37,6 +37,20 @@ def test_bad_lines_name_file_and_line(tmp_path: Path) -> None:
         load_trace(tmp_path / "missing.jsonl")
 
 
+def test_held_out_leaves_out_what_the_defaults_were_tuned_on(tmp_path: Path) -> None:
+    tuned = load_trace()[0].id  # a session of the packaged sample, as a shared trace holds it
+    p = tmp_path / "t.jsonl"
+    line = '{{"id": "{}", "turns": [{{"input_tokens": 5, "output_tokens": 1}}]}}\n'
+    p.write_text(line.format(tuned) + line.format("unseen-1"))
+    assert [s.id for s in load_trace(p)] == [tuned, "unseen-1"]
+    assert [s.id for s in load_trace(p, held_out=True)] == ["unseen-1"]
+    p.write_text(line.format(tuned))
+    with pytest.raises(TraceError, match="none is held out"):
+        load_trace(p, held_out=True)
+    with pytest.raises(TraceError, match="name a trace file"):
+        load_trace(held_out=True)
+
+
 def test_filler_has_exact_length_and_is_deterministic() -> None:
     assert len(filler(37, random.Random(1))) == 37 * 4
     assert filler(10, random.Random(2)) == filler(10, random.Random(2))
