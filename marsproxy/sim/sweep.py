@@ -275,8 +275,10 @@ def _versus(results: Sequence[CaseResult]) -> str:
     ratios = [r.versus.mean_ratio for r in rs if r.versus]
     worse = [r for r in rs if r.versus and r.versus.mean_ratio > 1 + LIGHT_LOAD_TOLERANCE]
     plain = sum(1 for r in worse if not r.case.setup.send_final)
+    missing = sum(r.versus.unfinished for r in rs if r.versus)
     worst = rs[-1]
     return (f"all loads: mean E2E over direct's: median {ratios[len(ratios) // 2]:.3f}x, best"
             f" {ratios[0]:.3f}x, worst {ratios[-1]:.3f}x (seed {worst.case.seed}:"
             f" {worst.case.label}); above {1 + LIGHT_LOAD_TOLERANCE:.2f}x: {len(worse)} of"
-            f" {len(rs)} ({plain} without the final flag)")
+            f" {len(rs)} ({plain} without the final flag); sessions direct finished and the"
+            f" proxy did not: {missing}")

@@ -106,12 +106,14 @@ def test_the_summary_says_where_the_proxy_is_worse_than_direct_at_any_load() -> 
     traces = load_trace()
     cases = [make_case(seed, traces) for seed in range(4)]
     ratios = [0.7, 1.0, 1.2, 1.01]
-    results = [CaseResult(c, versus=LightLoad(r, r)) for c, r in zip(cases, ratios, strict=True)]
+    results = [CaseResult(c, versus=LightLoad(r, r, unfinished=int(r > 1.1)))
+               for c, r in zip(cases, ratios, strict=True)]
     line = next(x for x in summary(results).splitlines() if x.startswith("all loads"))
     plain = 0 if cases[2].setup.send_final else 1
     assert line == (
         "all loads: mean E2E over direct's: median 1.010x, best 0.700x, worst 1.200x (seed 2:"
-        f" {cases[2].label}); above 1.03x: 1 of 4 ({plain} without the final flag)")
+        f" {cases[2].label}); above 1.03x: 1 of 4 ({plain} without the final flag); sessions"
+        " direct finished and the proxy did not: 1")
     # A heavy workload (seed 3: a burst of 9 on one small worker) is compared too.
     heavy = run_case(cases[3])
     assert heavy.light is None and heavy.versus is not None
