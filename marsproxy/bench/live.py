@@ -95,8 +95,7 @@ async def _replay_all(
                                      json={"type": kind, "tool": tool[:64] or "other"}) as r:
                     await r.read()
 
-        reports = setup.report_tools and not setup.plain_clients
-        on_tool = report_tool if proxy is not None and reports else None
+        on_tool = report_tool if proxy is not None and setup.report_tools else None
         tool = tool_runner(setup.min_tool_cpu_s)
         t0, wall0 = time.perf_counter(), time.time()
 
@@ -258,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
             num_blocks=args.num_blocks, vllm_urls=vllm_urls,
             vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
             vllm=facts,
-            tool_cpus=args.tool_cpus, report_tools=not args.no_tool_events,
+            tool_cpus=args.tool_cpus, report_tools=not (args.no_tool_events or args.plain_clients),
             plain_clients=args.plain_clients,
             kv_events=args.kv_events,
             vllm_kv_events=vllm_kv_events(args.vllm_kv_events, len(vllm_urls)),
@@ -291,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
         "arrivals": args.arrivals, "token_scale": args.token_scale,
         "tool_time_scale": args.tool_time_scale, "max_turns": args.max_turns,
         "overrides": sets,
-        "agents report tool events": setup.report_tools and not setup.plain_clients,
+        "agents report tool events": setup.report_tools,
         "agents send session ids and final flags": not setup.plain_clients,
         "kv_events": args.kv_events or bool(args.vllm_kv_events),
         "prefix_groups": args.prefix_groups,

@@ -37,8 +37,9 @@ class LiveSetup:
     tool_cpus: float = 0.0
     """CPUs the proxy assumes for tools (probes.cpu.tool_cpus); 0: this host's."""
     report_tools: bool = True
+    """Agents report tool_start/tool_end (`bench live` turns it off for plain clients)."""
     plain_clients: bool = False
-    """Agents send nothing special: no session id, no final flag, no tool events."""
+    """Agents send nothing special: no session id, no final flag (and no tool events)."""
     min_tool_cpu_s: float = 0.05
     system_prompt_tokens: int = 60
     request_timeout_s: float = 900.0

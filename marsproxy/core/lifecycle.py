@@ -247,9 +247,8 @@ class SessionLifecycle:
             rec.idle_key = (rec.last_active + rec.idle_timeout_s, key)
             bisect.insort(self._idle, rec.idle_key)
             args = (usual_tool_s, self._idle_args[0], self._hold_min_s, rec.idle_timeout_s)
-            slot = hold = kv_hold_s(*args)  # the slot (its load): as if its prefix were dear
-            if self._hold_reprefill_factor > 0 and reprefill_s is not None:
-                hold = kv_hold_s(*args, reprefill_s, self._hold_reprefill_factor)
+            slot = kv_hold_s(*args)  # the slot (its load): as if its prefix were dear
+            hold = kv_hold_s(*args, reprefill_s, self._hold_reprefill_factor)
             rec.slot_until = rec.last_active + slot if slot > hold else None
             self._unhold(rec)
             if hold < rec.idle_timeout_s:  # else the idle timeout ends it first

@@ -149,9 +149,14 @@ def check_light_load(
     """(c) on a light-load workload: every session ``direct`` finished, the proxy finished too,
     within ``tolerance`` in mean and P95."""
     r = light_load(direct, proxied)
+    return r, light_load_violations(r, proxied.policy, tolerance)
+
+
+def light_load_violations(r: LightLoad | None, policy: str, tolerance: float) -> list[Violation]:
+    """(c) from the comparison :func:`light_load` made."""
     if r is None or (r.worst <= 1.0 + tolerance and not r.unfinished):
-        return r, []
-    return r, [Violation("c", None, (
-        f"{proxied.policy} at light load: mean E2E {r.mean_ratio:.4f}x, P95"
+        return []
+    return [Violation("c", None, (
+        f"{policy} at light load: mean E2E {r.mean_ratio:.4f}x, P95"
         f" {r.p95_ratio:.4f}x direct (bound {1 + tolerance:.2f}x), {r.unfinished} sessions"
         " direct finished did not finish"))]

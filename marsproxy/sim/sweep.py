@@ -42,10 +42,10 @@ from marsproxy.sim.invariants import (
     LightLoad,
     Violation,
     check_drained,
-    check_light_load,
     check_outcomes,
     check_tick,
     light_load,
+    light_load_violations,
 )
 
 LIGHT_LOAD_TOLERANCE = 0.03
@@ -209,8 +209,8 @@ def run_case(case: SweepCase, sets: Sequence[str] = ()) -> CaseResult:
     tool_cores = case.setup.tool_cpus - case.setup.busy_cpus
     if stats["preemptions"] == 0 and stats["max_tools"] <= tool_cores and all(
             o.ok for o in direct.outcomes):
-        out.light, more = check_light_load(direct, mine, LIGHT_LOAD_TOLERANCE)
-        out.violations += more
+        out.light = out.versus
+        out.violations += light_load_violations(out.versus, mine.policy, LIGHT_LOAD_TOLERANCE)
     return out
 
 
@@ -268,17 +268,16 @@ def summary(results: Sequence[CaseResult]) -> str:
 
 def _versus(results: Sequence[CaseResult]) -> str:
     """Every workload's mean E2E under the proxy over ``direct``'s: where it is worse."""
-    rs = sorted((r for r in results if r.versus is not None),
-                key=lambda r: r.versus.mean_ratio if r.versus else 0.0)
-    if not rs:
+    pairs = sorted(((r.versus, r.case) for r in results if r.versus is not None),
+                   key=lambda p: p[0].mean_ratio)
+    if not pairs:
         return "all loads: no workload"
-    ratios = [r.versus.mean_ratio for r in rs if r.versus]
-    worse = [r for r in rs if r.versus and r.versus.mean_ratio > 1 + LIGHT_LOAD_TOLERANCE]
-    plain = sum(1 for r in worse if not r.case.setup.send_final)
-    missing = sum(r.versus.unfinished for r in rs if r.versus)
-    worst = rs[-1]
-    return (f"all loads: mean E2E over direct's: median {ratios[len(ratios) // 2]:.3f}x, best"
-            f" {ratios[0]:.3f}x, worst {ratios[-1]:.3f}x (seed {worst.case.seed}:"
-            f" {worst.case.label}); above {1 + LIGHT_LOAD_TOLERANCE:.2f}x: {len(worse)} of"
-            f" {len(rs)} ({plain} without the final flag); sessions direct finished and the"
+    worse = [c for v, c in pairs if v.mean_ratio > 1 + LIGHT_LOAD_TOLERANCE]
+    plain = sum(1 for c in worse if not c.setup.send_final)
+    missing = sum(v.unfinished for v, _ in pairs)
+    (best, _), (mid, _), (worst, case) = pairs[0], pairs[len(pairs) // 2], pairs[-1]
+    return (f"all loads: mean E2E over direct's: median {mid.mean_ratio:.3f}x,"
+            f" best {best.mean_ratio:.3f}x, worst {worst.mean_ratio:.3f}x (seed {case.seed}:"
+            f" {case.label}); above {1 + LIGHT_LOAD_TOLERANCE:.2f}x: {len(worse)} of"
+            f" {len(pairs)} ({plain} without the final flag); sessions direct finished and the"
             f" proxy did not: {missing}")
