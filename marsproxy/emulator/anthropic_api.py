@@ -8,6 +8,12 @@ the prefix cache exactly like the equivalent chat history does. Field validation
 vLLM's OpenAI-shaped 400 (``type: "Bad Request"``, ``param: "body.<field>"``); errors raised
 while serving (unknown model, prompt too long) come in Anthropic's shape
 ``{"type": "error", "error": {"type", "message"}}``.
+
+Tool calls: vLLM maps ``tool_choice`` ``{"type": "any"}`` to the chat request's ``"required"``
+and ``{"type": "tool", "name"}`` to a named function; the reply is then one ``tool_use`` block
+(its id the chat tool call's, ``chatcmpl-tool-<hex>``; ``input`` wraps the generated text) with
+``stop_reason`` mapped from the chat ``finish_reason``: ``"tool_use"`` for "any" when the model
+stopped by itself, ``"end_turn"`` for a named tool, ``"max_tokens"`` when cut.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 from marsproxy.emulator.openai_api import ApiError, ParsedRequest
 from marsproxy.emulator.tokenizer import PromptError, encode_chat
+from marsproxy.emulator.tool_calls import ForcedTool
 
 _ROLES = frozenset({"user", "assistant", "system"})
 _BLOCK_TYPES = frozenset({
@@ -89,6 +96,7 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", "Input should be a valid boolean", "bool_type", stream)
+    tool = _forced_tool(body)
     chat = to_chat_messages(body.get("system"), messages)
     if model != served_model:
         raise not_found(model, served_model)
@@ -102,13 +110,67 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
         ParsedRequest(
             kind="chat", model=model, prompt_token_ids=ids, max_tokens=max_tokens,
             ignore_eos=False, priority=0, stream=bool(stream), include_usage=bool(stream),
+            tool=tool,
         ),
         chat,
     )
 
 
-def _missing_or_type(field: str, value: Any, kind: str, body: Mapping[str, Any]) -> ApiError:
-    if field not in body:
+_TOOL_CHOICES = ("auto", "any", "tool", "none")
+
+
+def _forced_tool(body: Mapping[str, Any]) -> ForcedTool | None:
+    """The tool call ``tool_choice`` forces (``None``: answer text). vLLM validates the Messages
+    request's own fields (``tools`` entries, ``tool_choice.type``, the name of a "tool" choice)
+    but not the converted chat request's tool usage, so "any" or "tool" with no ``tools`` is not
+    a 400 there; the emulator answers those in text."""
+    tools = body.get("tools")
+    params: dict[str, str] = {}
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid("tools", "Input should be a valid list", "list_type", tools)
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, Mapping):
+                raise invalid(f"tools.{i}", "Input should be a valid dictionary",
+                              "model_type", tool)
+            name, schema = tool.get("name"), tool.get("input_schema")
+            if not isinstance(name, str):
+                raise _missing_or_type(f"tools.{i}.name", name, "string", tool, "name")
+            if "input_schema" not in tool:
+                raise invalid(f"tools.{i}.input_schema", "Field required", "missing", tool)
+            if not isinstance(schema, Mapping):
+                raise invalid(f"tools.{i}.input_schema", "Input should be a valid dictionary",
+                              "dict_type", schema)
+            props = schema.get("properties")
+            params.setdefault(name, str(next(iter(props)))
+                              if isinstance(props, Mapping) and props else "command")
+    choice = body.get("tool_choice")
+    if choice is None:
+        return None
+    if not isinstance(choice, Mapping):
+        raise invalid("tool_choice", "Input should be a valid dictionary", "model_type", choice)
+    kind = choice.get("type")
+    if kind not in _TOOL_CHOICES:
+        if "type" not in choice:
+            raise invalid("tool_choice.type", "Field required", "missing", choice)
+        raise invalid("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'",
+                      "literal_error", kind)
+    name = choice.get("name")
+    if kind == "tool" and not name:
+        raise invalid("tool_choice", "Value error, tool_choice.name is required when type is "
+                      "'tool'", "value_error", choice)
+    if not tools or kind in ("auto", "none"):
+        return None  # "auto": the emulated model chooses to answer in text
+    if kind == "any":
+        first = tools[0]["name"]
+        return ForcedTool(first, named=False, arg=params[first])
+    return ForcedTool(str(name), named=True, arg=params.get(str(name), "command"))
+
+
+def _missing_or_type(
+    field: str, value: Any, kind: str, body: Mapping[str, Any], key: str | None = None
+) -> ApiError:
+    if (key or field) not in body:
         return invalid(field, "Field required", "missing", body)
     return invalid(field, f"Input should be a valid {kind}", f"{kind}_type", value)
 
@@ -207,7 +269,7 @@ def _tool_result_text(content: Any) -> str:
 
 # -- responses ----------------------------------------------------------------------------------
 
-STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
+STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "tool_calls": "tool_use"}
 
 
 def usage(prompt: int, completion: int, cached: int, block_size: int) -> dict[str, Any]:
@@ -225,12 +287,18 @@ def usage(prompt: int, completion: int, cached: int, block_size: int) -> dict[st
 
 
 def full_response(
-    rid: str, model: str, text: str, finish_reason: str, u: dict[str, Any]
+    rid: str, model: str, text: str, finish_reason: str, u: dict[str, Any],
+    tool: ForcedTool | None = None, call_id: str = "",
 ) -> dict[str, Any]:
-    """A non-streamed Messages response (vLLM drops null fields: no ``stop_sequence``)."""
+    """A non-streamed Messages response (vLLM drops null fields: no ``stop_sequence``). With
+    ``tool`` the content is one ``tool_use`` block whose input wraps ``text`` (vLLM leaves the
+    chat message's empty text out) and ``finish_reason`` is the chat one for the call."""
+    content: dict[str, Any] = {"type": "text", "text": text}
+    if tool is not None:
+        content = {"type": "tool_use", "id": call_id, "name": tool.name,
+                   "input": json.loads(tool.arguments(text))}
     return {
-        "id": rid, "type": "message", "role": "assistant",
-        "content": [{"type": "text", "text": text}], "model": model,
+        "id": rid, "type": "message", "role": "assistant", "content": [content], "model": model,
         "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "usage": u,
     }
 
@@ -257,6 +325,23 @@ def block_start(index: int) -> bytes:
     })
 
 
+def tool_block_start(index: int, call_id: str, name: str) -> bytes:
+    """The start of a ``tool_use`` block, its input empty until the ``input_json_delta``s."""
+    return event("content_block_start", {
+        "type": "content_block_start",
+        "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}},
+        "index": index,
+    })
+
+
+def json_delta(index: int, partial_json: str) -> bytes:
+    return event("content_block_delta", {
+        "type": "content_block_delta",
+        "delta": {"type": "input_json_delta", "partial_json": partial_json},
+        "index": index,
+    })
+
+
 def text_delta(index: int, text: str) -> bytes:
     return event("content_block_delta", {
         "type": "content_block_delta", "delta": {"type": "text_delta", "text": text},
@@ -265,7 +350,7 @@ def text_delta(index: int, text: str) -> bytes:
 
 
 def finish_events(finish_reason: str, u: dict[str, Any]) -> bytes:
-    """The stream's tail: the text block's stop, ``message_delta`` with usage, ``message_stop``."""
+    """The stream's tail: the block's stop, ``message_delta`` with usage, ``message_stop``."""
     return b"".join((
         event("content_block_stop", {"type": "content_block_stop", "index": 0}),
         event("message_delta", {

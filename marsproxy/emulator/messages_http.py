@@ -17,10 +17,11 @@ from marsproxy.emulator.http_util import (
     read_json,
     wait_update,
 )
-from marsproxy.emulator.openai_api import ApiError
+from marsproxy.emulator.openai_api import ApiError, ParsedRequest
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+from marsproxy.emulator.tool_calls import tool_call_id
 
 
 class MessagesHandlers:
@@ -52,7 +53,7 @@ class MessagesHandlers:
                 resp = web.StreamResponse(headers=SSE_HEADERS)
                 await resp.prepare(request)
                 with contextlib.suppress(ConnectionResetError):
-                    await self._pump(resp, request, rid, stream, len(parsed.prompt_token_ids))
+                    await self._pump(resp, request, rid, stream, parsed)
                 return resp
             try:
                 while stream.finished is None:
@@ -60,28 +61,43 @@ class MessagesHandlers:
             except ConnectionResetError:
                 return web.Response(status=499)  # nobody reads it; the request is aborted below
             fin = stream.finished
+            tool, reason = parsed.tool, fin.finish_reason
             return json_response(anth.full_response(
-                rid, self.model, filler_text(0, fin.completion_tokens), fin.finish_reason,
+                rid, self.model, filler_text(0, fin.completion_tokens),
+                reason if tool is None else tool.finish_reason(reason),
                 anth.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block),
+                tool, tool_call_id() if tool is not None else "",
             ))
         finally:
             self.runner.release(rid)
 
     async def _pump(
         self, resp: web.StreamResponse, request: web.Request, rid: str, stream: TokenStream,
-        prompt: int,
+        parsed: ParsedRequest,
     ) -> None:
-        """vLLM's event sequence: ``message_start`` (with the prompt's size), one text block
-        (start, a delta per token, stop), ``message_delta`` with the stop reason and usage,
-        ``message_stop``."""
+        """vLLM's event sequence: ``message_start`` (with the prompt's size), one block (start, a
+        delta per token, stop), ``message_delta`` with the stop reason and usage,
+        ``message_stop``. The block is text, or with a forced tool choice a ``tool_use`` block
+        whose ``input_json_delta``s join to the call's arguments."""
+        tool, prompt = parsed.tool, len(parsed.prompt_token_ids)
+        call_id = tool_call_id() if tool is not None else ""
+
         def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
             parts: list[bytes] = []
             if sent == 0 and avail > 0:
                 parts.append(anth.message_start(rid, self.model, prompt))
-                parts.append(anth.block_start(0))
-            parts.extend(anth.text_delta(0, filler_chunk(i)) for i in range(sent, avail))
+                parts.append(anth.block_start(0) if tool is None
+                             else anth.tool_block_start(0, call_id, tool.name))
+            if tool is None:
+                parts.extend(anth.text_delta(0, filler_chunk(i)) for i in range(sent, avail))
+            else:
+                last = avail - 1 if fin is not None else -1
+                parts.extend(anth.json_delta(0, tool.piece(filler_chunk(i), i == 0, i == last))
+                             for i in range(sent, avail))
             if fin is not None:
-                parts.append(anth.finish_events(fin.finish_reason, anth.usage(
+                reason = fin.finish_reason if tool is None else tool.finish_reason(
+                    fin.finish_reason)
+                parts.append(anth.finish_events(reason, anth.usage(
                     fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block)))
             return parts, avail
 

@@ -2,6 +2,9 @@
 
 Only the fields the emulator acts on are read; unknown fields are ignored like vLLM ignores
 most sampling options it does not need. Response bodies mirror vLLM 0.32's JSON.
+
+A chat body's ``tools`` and ``tool_choice`` are read by :mod:`tool_calls`: a forced choice makes
+the reply one tool call instead of text.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from marsproxy.emulator.tokenizer import (
     encode_text,
     validate_token_ids,
 )
+from marsproxy.emulator.tool_calls import ForcedTool, ToolChoiceError, parse_tool_choice
 
 Kind = Literal["chat", "completion"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default (chat has none)
@@ -64,6 +68,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     session_id: str | None = None  # vLLM 0.32's field: carried into the KV events
+    tool: ForcedTool | None = None  # the reply is this tool call instead of text
 
 
 def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
@@ -84,10 +89,25 @@ def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     return val
 
 
+def body_validation_error(message: str, parameter: str, body: Mapping[str, Any]) -> ApiError:
+    """A ``VLLMValidationError`` raised by a request model's validator, as vLLM answers it: the
+    pydantic error of the body (``value_error``, its message with vLLM's ``(parameter=...)``
+    suffix) under ``type: "Bad Request"``, ``param`` the error's parameter."""
+    text = f"{message} (parameter={parameter})"
+    err = {"type": "value_error", "loc": "body", "msg": f"Value error, {text}",
+           "input": f"<dict of {len(body)} items>", "ctx": {"error": text}}
+    return ApiError(400, f"1 validation error:\n  {err}", "Bad Request", parameter)
+
+
 def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
     """Validate a chat or completions body; raises :class:`ApiError` (400/404)."""
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
+    # The request model's validators run while the body is parsed, before the model is looked up.
+    try:
+        tool = parse_tool_choice(body) if kind == "chat" else None
+    except ToolChoiceError as exc:
+        raise body_validation_error(exc.message, exc.parameter, body) from exc
     model = body.get("model", served_model)
     if model is None:
         model = served_model
@@ -137,6 +157,7 @@ def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
         stream=stream,
         include_usage=include_usage,
         session_id=session_id,
+        tool=tool,
     )
 
 
@@ -226,17 +247,26 @@ def usage_chunk(
 
 def full_response(
     kind: Kind, rid: str, created: int, model: str, text: str, finish_reason: str,
-    u: dict[str, Any],
+    u: dict[str, Any], tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed response, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*.json)."""
+    """A non-streamed response, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*.json).
+    With ``tool_calls`` (a forced tool choice) the message has ``content: ""`` and the calls
+    (vLLM's ``ChatMessage`` leaves ``tool_calls`` out when there are none)."""
     u = {**u, "completion_tokens_details": None}
     if kind == "chat":
+        message: dict[str, Any] = {
+            "role": "assistant", "content": text, "refusal": None, "annotations": None,
+            "audio": None, "function_call": None, "reasoning": None,
+        }
+        if tool_calls:
+            message = {
+                "role": "assistant", "content": "", "refusal": None, "annotations": None,
+                "audio": None, "function_call": None, "tool_calls": tool_calls,
+                "reasoning": None,
+            }
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {
-                "role": "assistant", "content": text, "refusal": None, "annotations": None,
-                "audio": None, "function_call": None, "reasoning": None,
-            },
+            "message": message,
             "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
             "token_ids": None, "routed_experts": None,
         }

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from marsproxy.emulator import openai_api as api
+from marsproxy.emulator import tool_calls as tools
 from marsproxy.emulator.http_util import SSE_HEADERS as _SSE_HEADERS
 from marsproxy.emulator.http_util import error_response as _error
 from marsproxy.emulator.http_util import json_response as _json
@@ -98,11 +99,18 @@ class _Handlers:
             except ConnectionResetError:
                 return web.Response(status=499)  # nobody reads it; the request is aborted below
             fin = stream.finished
-            body = api.full_response(
-                kind, rid, int(time.time()), self.model,
-                filler_text(0, fin.completion_tokens), fin.finish_reason,
-                api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens),
-            )
+            text = filler_text(0, fin.completion_tokens)
+            u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
+            tool = parsed.tool
+            if tool is None:
+                body = api.full_response(
+                    kind, rid, int(time.time()), self.model, text, fin.finish_reason, u)
+            else:  # a forced tool choice: the generated text becomes the call's arguments
+                body = api.full_response(
+                    kind, rid, int(time.time()), self.model, "",
+                    tool.finish_reason(fin.finish_reason), u,
+                    tool_calls=[tools.tool_call(tool, tools.tool_call_id(), text)],
+                )
             return _json(body)
         finally:
             self.runner.release(rid)
@@ -123,22 +131,44 @@ class _Handlers:
         rid: str, created: int, stream: TokenStream,
     ) -> None:
         """Write the stream's tokens as SSE events until it finishes."""
-        kind = parsed.kind
+        kind, tool = parsed.kind, parsed.tool
         # Every token chunk is the same JSON except its text: build the frame once.
-        template = api.chunk(kind, rid, created, self.model, "\x00")
+        if tool is None:
+            template = api.chunk(kind, rid, created, self.model, "\x00")
+        else:  # a forced tool choice: each token appends its text to the call's arguments
+            template = tools.tool_chunk(rid, created, self.model, tool, "\x00")
+        call_id = tools.tool_call_id() if tool is not None else ""
         head, tail = ("data: " + json.dumps(template, separators=(",", ":"))).split('"\\u0000"')
         head_b, tail_b = head.encode(), (tail + "\n\n").encode()
+
         def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
             parts: list[bytes] = []
             if sent == 0 and avail > 0 and kind == "chat":
                 parts.append(_sse(api.chunk(kind, rid, created, self.model, "", role=True)))
             last = avail - 1 if fin is not None else avail
-            for i in range(sent, last):
-                parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
+            if tool is None:
+                for i in range(sent, last):
+                    parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
+            else:
+                for i in range(sent, last):
+                    if i == 0:
+                        parts.append(_sse(tools.tool_chunk(
+                            rid, created, self.model, tool,
+                            tool.piece(filler_chunk(0), True, False), call_id)))
+                    else:
+                        parts.append(head_b + json.dumps(
+                            tool.piece(filler_chunk(i), False, False)).encode() + tail_b)
             if fin is not None:
-                parts.append(_sse(api.chunk(
-                    kind, rid, created, self.model, filler_chunk(avail - 1), fin.finish_reason
-                )))
+                i = avail - 1
+                if tool is None:
+                    parts.append(_sse(api.chunk(
+                        kind, rid, created, self.model, filler_chunk(i), fin.finish_reason
+                    )))
+                else:
+                    parts.append(_sse(tools.tool_chunk(
+                        rid, created, self.model, tool, tool.piece(filler_chunk(i), i == 0, True),
+                        call_id if i == 0 else None, tool.finish_reason(fin.finish_reason),
+                    )))
                 if parsed.include_usage:
                     u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
                     parts.append(_sse(api.usage_chunk(kind, rid, created, self.model, u)))
