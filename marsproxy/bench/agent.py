@@ -4,7 +4,9 @@ Each turn sends the whole append-only chat history (system prompt, task, then ev
 tool observation), sized so that the prompt matches the trace's ``input_tokens`` under the
 emulated tokenizer (4 bytes per token; for a real model, ``ReplayOptions.chars_per_token``
 measured with its tokenizer, and each turn sized from the prompt tokens the server counted),
-streams the answer, then waits out the tool phase.
+streams the answer, then waits out the tool phase. With ``ReplayOptions.tool_calls`` the agent
+acts through tool calls: each reply but the last is a call of :data:`RUN_TOOL`, and the
+observation goes back as that call's ``tool`` message.
 """
 
 from __future__ import annotations
@@ -88,7 +90,47 @@ class ReplayOptions:
     markers its own way), so prompts track the trace's lengths instead of drifting."""
     plain: bool = False
     """Send no session id and no final flag, as a plain OpenAI client: the proxy finds each
-    session from its conversation and ends it when it idles."""
+    session from its conversation and ends it on its answer (with ``tool_calls``) or when it
+    idles."""
+    tool_calls: bool = False
+    """The agent acts through tool calls, as OpenAI tool-calling agents do: every request
+    carries one tool definition (:data:`RUN_TOOL`); each turn but the last forces a call
+    (``tool_choice: "required"``), the last answers in text (``tool_choice: "none"``). A reply's
+    call goes back into the history as the assistant message's ``tool_calls``, and the tool's
+    observation as a ``tool`` message (sized as the ``user`` message it replaces)."""
+
+
+RUN_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "run",
+        "description": "Run a shell command in the task's workspace and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command to run."}},
+            "required": ["command"],
+        },
+    },
+}
+"""The one tool a ``tool_calls`` agent offers."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call read from a streamed reply (its deltas joined)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def message(self, content: str) -> dict[str, Any]:
+        """The assistant message that carries this call back in the history."""
+        return {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [{"id": self.id, "type": "function",
+                            "function": {"name": self.name, "arguments": self.arguments}}],
+        }
 
 
 ToolRunner = Callable[[float, str], Awaitable[None]]
@@ -121,8 +163,11 @@ async def _send_turn(
     headers: dict[str, str],
     messages: list[dict[str, Any]],
     max_tokens: int,
-) -> tuple[TurnResult, str]:
-    body = {
+    tool_choice: str | None = None,
+) -> tuple[TurnResult, str, ToolCall | None]:
+    """One streamed call: its result, the reply's text and the tool call it made (if any).
+    ``tool_choice`` (with :data:`RUN_TOOL`) is sent only when given."""
+    body: dict[str, Any] = {
         "model": opts.model,
         "messages": messages,
         "max_tokens": max_tokens,
@@ -130,9 +175,13 @@ async def _send_turn(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if tool_choice is not None:
+        body["tools"] = [RUN_TOOL]
+        body["tool_choice"] = tool_choice
     t0 = time.perf_counter()
     ttft: float | None = None
     text: list[str] = []
+    call_id, call_name, call_args = "", "", []
     usage: dict[str, Any] = {}
     async with http.post(
         f"{opts.base_url}/v1/chat/completions", json=body, headers=headers
@@ -140,7 +189,8 @@ async def _send_turn(
         overhead = resp.headers.get("x-marsproxy-overhead-ms")
         if resp.status != 200:
             err = (await resp.text())[:300]
-            return TurnResult(False, resp.status, None, time.perf_counter() - t0, error=err), ""
+            return (TurnResult(False, resp.status, None, time.perf_counter() - t0, error=err),
+                    "", None)
         async for raw in resp.content:
             line = raw.strip()
             if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -149,11 +199,21 @@ async def _send_turn(
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                piece = delta.get("content")
                 if piece:
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                     text.append(piece)
+                for call in delta.get("tool_calls") or ():
+                    if call.get("index", 0) != 0:
+                        continue  # one call per reply is all this agent acts on
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    call_id = call.get("id") or call_id
+                    fn = call.get("function") or {}
+                    call_name = fn.get("name") or call_name
+                    call_args.append(fn.get("arguments") or "")
     details = usage.get("prompt_tokens_details") or {}
     result = TurnResult(
         ok=True,
@@ -165,7 +225,8 @@ async def _send_turn(
         completion_tokens=int(usage.get("completion_tokens", 0)),
         overhead_ms=float(overhead) if overhead else None,
     )
-    return result, "".join(text)
+    made = ToolCall(call_id, call_name, "".join(call_args)) if call_id or call_name else None
+    return result, "".join(text), made
 
 
 def plan_from_trace(trace: SessionTrace, opts: ReplayOptions) -> PlannedSession:
@@ -210,28 +271,38 @@ async def replay_plan(
         {"role": "user", "content": own},
     ]
     sent_tokens = first
+    call: ToolCall | None = None  # the previous reply's tool call
     for i, turn in enumerate(turns):
         if i > 0:
-            messages.append(
-                {"role": "user",
-                 "content": filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)}
-            )
+            observation = filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)
+            if call is not None:
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": observation})
+            else:
+                messages.append({"role": "user", "content": observation})
             sent_tokens = max(turn.input_tokens, sent_tokens + 1)
         headers = _mix_headers(plan)
         if not opts.plain:
             headers[opts.session_header] = plan.id
             if i == len(turns) - 1:
                 headers["x-session-final"] = "true"
+        tool_choice = None
+        if opts.tool_calls:
+            tool_choice = "required" if i < len(turns) - 1 else "none"
         sent = time.perf_counter()
         try:
-            tr, reply = await _send_turn(http, opts, headers, messages, turn.output_tokens)
+            tr, reply, call = await _send_turn(
+                http, opts, headers, messages, turn.output_tokens, tool_choice)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            tr, reply = TurnResult(False, 0, None, 0.0, error=repr(exc)), ""
+            tr, reply, call = TurnResult(False, 0, None, 0.0, error=repr(exc)), "", None
         tr.sent_at = sent
         result.turns.append(tr)
         if not tr.ok:
             break
-        messages.append({"role": "assistant", "content": reply})
+        if call is not None:
+            messages.append(call.message(reply))
+        else:
+            messages.append({"role": "assistant", "content": reply})
         if opts.follow_usage and tr.prompt_tokens > 0:
             sent_tokens = tr.prompt_tokens + tr.completion_tokens
         else:
