@@ -35,13 +35,10 @@ from marsproxy.core.events import (
 )
 from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits, reprefill_seconds
 from marsproxy.core.lifecycle import SessionLifecycle
-from marsproxy.core.session_record import EndReason, SessionState
+from marsproxy.core.session_record import RAN_ITS_COURSE, EndReason, SessionState
 
 # WorkerSignals is the core's input: importable from here with the core that reads it.
 __all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "WorkerSignals"]
-
-# Endings after which a session's largest context is its peak: the growth forecast learns it.
-_RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.IDLE_TIMEOUT, EndReason.DELETED})
 
 
 class DecisionKind(StrEnum):
@@ -386,9 +383,9 @@ class AdmissionCore(WorkerFit):
         self.gauge.settle(session)
         self.queue.forget(session)
         self.prefixes.forget(session)
-        self.peaks.end(session, finished=reason in _RAN_ITS_COURSE)
+        self.peaks.end(session, finished=reason in RAN_ITS_COURSE)
         self.yields.ended(session)
-        if rec is not None and rec.admitted_at is not None and reason in _RAN_ITS_COURSE:
+        if rec is not None and rec.admitted_at is not None and reason in RAN_ITS_COURSE:
             self.overlaps.session_lived(now - rec.admitted_at)
         self.estimator.forget(session)
         if rec is None:

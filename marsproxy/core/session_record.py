@@ -23,6 +23,8 @@ class Phase(StrEnum):
 
 class EndReason(StrEnum):
     FINAL = "final"
+    ANSWERED = "answered"
+    """Its reply called no tool, from a key whose replies call tools (``core/answers.py``)."""
     DELETED = "deleted"
     """Ended on purpose (``DELETE``): wherever it lives, on any replica."""
     EVICTED = "evicted"
@@ -33,6 +35,12 @@ class EndReason(StrEnum):
     """The client of a waiting session went away before it was admitted."""
     MOVED = "moved"
     """Another replica took the session over (its lease moved there); it lives on there."""
+
+
+# Endings after which a session's largest context is its peak (the growth forecast learns it)
+# and its life a lifetime (the overlap's pace).
+RAN_ITS_COURSE = frozenset({EndReason.FINAL, EndReason.ANSWERED, EndReason.IDLE_TIMEOUT,
+                            EndReason.DELETED})
 
 
 class LifecycleError(ValueError):

@@ -95,3 +95,5 @@ class CallEnd:
     released: list[Ticket]
     """Gated calls the freed room lets go now."""
     outcome: Outcome
+    answered: bool = False
+    """Its reply answered without a tool call (``core/answers.py``): the session ended."""

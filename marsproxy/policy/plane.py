@@ -25,6 +25,7 @@ from functools import partial
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
 from marsproxy.aimd.order_index import QueueEntry
 from marsproxy.config import MarsConfig
+from marsproxy.core.answers import ReplyKind, ToolCallers
 from marsproxy.core.events import Event
 from marsproxy.core.session_record import EndReason, SessionState
 from marsproxy.policy.kv_facts import correct_ledger, verify_retention
@@ -72,6 +73,7 @@ class ControlPlane:
         """Retention verified and corrected (KV events): the driver takes and publishes them."""
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
         self.trees = Trees()  # agent trees (parent → children): policy/trees.py
+        self.tool_callers = ToolCallers()  # whose answers end their sessions: core/answers.py
         self.scheduler.parent_of = self.trees.parent_of
         yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
         self.scheduler.yield_rank = yields.rank
@@ -181,20 +183,16 @@ class ControlPlane:
     def withdraw(self, now: float, key: str) -> Outcome:
         """A session not served yet goes: its waiting client left, or the store is
         unreachable and admits nothing new (``on_store_failure: closed``)."""
-        out = Outcome()
-        self._absorb(now, self.admission.on_session_end(now, key, EndReason.ABANDONED), out)
-        return out
+        return self._ending(now, key, EndReason.ABANDONED)
 
     def lost(self, now: float, key: str, worker: str) -> Outcome:
         """The store no longer has ``key``'s lease on ``worker``: another replica took the
         session over (or ended it, or the lease expired during a stall)."""
-        out = Outcome()
         if self._held.get(key) != worker:
-            return out
+            return Outcome()
         del self._held[key]  # not ours to release any more
         self.tracker.session_ended(key)  # its tool phases run elsewhere now
-        self._absorb(now, self.admission.on_session_end(now, key, EndReason.MOVED), out)
-        return out
+        return self._ending(now, key, EndReason.MOVED)
 
     def relocate(self, now: float, key: str, room: Mapping[str, int]) -> str | None:
         """``key``'s worker is full across replicas: move it to a worker with room, if it
@@ -203,8 +201,6 @@ class ControlPlane:
         if p is None or p.idle or room.get(p.worker, 0) > 0:
             return None
         others = [w for w, n in room.items() if n > 0 and w != p.worker]
-        if not others:
-            return None
         moved = self.admission.relocate(now, key, others)
         if moved is not None:
             p.worker = moved
@@ -217,9 +213,8 @@ class ControlPlane:
     ) -> Ticket | None:
         """A call of ``key`` goes to ``worker``: its level, and whether it waits in the gate
         (then :meth:`release` says when it goes; ``gate``: it waits there even on a priority
-        worker). ``None``: nothing is scheduled (passive). ``resident_tokens``: leading tokens
-        of its prompt resident there (KV events): a retained prefix is verified
-        (``retention_verified``)."""
+        worker). ``None``: nothing is scheduled (passive). ``resident_tokens``: its prompt's
+        leading tokens resident there (KV events): a retained prefix is verified."""
         if self.passive:
             return None
         self._verify(now, key, worker, resident_tokens)
@@ -242,11 +237,17 @@ class ControlPlane:
         self, now: float, key: str, ticket: Ticket | None, *, ok: bool, admitted: bool,
         prompt_tokens: int | None, completion_tokens: int = 0, cached_tokens: int = 0,
         chars: int = 0, engine_s: float = 0.0, continues: bool = True,
-        usual_tool_s: float | None = None,
+        usual_tool_s: float | None = None, reply: ReplyKind | None = None,
     ) -> CallEnd:
         """A call ended (well or not). The scheduler hears it first (its retention decision),
         then admission (whose end of a final call may end the session). ``usual_tool_s``:
-        the session's usual tool time when the tracker has none (carried from a replica)."""
+        the session's usual tool time when the tracker has none (carried from a replica);
+        ``reply``: its kind, where read (an answer may end the session: ``core/answers.py``)."""
+        rec = self.admission.sessions.get(key)
+        # Its answer, with no other call of it running: its task is done.
+        answered = (rec is not None and self.tool_callers.ends_task(rec.tenant, reply)
+                    and continues and rec.in_flight == 1)
+        continues = continues and not answered
         result, released = None, []
         predicted = self.tracker.predicted_duration(key)  # once: both planes read it
         if ticket is not None:
@@ -264,18 +265,18 @@ class ControlPlane:
                 now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
                 usual_tool_s=predicted if predicted is not None else usual_tool_s,
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens), out)
-        if self.trees.has_children(key):
+        if answered:
+            out.extend(self.session_end(now, key, EndReason.ANSWERED))
+        elif self.trees.has_children(key):
             self._parent_waits(now, key)
-        return CallEnd(result, released, out)
+        return CallEnd(result, released, out, answered=answered)
 
     def session_end(self, now: float, key: str, reason: EndReason) -> Outcome:
         """The session is over for its client (final turn, DELETE, idle, evicted, left)."""
-        out = Outcome()
         self.tracker.session_ended(key)
         returned = self.scheduler.session_ended(key)
-        if returned is not None:
-            out.returned.append(returned)
-        self._absorb(now, self.admission.on_session_end(now, key, reason), out)
+        out = self._ending(now, key, reason)
+        out.returned += [] if returned is None else [returned]
         return out
 
     # -- time -----------------------------------------------------------------------------------
@@ -289,11 +290,10 @@ class ControlPlane:
         self.observed.update(observed)
         self.tool_signal.observe(cpu)
         tools = self.tool_signal.signals(self.tracker, at)
-        elsewhere = elsewhere or {}
         self.signals = signals = {
             w: admission_signals(self.observed[w], tools, self.tool_cpus,
                                  retained_blocks=self.scheduler.retained_blocks(w),
-                                 sessions_elsewhere=elsewhere.get(w, 0))
+                                 sessions_elsewhere=(elsewhere or {}).get(w, 0))
             for w in self.workers
         }
         out = Outcome()
@@ -311,8 +311,7 @@ class ControlPlane:
             if obs.session_blocks is not None:  # what the engine evicted of retained prefixes
                 self.kv_events += correct_ledger(now, self.scheduler.ledger, w,
                                                  obs.session_blocks, self._ledger_grace_s)
-        res = self.scheduler.tick(now)
-        return res, self.scheduler.release(now)
+        return self.scheduler.tick(now), self.scheduler.release(now)
 
     # -- internals ------------------------------------------------------------------------------
     def _verify(self, now: float, key: str, worker: str, resident: int | None) -> None:
@@ -381,6 +380,11 @@ class ControlPlane:
         for wc in actions.window_changes:
             self._note(now, "window", wc.worker or "", wc.new, wc.reason)
         out.events.extend(actions.events)
+
+    def _ending(self, now: float, key: str, reason: EndReason) -> Outcome:
+        out = Outcome()
+        self._absorb(now, self.admission.on_session_end(now, key, reason), out)
+        return out
 
     def _expire_pending(self, now: float, out: Outcome) -> None:
         # The core's deadline covers its own queue; the pending sessions' is decided here.

@@ -96,10 +96,6 @@ class Simulation:
         return self.proxy.plane.scheduler
 
     @property
-    def events(self) -> list[dict[str, Any]]:
-        return [] if self.proxy is None else self.proxy.events
-
-    @property
     def states(self) -> list[dict[str, Any]]:
         return [] if self.proxy is None else self.proxy.states
 
@@ -133,7 +129,7 @@ class Simulation:
         return RunResult(
             policy=self.policy, regime="", load="",
             outcomes=[a.outcome for a in self._agents.values()],
-            timeline=timeline(self.events, 0.0),
+            timeline=timeline([] if self.proxy is None else self.proxy.events, 0.0),
             extra={"stats": dict(self.stats), "sim_end_s": now,
                    "state_snapshots": len(self.states)},
         )
@@ -242,12 +238,13 @@ class Simulation:
         self._finish(now, agent, told=told, reason=EndReason.ABANDONED)
 
     def _finish(self, now: float, agent: Agent, *, told: bool = True,
-                reason: EndReason = EndReason.FINAL) -> None:
-        """``told``: the proxy learns that the session ended (else its idle timeout ends it)."""
+                reason: EndReason = EndReason.FINAL, ended: bool = False) -> None:
+        """``told``: the proxy learns that the session ended (else its idle timeout ends it);
+        ``ended``: it knows already (it ended the session on its answer)."""
         agent.done = True
         agent.tokens = []
         self._unfinished -= 1
-        if told:
+        if told and not ended:
             self._forget(now, agent.plan.id, reason)
         else:
             self._untold += 1
@@ -273,14 +270,16 @@ class Simulation:
         agent.tokens.extend(self.prompts.reply(fin.completion_tokens))
         agent.context = fin.prompt_tokens + fin.completion_tokens
         last = agent.turn == len(agent.plan.turns) - 1
-        final = last and self.setup.send_final
+        final, answered = last and self.setup.send_final, False
         if self.proxy is not None:
             t = None if agent.call is None else self._tickets.pop(agent.call, None)
             agent.call = None
             end = self.proxy.call_end(
                 now, sid, t, prompt_tokens=fin.prompt_tokens,
                 completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
-                engine_s=fin.e2e_latency * self.setup.time_scale, continues=not final)
+                engine_s=fin.e2e_latency * self.setup.time_scale, continues=not final,
+                last=last)
+            answered = end.answered
             res = end.result
             if res is not None and res.retention is not None and not self.proxy.plane.passive \
                     and self.proxy.cfg.scheduler.retention_policy != "off":
@@ -292,9 +291,10 @@ class Simulation:
                                                      fin.prefill_time * self.setup.time_scale)
         if last:
             agent.outcome.end_s = now
-            if not final and not self.setup.report_tools and self.proxy is not None:
+            told = final or answered or self.proxy is None
+            if not told and not self.setup.report_tools and self.proxy is not None:
                 self.proxy.tool(now, sid, "response_ended")  # to the proxy, a gap like any other
-            self._finish(now, agent, told=final or self.proxy is None)
+            self._finish(now, agent, told=told, ended=answered)
             return
         turn = agent.plan.turns[agent.turn]
         if self.proxy is not None:

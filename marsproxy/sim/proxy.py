@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsproxy.config import MarsConfig
+from marsproxy.core.answers import ReplyKind
 from marsproxy.core.events import Event, PressureSample, event_to_dict
 from marsproxy.core.session_record import EndReason
 from marsproxy.emulator.engine import Engine
@@ -95,14 +96,20 @@ class SimProxy:
 
     def call_end(self, now: float, key: str, ticket: Ticket | None, *, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, engine_s: float,
-                 continues: bool) -> CallEnd:
+                 continues: bool, last: bool = False) -> CallEnd:
+        """``last``: the session's last call. Agents acting through tool calls
+        (``SimSetup.tool_calls``) answer there and call a tool everywhere else, and the plane
+        hears the reply's kind as the gateway reads it (``CallEnd.answered``: it ended the
+        session on the answer)."""
+        reply = None if not self.setup.tool_calls else (
+            ReplyKind.ANSWER if last else ReplyKind.TOOL_CALL)
         self._in("call_end", now, key=key, prompt_tokens=prompt_tokens,
                  completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                 engine_s=engine_s, continues=continues)
+                 engine_s=engine_s, continues=continues, reply=reply)
         return self.plane.call_end(
             now, key, ticket, ok=True, admitted=True, prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-            chars=4 * prompt_tokens, engine_s=engine_s, continues=continues)
+            chars=4 * prompt_tokens, engine_s=engine_s, continues=continues, reply=reply)
 
     def cancel(self, now: float, ticket: Ticket) -> list[Ticket]:
         return self.plane.cancel(now, ticket)

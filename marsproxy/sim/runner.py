@@ -93,7 +93,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="agents do not report tool events; the proxy infers tool phases")
     e.add_argument("--plain-clients", action="store_true",
                    help="agents send nothing special (a plain OpenAI client): no final flag,"
-                   " no tool events; the proxy infers tool phases and ends sessions when idle")
+                   " no tool events; the proxy infers tool phases and ends each session on"
+                   " its answer (a reply that calls no tool), or when idle (--text-agents)")
+    e.add_argument("--text-agents", action="store_true",
+                   help="agents act in text (Aider, SWE-agent): no reply calls a tool, so no"
+                   " reply tells the proxy that a task is done")
     e.add_argument("--kv-events", action="store_true",
                    help="workers publish KV events: the proxy places new sessions by resident"
                    " prefix (placement.policy), budgets admission by resident blocks and"
@@ -140,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
                      busy_cpus=args.busy_cpus,
                      system_prompt_tokens=max(1, round(600 * args.token_scale)),
                      report_tools=not (args.infer_tools or args.plain_clients),
-                     send_final=not args.plain_clients,
+                     send_final=not args.plain_clients, tool_calls=not args.text_agents,
                      worker_mode=args.worker_mode,
                      time_scale=args.time_scale, call_overhead_s=args.call_overhead,
                      state_every_s=args.state_every, kv_events=args.kv_events,
@@ -165,6 +169,7 @@ def main(args: argparse.Namespace) -> int:
             "overrides": sets,
             "agents report tool events": setup.report_tools,
             "agents flag their last call final": setup.send_final,
+            "agents act through tool calls": setup.tool_calls,
             "kv_events": args.kv_events, "prefix_groups": args.prefix_groups,
             "prefix_tokens": args.prefix_tokens,
             "horizon_s": args.horizon,

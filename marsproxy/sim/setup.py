@@ -27,6 +27,10 @@ class SimSetup:
     send_final: bool = True
     """Agents flag their last call as final; else (a plain OpenAI client) the proxy holds each
     session until its idle timeout, and the run goes on until the last one has ended."""
+    tool_calls: bool = True
+    """Agents act through tool calls (OpenAI function calling, Anthropic tool use): each reply
+    but a session's last calls a tool, the last answers, and the proxy reads which; else they
+    act in text (Aider, SWE-agent) and no reply says anything of the session's end."""
     pressure_every: int = 5
     """A pressure_sample event every this many control ticks (the gateway: every 5th scrape)."""
     time_scale: float = 1.0

@@ -146,11 +146,14 @@ def make_case(seed: int, traces: Sequence[SessionTrace]) -> SweepCase:
         send_final=rng.random() < 0.6, horizon_s=100_000.0,
         worker_mode=rng.choice(("priority", "gated")),  # gated: FCFS engines (the default)
         kv_events=kv_events,
+        # Its own draw, so the workloads drawn before it stayed what they were.
+        tool_calls=random.Random(f"sweep-calls:{seed}").random() < 0.5,
     )
     kind = "one at a time" if arrivals.kind == "fixed" else spec.arrivals.label()
     label = (f"{workers}x {profile.name} {profile.num_blocks} blocks,"
              f" {'synthetic' if synthetic else 'sampled'} {sessions} sessions, {kind},"
              f" {setup.tool_cpus:g} tool CPUs, {'final flag' if setup.send_final else 'no final'},"
+             f" {'tool-calling' if setup.tool_calls else 'text'} agents,"
              f" {'reported' if setup.report_tools else 'inferred'} tools,"
              f" {'FCFS' if setup.worker_mode == 'gated' else 'priority'} engines"
              + (f", KV events, {groups} prefix groups" if kv_events else ""))

@@ -84,7 +84,7 @@ class Relay:
         if out.body is None or out.turn_ref is None:
             return
         try:
-            out.usage, out.reply = body_usage_and_reply(
+            out.usage, out.reply, out.reply_kind = body_usage_and_reply(
                 route, out.body, capture=out.turn_ref.capture_reply)
         except (ValueError, TypeError, AttributeError) as exc:  # the client has it as it is
             log.warning("%s reply of session %s: no usage read from it: %r", route,
@@ -238,17 +238,19 @@ class Relay:
             gw.kv_use.compare(p, out.usage.cached_tokens)
         if turn is None:
             return
+        answered = False
         if out.prepared is not None or out.admitted:
             # A one-shot request (no session to come back) gets no retention decision.
             sess = gw.sessions.get(turn.session)
             goes_on = not turn.final and sess is not None and not sess.ephemeral
             engine_s = time.perf_counter() - clock.t0 - clock.held_s
             # Before the table may forget the session: the plane hears the end of the call
-            # first, then (on a final turn) the end of the session.
-            gw.call_ended(turn.session, out.prepared, ok=out.ok, usage=out.usage,
-                          engine_s=engine_s, continues=goes_on, admitted=out.admitted,
-                          chars=out.prompt_chars)
-        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+            # first, then (on a final turn, or the answer that ends its task) the session's.
+            answered = gw.call_ended(
+                turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
+                continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
+                reply=out.reply_kind)
+        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now(), answered=answered)
         if out.ok:
             gw.response_ended(turn)
 

@@ -131,6 +131,7 @@ async def stream(
     out.usage = tap.usage
     out.ok = not tap.saw_error
     out.reply = tap.reply() if out.ok else None
+    out.reply_kind = tap.kind if out.ok else None
     return resp
 
 async def _write(

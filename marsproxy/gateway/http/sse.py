@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from marsproxy.core.answers import ReplyKind
 from marsproxy.core.canon import (
     Reply,
     anthropic_message_unit,
@@ -20,6 +21,10 @@ from marsproxy.core.canon import (
     responses_output_units,
 )
 from marsproxy.core.identity import Route
+from marsproxy.gateway.http.reply_kind import body_kind, first_choice, kind_of, responses_kind
+
+# A finish reason that is set (a string), as compact or spaced JSON writes it.
+_FINISH, _FINISH_SPACED = b'"finish_reason":"', b'"finish_reason": "'
 
 
 class SSESplitter:
@@ -152,6 +157,8 @@ class StreamTap:
         self._capture = _Capture() if capture else None
         self._responses_output: list[bytes] | None = None
         self.saw_error = False
+        self._calls_tool = False  # the reply's kind (reply_kind.py)
+        self._finish: object = None
 
     def keep(self, event: bytes) -> bool:
         if self.route in ("chat", "completions"):
@@ -170,7 +177,20 @@ class StreamTap:
         """
         if self.route == "responses":
             return b"response.completed" not in data and b"response.failed" not in data
-        return self._capture is None and b'"usage"' not in data and b'"error"' not in data
+        return (self._capture is None and b'"usage"' not in data and b'"error"' not in data
+                and not self._ends_or_calls(data))
+
+    @property
+    def kind(self) -> ReplyKind | None:
+        """Whether the reply called a tool or answered (``None``: neither, or not seen)."""
+        return kind_of(self._calls_tool, self._finish)
+
+    def _ends_or_calls(self, data: bytes) -> bool:
+        """Whether ``data`` may hold the finish reason, or the reply's first tool call."""
+        if self.route == "messages":
+            return not self._calls_tool and b'"tool_use"' in data
+        return (_FINISH in data or _FINISH_SPACED in data
+                or (not self._calls_tool and b'"tool_calls"' in data))
 
     def reply(self) -> Reply | None:
         """The reply in the form the client will echo next turn (capture only)."""
@@ -189,7 +209,8 @@ class StreamTap:
 
     def _openai(self, event: bytes) -> bool:
         has_usage = b'"usage"' in event and b'"usage":null' not in event
-        if not has_usage and self._capture is None and b'"error"' not in event:
+        if (not has_usage and self._capture is None and b'"error"' not in event
+                and not self._ends_or_calls(event)):
             return True  # the common case: forward without looking further
         data = event_data(event)
         if not data or data == b"[DONE]":
@@ -205,6 +226,10 @@ class StreamTap:
                 self.usage = usage
                 if self._strip and obj.get("choices") == []:
                     return False
+        ch = first_choice(obj)
+        if ch is not None:
+            self._finish = ch.get("finish_reason") or self._finish
+            self._calls_tool = self._calls_tool or bool((ch.get("delta") or {}).get("tool_calls"))
         if self._capture is not None:
             self._capture_openai(obj)
         return True
@@ -241,12 +266,15 @@ class StreamTap:
         resp = obj["response"]
         if obj.get("type") == "response.failed":
             self.saw_error = True
+        self._calls_tool = responses_kind(resp) is ReplyKind.TOOL_CALL
+        self._finish = resp.get("status")
         self.usage = Usage.of(resp.get("usage")) or self.usage
         if self._capture is not None:
             self._responses_output = responses_output_units(resp.get("output"))
 
     def _messages(self, event: bytes) -> None:
-        if self._capture is None and b'"usage"' not in event and b'"error"' not in event:
+        if (self._capture is None and b'"usage"' not in event and b'"error"' not in event
+                and not self._ends_or_calls(event)):
             return
         obj = _loads(event_data(event))
         if not isinstance(obj, dict):
@@ -256,7 +284,11 @@ class StreamTap:
             self.saw_error = True
         elif kind == "message_start":
             self.usage = Usage.of((obj.get("message") or {}).get("usage")) or self.usage
+        elif kind == "content_block_start":
+            block = obj.get("content_block")
+            self._calls_tool |= isinstance(block, dict) and block.get("type") == "tool_use"
         elif kind == "message_delta":
+            self._finish = (obj.get("delta") or {}).get("stop_reason") or self._finish
             delta = Usage.of(obj.get("usage"))
             if delta is not None:
                 base = self.usage or Usage()
@@ -299,18 +331,19 @@ def messages_reply_unit(text: str, calls: list[tuple[str, str]]) -> bytes:
 
 def body_usage_and_reply(
     route: Route, body: bytes, *, capture: bool
-) -> tuple[Usage | None, Reply | None]:
-    """Usage (and, for chain sessions, the reply) of a non-streaming response body."""
-    if not capture and b'"usage"' not in body:
-        return None, None
+) -> tuple[Usage | None, Reply | None, ReplyKind | None]:
+    """Usage, the reply's kind (and, for chain sessions, the reply) of a non-streaming
+    response body."""
     obj = _loads(body)
     if not isinstance(obj, dict):
-        return None, None
-    usage = Usage.of(obj.get("usage"))
-    if not capture:
-        return usage, None
+        return None, None, None
+    usage, kind = Usage.of(obj.get("usage")), body_kind(route, obj)
+    return usage, _body_reply(route, obj) if capture else None, kind
+
+
+def _body_reply(route: Route, obj: dict[str, Any]) -> Reply | None:
     if route == "responses":
-        return usage, Reply(tuple(responses_output_units(obj.get("output"))))
+        return Reply(tuple(responses_output_units(obj.get("output"))))
     if route == "messages":
         text = ""
         calls: list[tuple[str, str]] = []
@@ -319,16 +352,16 @@ def body_usage_and_reply(
                 text += str(block.get("text", ""))
             elif block.get("type") == "tool_use":
                 calls.append((str(block.get("name", "")), json.dumps(block.get("input", {}))))
-        return usage, Reply((messages_reply_unit(text, calls),))
-    choices = obj.get("choices") or []
+        return Reply((messages_reply_unit(text, calls),))
+    choices = obj.get("choices") or []  # of the wrong shape: raises (relay.py names it)
     first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
     if first is None:
-        return usage, None
+        return None
     if route == "completions":
-        return usage, Reply(text=str(first.get("text") or ""))
+        return Reply(text=str(first.get("text") or ""))
     msg = first.get("message") or {}
     calls = []
     for tc in msg.get("tool_calls") or ():
         fn = tc.get("function") or {}
         calls.append((str(fn.get("name", "")), str(fn.get("arguments", ""))))
-    return usage, Reply((chat_reply_unit(str(msg.get("content") or ""), calls),))
+    return Reply((chat_reply_unit(str(msg.get("content") or ""), calls),))

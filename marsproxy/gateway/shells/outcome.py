@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 
 from marsproxy.config import WorkerConfig
+from marsproxy.core.answers import ReplyKind
 from marsproxy.core.canon import Reply
 from marsproxy.core.events import Dispatch, FirstToken, LlmEnd, Rejected
 from marsproxy.core.sessions import Turn
@@ -91,6 +92,7 @@ class Outcome:
         self.usage: Usage | None = None
         self.body: bytes | None = None  # a JSON reply: read for usage once it has left
         self.reply: Reply | None = None
+        self.reply_kind: ReplyKind | None = None  # called a tool, or answered (core/answers.py)
         self.session: str | None = None
         self.turn = 0
         self.turn_ref: Turn | None = None  # scheduled requests, once their session is known

@@ -18,6 +18,7 @@ from typing import Any
 
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.core.answers import ReplyKind
 from marsproxy.core.events import SessionEnd
 from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
@@ -200,9 +201,10 @@ class Gateway:
 
     def call_ended(self, key: str, prepared: Prepared | None, *, ok: bool,
                    usage: Usage | None, engine_s: float, continues: bool, admitted: bool,
-                   chars: int) -> None:
+                   chars: int, reply: ReplyKind | None = None) -> bool:
         """A call is over (well or not): the plane decides retention, then (for an admitted
-        request) what its end means for admission; the shells carry it out."""
+        request) what its end means for admission; the shells carry it out. True: its reply
+        answered and ended the session (``core/answers.py``)."""
         u = usage or Usage()
         ticket = None if prepared is None else prepared.ticket
         # The plane asks the tracker first; an adopted session's carried estimate is the fallback.
@@ -211,10 +213,11 @@ class Gateway:
             self.now(), key, ticket, ok=ok and usage is not None, admitted=admitted,
             prompt_tokens=None if usage is None else u.prompt_tokens,
             completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens, chars=chars,
-            engine_s=engine_s, continues=continues, usual_tool_s=usual)
+            engine_s=engine_s, continues=continues, usual_tool_s=usual, reply=reply)
         self.scheduler.finished(prepared, end, usage)
         if admitted and self.admission is not None:
             self.admission.call_ended(key, end.outcome, u.prompt_tokens + u.completion_tokens)
+        return end.answered
 
     # -- session lifecycle (feeds the tool tracker and the event stream) -------------------
 

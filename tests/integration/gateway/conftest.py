@@ -112,26 +112,30 @@ class FakeWorker:
             n = 20 if mode == "slow" else 3
             words = [f"w{i} " for i in range(n)]
             usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+            # "tool": the reply calls a tool, as vLLM answers a forced call (finish "stop").
+            call = {"id": "chatcmpl-tool-1", "type": "function",
+                    "function": {"name": "run", "arguments": "".join(words)}}
             if not obj.get("stream"):
                 self.completed += 1
+                message: dict[str, Any] = {"role": "assistant", "content": "".join(words)}
+                if mode == "tool":
+                    message = {"role": "assistant", "content": None, "tool_calls": [call]}
                 return web.json_response(
                     {
                         "id": "c",
                         "object": "chat.completion",
                         "model": "fake",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "finish_reason": "stop",
-                                "message": {"role": "assistant", "content": "".join(words)},
-                            }
-                        ],
+                        "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
                         "usage": usage,
                     }
                 )
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for i, w in enumerate(words):
+                delta: dict[str, Any] = {"content": w}
+                if mode == "tool":
+                    fn = {"arguments": w} if i else {"name": "run", "arguments": w}
+                    delta = {"content": None, "tool_calls": [{"index": 0, "function": fn}]}
                 chunk = {
                     "id": "c",
                     "object": "chat.completion.chunk",
@@ -139,7 +143,7 @@ class FakeWorker:
                     "choices": [
                         {
                             "index": 0,
-                            "delta": {"content": w},
+                            "delta": delta,
                             "finish_reason": "stop" if i == n - 1 else None,
                         }
                     ],

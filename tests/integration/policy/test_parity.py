@@ -49,9 +49,11 @@ class _Clock:
 
 def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[str],
               mode: str, blocks: int, groups: int = 0, trees: tuple[int, int] | None = None,
-              mix: tuple[MixGroup, ...] = ()) -> tuple[Any, list[Input], DecisionLog]:
+              mix: tuple[MixGroup, ...] = (), plain: bool = False,
+              ) -> tuple[Any, list[Input], DecisionLog]:
     """``groups``: sessions in that many groups sharing a first prompt, with KV events;
-    ``trees``: roots spawning that many children; ``mix``: groups by class or tenant."""
+    ``trees``: roots spawning that many children; ``mix``: groups by class or tenant;
+    ``plain``: agents send no final flag and report no tool phases."""
     wl = build_workload(load_trace(), WorkloadSpec(
         sessions=sessions, seed=seed, token_scale=0.05, tool_time_scale=0.05, max_turns=4,
         max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 2.0), prefix_groups=groups,
@@ -64,7 +66,7 @@ def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[st
         for i, u in enumerate(urls)]})
     setup = SimSetup(profile=get_profile("tiny", num_blocks=blocks), workers=workers,
                      tool_cpus=2, system_prompt_tokens=60, worker_mode=mode,  # type: ignore[arg-type]
-                     kv_events=groups > 0)
+                     kv_events=groups > 0, send_final=not plain, report_tools=not plain)
     log = DecisionLog()
     sim = Simulation(wl, policy, setup, cfg, log=log, record=True)
     res = sim.run()
@@ -108,7 +110,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 gw.call_ended(a["key"], call.result(), ok=True, usage=Usage(
                     a["prompt_tokens"], a["completion_tokens"], a["cached_tokens"]),
                     engine_s=a["engine_s"], continues=a["continues"], admitted=True,
-                    chars=4 * a["prompt_tokens"])
+                    chars=4 * a["prompt_tokens"], reply=a["reply"])
             elif inp.kind == "tool":
                 tracker = tel.tracker
                 if a["kind"] == "response_ended":
@@ -177,6 +179,18 @@ async def test_gateway_and_simulator_decide_alike(
     for i, (s, g) in enumerate(zip(sim_log.entries, gw_log.entries, strict=False)):
         assert dataclasses.astuple(s) == dataclasses.astuple(g), f"entry {i}: sim {s} gw {g}"
     assert len(gw_log.entries) == len(sim_log.entries)
+
+
+@pytest.mark.parametrize("mode", ["gated", "priority"])
+async def test_plain_tool_calling_agents_decide_alike(mode: str) -> None:
+    # No final flags, no tool events: sessions end on their answers (core/answers.py), the
+    # tool phases are inferred from the gaps.
+    cfg, inputs, sim_log = _simulate("mars", 2, 14, 8, [], mode, 192, plain=True)
+    ends = [e.detail for e in sim_log.entries if e.kind == "end"]
+    assert ("answered",) in ends and ("final",) not in ends
+    gw_log = await _replay(cfg, inputs)
+    assert [dataclasses.astuple(e) for e in gw_log.entries] == [
+        dataclasses.astuple(e) for e in sim_log.entries]
 
 
 @pytest.mark.parametrize("mode", ["gated", "priority"])

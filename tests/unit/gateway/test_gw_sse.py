@@ -289,10 +289,10 @@ def test_non_streaming_body_usage_and_reply() -> None:
             "usage": {"prompt_tokens": 5, "completion_tokens": 1},
         }
     ).encode()
-    usage, reply = body_usage_and_reply("chat", body, capture=True)
+    usage, reply, _ = body_usage_and_reply("chat", body, capture=True)
     assert usage is not None and usage.prompt_tokens == 5
     assert reply is not None and reply.units == (chat_reply_unit("ok", []),)
-    assert body_usage_and_reply("chat", b"not json", capture=False) == (None, None)
+    assert body_usage_and_reply("chat", b"not json", capture=False) == (None, None, None)
 
 
 def _reference_split(data: bytes) -> tuple[list[bytes], bytes]:

@@ -22,7 +22,7 @@ SETUP = SimSetup(profile=get_profile("tiny", num_blocks=1024), tool_cpus=4,
                  system_prompt_tokens=60)
 
 
-def _run(send_final: bool) -> tuple[Simulation, float, list[float]]:
+def _run(send_final: bool, tool_calls: bool = True) -> tuple[Simulation, float, list[float]]:
     wl = build_workload(load_trace(), WorkloadSpec(
         sessions=4, seed=3, token_scale=0.05, tool_time_scale=0.01, max_turns=3,
         max_context_tokens=3000, arrivals=ArrivalSpec("poisson", 1.0)))
@@ -33,24 +33,26 @@ def _run(send_final: bool) -> tuple[Simulation, float, list[float]]:
         assert core is sim.core
         ticks.append(now)
 
-    sim = Simulation(wl, "mars", dataclasses.replace(SETUP, send_final=send_final), cfg,
-                     on_tick=seen)
+    sim = Simulation(wl, "mars", dataclasses.replace(SETUP, send_final=send_final,
+                                                     tool_calls=tool_calls), cfg, on_tick=seen)
     res = sim.run()
     assert all(o.ok for o in res.outcomes), [o.error for o in res.outcomes]
     return sim, float(res.extra["sim_end_s"]), ticks
 
 
-def test_without_the_final_flag_sessions_end_by_idle_timeout_and_nothing_is_left() -> None:
+def test_without_the_final_flag_sessions_end_on_answers_or_idle_and_nothing_is_left() -> None:
     flagged, flagged_end, ticks = _run(send_final=True)
     plain, plain_end, plain_ticks = _run(send_final=False)
+    text, text_end, _ = _run(send_final=False, tool_calls=False)
     assert ticks and plain_ticks and ticks == sorted(ticks)
-    assert flagged_end < 30  # the run ends with its last session
-    assert flagged.core is not None and plain.core is not None
-    # Without the flag the proxy holds every session until its idle timeout (60 s at least),
-    # then lets all of it go.
-    assert plain_end >= plain.core.cfg.idle_timeout_min_s
-    assert len(plain.core.sessions) == 0
-    for sim, end in ((flagged, flagged_end), (plain, plain_end)):
+    # The run ends with its last session: a final flag or a tool-calling agent's answer.
+    assert flagged_end < 30 and plain_end < 30
+    assert flagged.core is not None and plain.core is not None and text.core is not None
+    # Agents acting in text say nothing of their end: the proxy holds every session until its
+    # idle timeout (60 s at least), then lets all of it go.
+    assert text_end >= text.core.cfg.idle_timeout_min_s
+    for sim, end in ((flagged, flagged_end), (plain, plain_end), (text, text_end)):
+        assert len(sim.core.sessions) == 0
         assert check_drained(sim.core, sim.sched, sim.leftovers(), end) == []
         assert sim.stats["max_tools"] >= 1
 
@@ -67,7 +69,7 @@ def test_workloads_are_deterministic_and_every_call_fits_the_engine() -> None:
         system = case.setup.system_prompt_tokens
         assert all(_longest_call(s, system) <= limit for s in case.workload.sessions)
         assert 1 <= case.setup.workers <= 4
-        kinds.add((case.setup.send_final, case.setup.report_tools,
+        kinds.add((case.setup.send_final, case.setup.report_tools, case.setup.tool_calls,
                    case.workload.spec.arrivals.kind))
         modes.add(case.setup.worker_mode)
     assert len(kinds) >= 8  # clients and arrival patterns vary

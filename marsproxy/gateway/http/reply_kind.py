@@ -1,0 +1,58 @@
+"""Whether a worker's reply called a tool or answered (``core/answers.py``), read from the
+OpenAI chat and completions, Responses and Anthropic messages shapes, whole or streamed.
+
+A reply calls a tool when it carries one, whatever its finish reason says (vLLM ends a call to a
+named function with ``stop``, a call cut at ``max_tokens`` with ``length``). It answers when it
+finished and carries none, cut at ``max_tokens`` too: agent loops end on a reply without a tool
+call whatever stopped it. A reply whose end was not seen (an error, a broken stream, a shape not
+known) is neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marsproxy.core.answers import ReplyKind
+
+_TOOL_FINISHES = frozenset({"tool_calls", "function_call", "tool_use"})
+
+
+def kind_of(calls_tool: bool, finish: object) -> ReplyKind | None:
+    """``finish``: the finish or stop reason (a Responses status), ``None`` when unseen."""
+    if calls_tool or finish in _TOOL_FINISHES:
+        return ReplyKind.TOOL_CALL
+    return ReplyKind.ANSWER if isinstance(finish, str) and finish else None
+
+
+def first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The choice a client continues with (``n`` > 1: the first)."""
+    choices = obj.get("choices")
+    for ch in choices if isinstance(choices, list) else ():
+        if isinstance(ch, dict) and ch.get("index", 0) == 0:
+            return ch
+    return None
+
+
+def body_kind(route: str, obj: dict[str, Any]) -> ReplyKind | None:
+    """A whole (non-streamed) reply's kind."""
+    if route == "responses":
+        return responses_kind(obj)
+    if route == "messages":
+        blocks = obj.get("content")
+        calls = isinstance(blocks, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks)
+        return kind_of(calls, obj.get("stop_reason"))
+    ch = first_choice(obj)
+    if ch is None:
+        return None
+    msg = ch.get("message")
+    return kind_of(isinstance(msg, dict) and bool(msg.get("tool_calls")), ch.get("finish_reason"))
+
+
+def responses_kind(resp: dict[str, Any]) -> ReplyKind | None:
+    """A Responses API response object's kind: function calls among its output items (its
+    status, ``completed`` or ``incomplete``, says it ended; ``failed`` is an error)."""
+    items = resp.get("output")
+    calls = isinstance(items, list) and any(
+        isinstance(i, dict) and i.get("type") == "function_call" for i in items)
+    return kind_of(calls, resp.get("status"))
