@@ -85,7 +85,7 @@ async def _replay_all(
                               system_prompt_tokens=setup.system_prompt_tokens,
                               seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s,
                               chars_per_token=cpt, follow_usage=setup.vllm is not None,
-                              plain=setup.plain_clients)
+                              plain=setup.plain_clients, tool_calls=setup.tool_calls)
                 for url in targets]
         system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed), cpt)
 
@@ -204,7 +204,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--plain-clients", action="store_true",
                    help="agents send nothing special (a plain OpenAI client): no session id,"
                    " no final flag, no tool events; the proxy finds sessions from their"
-                   " conversations, infers tool phases and ends sessions when idle")
+                   " conversations, infers tool phases and ends each session on its answer"
+                   " (agents call tools: tool_choice \"required\" on every call but the"
+                   " last), or when idle (--text-agents)")
+    e.add_argument("--text-agents", action="store_true",
+                   help="with --plain-clients: agents act in text (no tools in their requests),"
+                   " so no reply tells the proxy that a task is done")
     e.add_argument("--state-every", type=float, default=1.0, metavar="S",
                    help="read each proxy's /mars/v1/state every S seconds into"
                    " logs/state-*.jsonl (0: never)")
@@ -259,6 +264,9 @@ def main(args: argparse.Namespace) -> int:
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not (args.no_tool_events or args.plain_clients),
             plain_clients=args.plain_clients,
+            # A real vLLM forces a tool call only with a tool parser, and the random test
+            # models never close one: there, plain agents act in text.
+            tool_calls=args.plain_clients and not args.text_agents and not vllm_urls,
             kv_events=args.kv_events,
             vllm_kv_events=vllm_kv_events(args.vllm_kv_events, len(vllm_urls)),
             min_tool_cpu_s=args.min_tool_cpu, state_every_s=args.state_every,
@@ -292,6 +300,7 @@ def main(args: argparse.Namespace) -> int:
         "overrides": sets,
         "agents report tool events": setup.report_tools,
         "agents send session ids and final flags": not setup.plain_clients,
+        "agents act through tool calls": setup.tool_calls,
         "kv_events": args.kv_events or bool(args.vllm_kv_events),
         "prefix_groups": args.prefix_groups,
         "queue deadline": options.deadline_meta(sets, options.DEFAULT_QUEUE_DEADLINE_S,

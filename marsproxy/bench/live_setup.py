@@ -40,6 +40,9 @@ class LiveSetup:
     """Agents report tool_start/tool_end (`bench live` turns it off for plain clients)."""
     plain_clients: bool = False
     """Agents send nothing special: no session id, no final flag (and no tool events)."""
+    tool_calls: bool = False
+    """Agents act through tool calls (a forced call on every turn but the last, which
+    answers in text), so the proxy can read the end of each task from its replies."""
     min_tool_cpu_s: float = 0.05
     system_prompt_tokens: int = 60
     request_timeout_s: float = 900.0
