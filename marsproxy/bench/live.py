@@ -84,7 +84,9 @@ async def _replay_all(
         opts = [ReplayOptions(base_url=url, model=model,
                               system_prompt_tokens=setup.system_prompt_tokens,
                               seed=wl.spec.seed, request_timeout_s=setup.request_timeout_s,
-                              chars_per_token=cpt, follow_usage=setup.vllm is not None,
+                              # Tool calls' JSON in the history: sized from the usage too.
+                              chars_per_token=cpt,
+                              follow_usage=setup.vllm is not None or setup.tool_calls,
                               plain=setup.plain_clients, tool_calls=setup.tool_calls)
                 for url in targets]
         system = filler(setup.system_prompt_tokens, random.Random(wl.spec.seed), cpt)
