@@ -7,7 +7,8 @@ workload K alone) draws, each from its own seeded RNG:
   sessions among them) or sampled from the packaged trace, scaled to fit the cache;
 - arrivals: Poisson, bursts, or one at a time (each session after the previous one's ideal
   time);
-- clients: with or without the final flag (without: the proxy ends sessions by idle timeout),
+- clients: with or without the final flag (without: the proxy ends sessions on their answers
+  where the agents call tools, else by idle timeout; which of the two, from an RNG of its own),
   reporting tool phases or leaving them to be inferred;
 - the cache: the ``tiny`` profile with 256 to 16384 KV blocks, or the H200 profile; 1 to 4
   workers; 1 to 16 tool CPUs; engines that schedule by priority, or FCFS behind the proxy's
