@@ -33,6 +33,7 @@ from marsproxy.core.identity import (
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
+from marsproxy.gateway.http.reply_kind import loop_reply, offers_tools
 from marsproxy.gateway.http.sse import body_usage_and_reply
 from marsproxy.gateway.http.upstream import (
     Opened,
@@ -147,6 +148,7 @@ class Relay:
         except SessionRefused as exc:  # bad session id, or the tenant's session cap
             return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
+        out.offers_tools = offers_tools(body.obj)
         if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
             body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
@@ -249,7 +251,7 @@ class Relay:
             answered = gw.call_ended(
                 turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
                 continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
-                reply=out.reply_kind)
+                reply=loop_reply(out.reply_kind, out.offers_tools))
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now(), answered=answered)
         if out.ok:
             gw.response_ended(turn)

@@ -93,6 +93,7 @@ class Outcome:
         self.body: bytes | None = None  # a JSON reply: read for usage once it has left
         self.reply: Reply | None = None
         self.reply_kind: ReplyKind | None = None  # called a tool, or answered (core/answers.py)
+        self.offers_tools = False  # the request carried tools: an agent loop's call
         self.session: str | None = None
         self.turn = 0
         self.turn_ref: Turn | None = None  # scheduled requests, once their session is known

@@ -13,14 +13,18 @@ from marsproxy.gateway.http.app import Running
 
 from .telemetry_client import AUTH, CHAT, Events, state, url
 
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
 
 async def _call(http: aiohttp.ClientSession, gw: Running, session: str, *, tool: bool,
-                stream: bool, auth: dict[str, str] = AUTH) -> None:
+                stream: bool, auth: dict[str, str] = AUTH, offer: bool = True) -> None:
+    """``tool``: the fake's reply calls a tool; ``offer``: the request carries tools (an agent
+    loop's call; a harness's side request carries none)."""
     headers = {**auth, "x-session-id": session}  # never a final flag
     if tool:
         headers["x-fake"] = "tool"
-    async with http.post(url(gw, "/v1/chat/completions"), json={**CHAT, "stream": stream},
-                         headers=headers) as r:
+    body = {**CHAT, "stream": stream, **({"tools": TOOLS} if offer else {})}
+    async with http.post(url(gw, "/v1/chat/completions"), json=body, headers=headers) as r:
         assert r.status == 200
         await r.read()
 
@@ -41,12 +45,14 @@ async def test_the_answer_ends_a_tool_calling_session(gw: Running, http: aiohttp
     async with Events(http, gw) as ev:
         await _call(http, gw, "a1", tool=True, stream=True)
         await _call(http, gw, "a1", tool=True, stream=False)
+        # A side request of the harness (no tools offered) answered in text ends nothing.
+        await _call(http, gw, "a1", tool=False, stream=False, offer=False)
         ids = {d["id"] for d in (await state(http, gw, "?sessions=1"))["sessions"]["details"]}
         assert "a1" in ids  # a tool call: the agent comes back with its result
         await _call(http, gw, "a1", tool=False, stream=True)  # the answer
         await until(lambda: "session_end" in ev.types("a1"))
     end = [e for e in ev.of("a1") if e["type"] == "session_end"]
-    assert [(e["reason"], e["turns"]) for e in end] == [("answered", 3)]  # published once
+    assert [(e["reason"], e["turns"]) for e in end] == [("answered", 4)]  # published once
     assert ev.types("a1")[-2:] == ["llm_end", "session_end"]  # no tool phase after the answer
     doc = await state(http, gw, "?sessions=1")
     assert "a1" not in {d["id"] for d in doc["sessions"]["details"]}

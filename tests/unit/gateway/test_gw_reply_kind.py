@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from marsproxy.core.answers import ReplyKind
+from marsproxy.gateway.http.reply_kind import loop_reply, offers_tools
 from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -148,3 +149,13 @@ def test_messages_stream() -> None:
             assert b"".join(flt.feed(raw[i:i + 50]) for i in range(0, len(raw), 50)) \
                 + flt.flush() == raw
             assert tap.kind is kind
+
+
+def test_only_a_request_that_offered_tools_is_answered() -> None:
+    # A harness's side request (a title, a summary) carries no tools: its text says nothing.
+    assert offers_tools({"tools": [CALL]}) and offers_tools({"functions": [{"name": "f"}]})
+    assert not offers_tools({"tools": []}) and not offers_tools({"messages": []})
+    assert loop_reply(ReplyKind.ANSWER, offered=True) is ReplyKind.ANSWER
+    assert loop_reply(ReplyKind.ANSWER, offered=False) is None
+    assert loop_reply(ReplyKind.TOOL_CALL, offered=False) is ReplyKind.TOOL_CALL
+    assert loop_reply(None, offered=True) is None
