@@ -9,8 +9,10 @@ until the idle timeout, a minute after the task was done. Agents that act in tex
 SWE-agent) never reply with a tool call, so only a tenant (API key) whose replies have carried
 tool calls has its sessions ended this way. A reply cut at ``max_tokens`` without a tool call
 ends the loop too (agent loops look for tool calls, not for the finish reason); an error or a
-reply whose end was not seen is neither kind and ends nothing. A client that comes back after
-the answer (a person's next instruction) starts a new session under the same key.
+reply whose end was not seen is neither kind and ends nothing, and so is a text reply to a
+request that offered no tools (a harness's side request under the same session: the gateway
+reads it so, ``gateway/http/reply_kind.py``). A client that comes back after the answer (a
+person's next instruction) starts a new session under the same key.
 
 Pure code: no I/O.
 """

@@ -150,14 +150,12 @@ class _Handlers:
                 for i in range(sent, last):
                     parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
             else:
+                if sent == 0 and avail > 0:  # the call is named before its arguments stream
+                    parts.append(_sse(tools.tool_chunk(rid, created, self.model, tool, "",
+                                                       call_id)))
                 for i in range(sent, last):
-                    if i == 0:
-                        parts.append(_sse(tools.tool_chunk(
-                            rid, created, self.model, tool,
-                            tool.piece(filler_chunk(0), True, False), call_id)))
-                    else:
-                        parts.append(head_b + json.dumps(
-                            tool.piece(filler_chunk(i), False, False)).encode() + tail_b)
+                    parts.append(head_b + json.dumps(
+                        tool.piece(filler_chunk(i), i == 0, False)).encode() + tail_b)
             if fin is not None:
                 i = avail - 1
                 if tool is None:
@@ -167,7 +165,7 @@ class _Handlers:
                 else:
                     parts.append(_sse(tools.tool_chunk(
                         rid, created, self.model, tool, tool.piece(filler_chunk(i), i == 0, True),
-                        call_id if i == 0 else None, tool.finish_reason(fin.finish_reason),
+                        finish_reason=tool.finish_reason(fin.finish_reason),
                     )))
                 if parsed.include_usage:
                     u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)

@@ -10,8 +10,10 @@ same pacing); only the wrapping changes. ``"auto"`` (vLLM's default when ``tools
 
 Shapes follow vLLM 0.32: ``chat_completion/serving.py`` (the message with ``content: ""`` and
 ``tool_calls``; ``finish_reason`` "tool_calls" for "required" when the model stopped, the
-engine's otherwise), ``tool_parsers/streaming.py`` (the first delta names the call, later ones
-append ``arguments``), ``make_tool_call_id`` (``chatcmpl-tool-<uuid hex>``).
+engine's otherwise), and a stream captured from a real vLLM 0.32.0
+(``tests/fixtures/vllm-0.32-chat-stream-tool-call.txt``): ``content: null`` beside the calls, a
+delta that names the call (``id`` ``chatcmpl-tool-<16 hex>``, ``type``, ``index``,
+``function.name``, no arguments), then deltas that append ``function.arguments`` at ``index`` 0.
 """
 
 from __future__ import annotations
@@ -135,27 +137,24 @@ def _named_tool(choice: Mapping[str, Any], names: list[tuple[str, str]]) -> Forc
 
 
 def tool_call_id() -> str:
-    """A tool call's id as vLLM makes it (``make_tool_call_id``: random uuid hex)."""
-    return "chatcmpl-tool-" + uuid.uuid4().hex
+    """A tool call's id as vLLM 0.32 makes it (16 random hex digits)."""
+    return "chatcmpl-tool-" + uuid.uuid4().hex[:16]
 
 
 def tool_chunk(
     rid: str, created: int, model: str, tool: ForcedTool, arguments: str,
     call_id: str | None = None, finish_reason: str | None = None,
 ) -> dict[str, Any]:
-    """A streamed chat chunk carrying a piece of the tool call's arguments, keyed as vLLM's
-    forced-tool-choice deltas: the first (``call_id`` given) names the call (id, type, name);
-    later ones append ``arguments`` at ``index`` 0 (for "required", with ``name: null``)."""
+    """A streamed chat chunk of the tool call, keyed as vLLM 0.32's deltas: with ``call_id``
+    the one that names the call (id, type, index, name; ``arguments`` unused), else one that
+    appends ``arguments`` at ``index`` 0."""
     call: dict[str, Any]
     if call_id is not None:
-        call = {"id": call_id, "type": "function", "index": 0,
-                "function": {"name": tool.name, "arguments": arguments}}
-    elif tool.named:
-        call = {"index": 0, "function": {"arguments": arguments}}
+        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": tool.name}}
     else:
-        call = {"index": 0, "function": {"name": None, "arguments": arguments}}
+        call = {"index": 0, "function": {"arguments": arguments}}
     choice: dict[str, Any] = {
-        "index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
+        "index": 0, "delta": {"content": None, "tool_calls": [call]}, "logprobs": None,
         "finish_reason": finish_reason,
     }
     if finish_reason is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,7 +30,8 @@ READ = {"type": "function", "function": {
     "name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
 MESSAGES = [{"role": "system", "content": "You are a coding agent. " * 8},
             {"role": "user", "content": "Fix the failing test."}]
-TOOL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{32}")
+TOOL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")  # as a real vLLM 0.32.0 makes them
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.32-chat-stream-tool-call.txt"
 # vLLM's ChatMessage with tool calls (tool_calls is left out when there are none)
 MESSAGE_KEYS = ["role", "content", "refusal", "annotations", "audio", "function_call",
                 "tool_calls", "reasoning"]
@@ -120,22 +122,20 @@ async def test_streamed_tool_call(
     assert status == 200
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     deltas = [c["choices"][0]["delta"] for c in chunks[1:-1]]
-    assert len(deltas) == 6  # one chunk per generated token, as for text
-    assert all(list(d) == ["tool_calls"] and len(d["tool_calls"]) == 1 for d in deltas)
+    assert len(deltas) == 7  # the call named, then one delta per generated token
+    assert all(list(d) == ["content", "tool_calls"] and d["content"] is None
+               and len(d["tool_calls"]) == 1 for d in deltas)
     first = deltas[0]["tool_calls"][0]
     assert list(first) == ["id", "type", "index", "function"] and TOOL_ID.fullmatch(first["id"])
     assert first["type"] == "function" and first["index"] == 0
-    assert first["function"]["name"] == "run"
+    assert first["function"] == {"name": "run"}
     later = [d["tool_calls"][0] for d in deltas[1:]]
-    # later deltas append arguments at index 0; vLLM's "required" deltas carry name: null
-    want_fn = ["arguments"] if named else ["name", "arguments"]
     assert all(list(c) == ["index", "function"] and c["index"] == 0 for c in later)
-    assert all(list(c["function"]) == want_fn for c in later)
-    assert all(c["function"].get("name") is None for c in later)
-    args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas)
+    assert all(list(c["function"]) == ["arguments"] for c in later)
+    args = "".join(c["function"]["arguments"] for c in later)
     assert json.loads(args) == {"command": filler_text(0, 6)}
     reasons = [c["choices"][0]["finish_reason"] for c in chunks[1:-1]]
-    assert reasons == [None] * 5 + ["length"]
+    assert reasons == [None] * 6 + ["length"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
 
@@ -148,7 +148,7 @@ async def test_streamed_required_call_that_stops_finishes_with_tool_calls(
         "messages": MESSAGES, "tools": [RUN], "tool_choice": "required", "max_tokens": 1000,
         "stream": True})
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert len(chunks) == 1 + NATURAL
+    assert len(chunks) == 2 + NATURAL  # the role, the call named, a delta per token
 
 
 @pytest.mark.parametrize("extra", [
@@ -325,3 +325,29 @@ async def test_messages_follow_up_with_tool_result_hits_the_prefix_cache(
     u1 = first["usage"]
     prompt1 = u1["input_tokens"] + u1["cache_creation_input_tokens"]
     assert body["usage"]["cache_read_input_tokens"] == prompt1 // BLOCK * BLOCK > 0
+
+
+def _shape(obj: Any) -> Any:
+    """The keys of a JSON value, nested (values left out)."""
+    if isinstance(obj, dict):
+        return {k: _shape(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_shape(v) for v in obj[:1]]
+    return None
+
+
+async def test_streamed_call_is_keyed_as_a_real_vllms(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession,
+) -> None:
+    # The real stream (tests/fixtures/README.md): the role chunk, the call named, then one
+    # arguments delta per token, cut at max_tokens.
+    real = [c["choices"][0] for c in _sse(FIXTURE.read_text())[:-1]]
+    server = await start_emulator()
+    _, chunks = await _chat(http, server, {
+        "messages": MESSAGES, "tools": [RUN], "tool_choice": "required", "max_tokens": 6,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    mine = [c["choices"][0] for c in chunks[:-1]]
+    for pick in (1, 2):  # the delta that names the call; one that appends arguments
+        assert _shape(mine[pick]["delta"]) == _shape(real[pick]["delta"])
+    assert TOOL_ID.fullmatch(real[1]["delta"]["tool_calls"][0]["id"])
+    assert (mine[-1]["finish_reason"], real[-1]["finish_reason"]) == ("length", "length")
