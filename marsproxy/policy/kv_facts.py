@@ -30,8 +30,13 @@ def retention_outcome(resident_tokens: int, reserved_tokens: int, block_size: in
 
 
 def verify_retention(
-    now: float, r: Reservation, resident_tokens: int, block_size: int
-) -> RetentionVerified:
+    now: float, r: Reservation | None, worker: str, resident_tokens: int | None,
+    block_size: int | None,
+) -> RetentionVerified | None:
+    """A call starts on ``worker`` with ``resident_tokens`` of its prompt resident there: how
+    much of its session's retained prefix ``r`` survived (``None``: nothing to verify)."""
+    if r is None or resident_tokens is None or r.worker != worker or not block_size:
+        return None
     reserved = r.blocks * block_size
     return RetentionVerified(
         ts=now, session=r.session, worker=r.worker,

@@ -25,7 +25,7 @@ from functools import partial
 from marsproxy.aimd.admission import Actions, AdmissionCore, DecisionKind, Expiry, WorkerSignals
 from marsproxy.aimd.order_index import QueueEntry
 from marsproxy.config import MarsConfig
-from marsproxy.core.answers import ReplyKind, ToolCallers
+from marsproxy.core.answers import AnswerTally, ReplyKind
 from marsproxy.core.events import Event
 from marsproxy.core.session_record import EndReason, SessionState
 from marsproxy.policy.kv_facts import correct_ledger, verify_retention
@@ -73,7 +73,8 @@ class ControlPlane:
         """Retention verified and corrected (KV events): the driver takes and publishes them."""
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
         self.trees = Trees()  # agent trees (parent → children): policy/trees.py
-        self.tool_callers = ToolCallers()  # whose answers end their sessions: core/answers.py
+        t = cfg.admission.tuning  # whose answers end their sessions: core/answers.py
+        self.answers = AnswerTally(t.return_history, t.kv_hold_min_s)
         self.scheduler.parent_of = self.trees.parent_of
         yields = self.admission.yields  # who gives way in the engine: aimd/yields.py
         self.scheduler.yield_rank = yields.rank
@@ -135,6 +136,7 @@ class ControlPlane:
         one names as its parent (agent trees); ``parent_elsewhere``: that parent is admitted on
         another replica (its record is in the store): a child all the same."""
         core = self.admission
+        self.answers.arrived(key, now)
         child = parent is not None and self.cfg.sessions.trees and (
             self._link(now, key, parent)
             or (parent_elsewhere and self.phase(key) is Phase.ENDED
@@ -217,7 +219,11 @@ class ControlPlane:
         leading tokens resident there (KV events): a retained prefix is verified."""
         if self.passive:
             return None
-        self._verify(now, key, worker, resident_tokens)
+        ev = verify_retention(now, self.scheduler.ledger.reservation(key), worker,
+                              resident_tokens, self.observed[worker].block_size)
+        if ev is not None:
+            self.kv_events.append(ev)
+            self._note(now, "verified", key, worker, ev.outcome)
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         t = self.scheduler.arrive(now, key, worker, est, max_new_tokens=max_new_tokens,
                                   predicted_tool_s=self.tracker.predicted_duration(key),
@@ -245,8 +251,10 @@ class ControlPlane:
         ``reply``: its kind, where read (an answer may end the session: ``core/answers.py``)."""
         rec = self.admission.sessions.get(key)
         # Its answer, with no other call of it running: its task is done.
-        answered = (rec is not None and self.tool_callers.ends_task(rec.tenant, reply)
+        answered = (rec is not None and self.answers.ends_task(rec.tenant, reply)
                     and continues and rec.in_flight == 1)
+        if rec is not None and reply is ReplyKind.ANSWER and continues:
+            self.answers.answered(key, rec.tenant, now)  # ended or not: does it come back?
         continues = continues and not answered
         result, released = None, []
         predicted = self.tracker.predicted_duration(key)  # once: both planes read it
@@ -288,6 +296,7 @@ class ControlPlane:
         tick, then the pending sessions' deadlines. ``at``: the tool clock now; ``cpu``: the
         tools' host as last read; ``elsewhere``: sessions other replicas hold per worker."""
         self.observed.update(observed)
+        self.answers.expire(now)
         self.tool_signal.observe(cpu)
         tools = self.tool_signal.signals(self.tracker, at)
         self.signals = signals = {
@@ -314,15 +323,6 @@ class ControlPlane:
         return self.scheduler.tick(now), self.scheduler.release(now)
 
     # -- internals ------------------------------------------------------------------------------
-    def _verify(self, now: float, key: str, worker: str, resident: int | None) -> None:
-        r = self.scheduler.ledger.reservation(key)
-        bs = self.observed[worker].block_size
-        if r is None or resident is None or r.worker != worker or not bs:
-            return
-        ev = verify_retention(now, r, resident, bs)
-        self.kv_events.append(ev)
-        self._note(now, "verified", key, worker, ev.outcome)
-
     def _link(self, now: float, key: str, parent: str) -> bool:
         """A new session names ``parent``: link them; True when the parent is admitted (the
         child goes in the children's lane, and the parent, dormant, waits on it)."""

@@ -247,13 +247,15 @@ class Relay:
             goes_on = not turn.final and sess is not None and not sess.ephemeral
             engine_s = time.perf_counter() - clock.t0 - clock.held_s
             # Before the table may forget the session: the plane hears the end of the call
-            # first, then (on a final turn, or the answer that ends its task) the session's.
+            # first, then (on a final turn) the end of the session.
             answered = gw.call_ended(
                 turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
                 continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
                 reply=loop_reply(out.reply_kind, out.offers_tools))
-        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now(), answered=answered)
-        if out.ok:
+        # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
+        # it, so a client that goes on after the answer continues the same session.
+        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+        if out.ok and not answered:  # no tool phase follows an answer
             gw.response_ended(turn)
 
     async def _relay(

@@ -9,7 +9,6 @@ from marsproxy.core.session_record import EndReason
 # The gateway session table's reasons for forgetting a session, as the core's end reasons.
 END_REASONS: dict[str, EndReason] = {
     "final": EndReason.FINAL,
-    "answered": EndReason.ANSWERED,
     "idle": EndReason.IDLE_TIMEOUT,
     "evicted": EndReason.EVICTED,
     "deleted": EndReason.DELETED,

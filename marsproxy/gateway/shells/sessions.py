@@ -12,16 +12,14 @@ from __future__ import annotations
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Literal
 
 from marsproxy.core.canon import History, Reply
 from marsproxy.core.sessions import Session, SessionTable, Turn
 
-EndReason = Literal["final", "answered", "idle", "evicted", "deleted"]
-"""evicted: over ``sessions.max_sessions``, or its tenant at ``limits.max_sessions_per_tenant``;
-answered: its reply called no tool, from a key whose replies call tools (``core/answers.py``)."""
-END_REASONS: tuple[EndReason, ...] = ("final", "answered", "idle", "evicted", "deleted")
+EndReason = Literal["final", "idle", "evicted", "deleted"]
+"""evicted: over ``sessions.max_sessions``, or its tenant at ``limits.max_sessions_per_tenant``."""
+END_REASONS: tuple[EndReason, ...] = ("final", "idle", "evicted", "deleted")
 EndCallback = Callable[[Session, EndReason, float, float | None], None]
 """Called with (session, reason, seconds since it began, served seconds) as it is forgotten.
 
@@ -170,16 +168,13 @@ class ObservedSessions(SessionTable):
     def tenant_sessions(self, tenant: str) -> int:
         return self._per_tenant[tenant]
 
-    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float,
-               answered: bool = False) -> None:
-        """finish only forgets a session on its last turn (final flag, a one-shot request, or
-        ``answered``: the plane ended it on its answer)."""
-        self._now, self._reason = now, "answered" if answered else "final"
+    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
+        # finish only forgets a session on its last turn (final flag, or a one-shot request).
+        self._now, self._reason = now, "final"
         if ok and turn.session in self._born:  # not one forgotten while this request ran
             self._answered[turn.session] = now
         try:
-            super().finish(replace(turn, final=True) if answered else turn, ok=ok, reply=reply,
-                           now=now)
+            super().finish(turn, ok=ok, reply=reply, now=now)
         finally:
             self._reason = None
         sess = self.get(turn.session)

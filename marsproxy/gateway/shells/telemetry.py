@@ -35,9 +35,6 @@ from marsproxy.probes.vllm_scraper import VllmScraper, WorkerPressure
 from marsproxy.telemetry.bus import EventBus
 from marsproxy.telemetry.sinks import JsonlSink, RedisStreamSink
 
-# Ends the session table publishes itself as it forgets the session (MOVED is no end at all).
-_TABLE_ENDS = frozenset({EndReason.FINAL, EndReason.ANSWERED, EndReason.MOVED})
-
 log = logging.getLogger("marsproxy.telemetry")
 
 
@@ -82,12 +79,12 @@ class Telemetry:
     def publish_decided(self, events: list[Event], to_wall: float) -> None:
         """The control plane's events (its clock + ``to_wall`` = wall time). Rejections are
         published by the relay when it answers, admissions once the store confirmed them; a
-        session's FINAL or ANSWERED end by the session table that forgets it next; MOVED is
-        no end (another replica serves the session now)."""
+        session's FINAL end by the session table that forgets it next; MOVED is no end (another
+        replica serves the session now)."""
         for ev in events:
             if isinstance(ev, Rejected | SessionAdmitted):
                 continue
-            if isinstance(ev, SessionEnd) and ev.reason in _TABLE_ENDS:
+            if isinstance(ev, SessionEnd) and ev.reason in (EndReason.FINAL, EndReason.MOVED):
                 continue
             if not self.bus.subscribers:
                 self.bus.skip()  # nobody to read it: not rebuilt

@@ -1,15 +1,18 @@
 """A session ends on its answer, through the gateway over real sockets: a reply that calls no
-tool ends the session of a key whose replies call tools (core/answers.py); a key whose replies
-never did keeps its sessions until they idle. Workers: the scriptable fake of conftest.py."""
+tool, to a request that offered tools, ends the session of a key whose replies call tools
+(core/answers.py), unless its sessions come straight back after their answers; a key whose
+replies never did keeps its sessions until they idle. Workers: the fake of conftest.py."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from marsproxy.core.identity import tenant_of
 from marsproxy.gateway.http.app import Running
+from marsproxy.policy.plane import Phase
 
 from .telemetry_client import AUTH, CHAT, Events, state, url
 
@@ -29,15 +32,8 @@ async def _call(http: aiohttp.ClientSession, gw: Running, session: str, *, tool:
         await r.read()
 
 
-async def _ended(http: aiohttp.ClientSession, gw: Running, reason: str) -> float:
-    async with http.get(url(gw, "/metrics")) as r:
-        text = await r.text()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if (s.name == "marsproxy_session_duration_seconds_count"
-                    and s.labels.get("reason") == reason):
-                return s.value
-    return 0.0
+def _phase(gw: Running, session: str, auth: dict[str, str] = AUTH) -> Phase:
+    return gw.gateway.plane.phase(f"{tenant_of(auth['Authorization'])}/id/{session}")
 
 
 async def test_the_answer_ends_a_tool_calling_session(gw: Running, http: aiohttp.ClientSession,
@@ -47,21 +43,33 @@ async def test_the_answer_ends_a_tool_calling_session(gw: Running, http: aiohttp
         await _call(http, gw, "a1", tool=True, stream=False)
         # A side request of the harness (no tools offered) answered in text ends nothing.
         await _call(http, gw, "a1", tool=False, stream=False, offer=False)
-        ids = {d["id"] for d in (await state(http, gw, "?sessions=1"))["sessions"]["details"]}
-        assert "a1" in ids  # a tool call: the agent comes back with its result
+        assert _phase(gw, "a1") is Phase.DORMANT  # a tool call: the agent comes back
         await _call(http, gw, "a1", tool=False, stream=True)  # the answer
         await until(lambda: "session_end" in ev.types("a1"))
+        await asyncio.sleep(0.1)  # anything more would have arrived by now
     end = [e for e in ev.of("a1") if e["type"] == "session_end"]
     assert [(e["reason"], e["turns"]) for e in end] == [("answered", 4)]  # published once
     assert ev.types("a1")[-2:] == ["llm_end", "session_end"]  # no tool phase after the answer
+    assert _phase(gw, "a1") is Phase.ENDED  # its slot and KV room are free
+    assert (await state(http, gw))["tools"]["in_flight"] == 0
+    # The table keeps it (as after an idle timeout): a client that goes on continues it.
     doc = await state(http, gw, "?sessions=1")
-    assert "a1" not in {d["id"] for d in doc["sessions"]["details"]}
-    assert doc["tools"]["in_flight"] == 0
-    assert await _ended(http, gw, "answered") == 1.0
-    # The same key's next session is known to call tools: a non-streamed answer ends it too.
-    await _call(http, gw, "a2", tool=True, stream=False)
-    await _call(http, gw, "a2", tool=False, stream=False)
-    await until(lambda: not any(k.endswith("/id/a2") for k in list(gw.gateway.sessions.keys())))
+    assert "a1" in {d["id"] for d in doc["sessions"]["details"]}
+
+
+async def test_sessions_that_go_on_after_their_answers_are_kept(
+        gw: Running, http: aiohttp.ClientSession, until: Any) -> None:
+    # A harness that answers a tool-less reply itself ("please continue") comes straight back:
+    # once it did, its key's answers no longer end its sessions (core/answers.py).
+    async with Events(http, gw, "&type=session_end,session_admitted") as ev:
+        await _call(http, gw, "h1", tool=True, stream=False)
+        await _call(http, gw, "h1", tool=False, stream=False)  # the answer: ended ...
+        await until(lambda: "session_end" in ev.types("h1"))
+        await _call(http, gw, "h1", tool=True, stream=False)  # ... and back at once
+        await _call(http, gw, "h1", tool=False, stream=True)  # kept through this answer
+        await asyncio.sleep(0.2)
+    assert ev.types("h1") == ["session_admitted", "session_end", "session_admitted"]
+    assert _phase(gw, "h1") is Phase.DORMANT
 
 
 async def test_keys_whose_replies_never_call_tools_keep_their_sessions(
@@ -70,6 +78,4 @@ async def test_keys_whose_replies_never_call_tools_keep_their_sessions(
     await _call(http, gw, "t0", tool=True, stream=False)  # another key calls tools
     for _ in range(3):  # text-action agents answer in text on every turn
         await _call(http, gw, "t1", tool=False, stream=True, auth=other)
-    doc = await state(http, gw, "?sessions=1")
-    assert "t1" in {d["id"] for d in doc["sessions"]["details"]}
-    assert await _ended(http, gw, "answered") == 0.0
+    assert _phase(gw, "t1", other) is Phase.DORMANT

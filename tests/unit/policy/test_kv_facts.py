@@ -26,8 +26,12 @@ def test_prediction_outcome() -> None:
 def test_verify_names_the_reservation() -> None:
     ledger = KvLedger()
     r = ledger.reserve("s", "w0", 10, now=0.0, ttl_s=30.0, level=0)
-    ev = verify_retention(5.0, r, 96, 16)
-    assert (ev.session, ev.worker, ev.outcome) == ("s", "w0", "partly_kept")
+    ev = verify_retention(5.0, r, "w0", 96, 16)
+    assert ev is not None and (ev.session, ev.worker, ev.outcome) == ("s", "w0", "partly_kept")
+    # Nothing retained, the call elsewhere, no index there: nothing to verify.
+    assert verify_retention(5.0, None, "w0", 96, 16) is None
+    assert verify_retention(5.0, r, "w1", 96, 16) is None
+    assert verify_retention(5.0, r, "w0", None, 16) is None
     assert (ev.reserved_tokens, ev.resident_tokens) == (160, 96)
 
 

@@ -79,3 +79,19 @@ def test_an_answer_while_another_call_of_the_session_runs_ends_nothing() -> None
     end = plane.call_end(2.6, "s", t2, ok=True, admitted=True, prompt_tokens=100, chars=400,
                          reply=ReplyKind.ANSWER)
     assert end.answered and plane.phase("s") is Phase.ENDED
+
+
+def test_a_tenant_whose_sessions_come_straight_back_keeps_them_through_answers() -> None:
+    # A harness answering tool-less replies itself (OpenHands' "please continue", SWE-agent's
+    # requery): its first session comes back at once after its answer.
+    plane, _ = _plane()
+    _call(plane, 1.0, "s", ReplyKind.TOOL_CALL, tenant="h")
+    assert _call(plane, 2.0, "s", ReplyKind.ANSWER, tenant="h").answered
+    end = _call(plane, 2.6, "s", ReplyKind.TOOL_CALL, tenant="h")  # back: a new admission
+    assert not end.answered and plane.phase("s") is Phase.DORMANT
+    end = _call(plane, 4.0, "s", ReplyKind.ANSWER, tenant="h")
+    assert not end.answered and plane.phase("s") is Phase.DORMANT  # kept through its answer
+    assert _call(plane, 4.7, "s", ReplyKind.ANSWER, tenant="h", final=True).outcome.ended
+    # Another tenant's answers still end its sessions.
+    _call(plane, 5.0, "x", ReplyKind.TOOL_CALL, tenant="t")
+    assert _call(plane, 6.0, "x", ReplyKind.ANSWER, tenant="t").answered
