@@ -14,6 +14,8 @@ from aiohttp.test_utils import TestServer
 
 from marsproxy.emulator.tokenizer import filler_text
 
+from .sse_events import anthropic_events
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "tiny-emulated"
 StartEmulator = Callable[..., Awaitable[TestServer]]
@@ -29,19 +31,6 @@ def _keys(obj: Any) -> Any:
     if isinstance(obj, list) and obj:
         return [_keys(obj[0])]
     return None
-
-
-def _events(text: str) -> list[tuple[str, Any]]:
-    """(event, data) pairs; asserts vLLM's framing: ``event:`` line, ``data:`` line, blank."""
-    assert text.endswith("\n\n")
-    out = []
-    for frame in text.split("\n\n")[:-1]:
-        name, data = frame.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: ")
-        obj = json.loads(data[6:])
-        assert obj["type"] == name[7:]
-        out.append((name[7:], obj))
-    return out
 
 
 async def _post(http: aiohttp.ClientSession, server: TestServer, body: Any,
@@ -76,10 +65,10 @@ async def test_streaming_matches_vllm(
     start_emulator: StartEmulator, http: aiohttp.ClientSession
 ) -> None:
     server = await start_emulator()
-    real = _events((FIXTURES / "vllm-0.32-messages-stream.txt").read_text())
+    real = anthropic_events((FIXTURES / "vllm-0.32-messages-stream.txt").read_text())
     status, ctype, text = await _post(http, server, {**BODY, "stream": True})
     assert (status, ctype) == (200, "text/event-stream")
-    mine = _events(text)
+    mine = anthropic_events(text)
     names = [n for n, _ in mine]
     assert names == ["message_start", "content_block_start", *["content_block_delta"] * 5,
                      "content_block_stop", "message_delta", "message_stop"]

@@ -18,6 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from marsproxy.emulator.tokenizer import encode_chat, filler_text
 
+from .sse_events import anthropic_events
+
 MODEL = "tiny-emulated"
 BLOCK = 16  # the tiny profile's block size
 NATURAL = 32  # the tiny profile's natural output length
@@ -42,17 +44,6 @@ def _sse(text: str) -> list[Any]:
     frames = text.split("\n\n")[:-1]
     assert all(f.startswith("data: ") for f in frames)
     return [json.loads(f[6:]) for f in frames[:-1]]
-
-
-def _events(text: str) -> list[tuple[str, Any]]:
-    out = []
-    for frame in text.split("\n\n")[:-1]:
-        name, data = frame.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: ")
-        obj = json.loads(data[6:])
-        assert obj["type"] == name[7:]
-        out.append((name[7:], obj))
-    return out
 
 
 async def _chat(http: aiohttp.ClientSession, server: TestServer, body: Any) -> tuple[int, Any]:
@@ -257,7 +248,7 @@ async def test_messages_streamed_tool_use(
     status, text = await _messages(http, server, {
         **ANTH, "tool_choice": {"type": "any"}, "max_tokens": 100, "stream": True})
     assert status == 200
-    events = _events(text)
+    events = anthropic_events(text)
     names = [e for e, _ in events]
     assert names == ["message_start", "content_block_start",
                      *["content_block_delta"] * NATURAL,
