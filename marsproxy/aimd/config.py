@@ -143,22 +143,18 @@ class AdmissionTuning(_Section):
         " its usual tool time, at least this long, at most its idle timeout (without tool"
         " history: this long). A session away longer than that (a plain client's finished"
         " task) stays admitted but no longer holds KV room; it counts again when it is back."
-        " Also how soon a session must come back after its answer to count as going on"
-        " (return_history).",
+        " Also the time within which a session back after its answer goes on (return_history).",
     )
     kv_hold_reprefill_factor: float = Field(4.0, ge=0, description="With tool history, a"
         " dormant session's forecast counts for kv_hold_min_s at most this many times what"
         " re-prefilling its context takes at the worker's measured prefill speed (its slot for"
         " the full hold): a prefix cheap to rebuild is not worth KV room others wait for, as a"
         " plain client's finished sessions held it. 0: off.")
-    return_history: int = Field(
-        16, ge=1,
-        description="A session dormant after its first call holds KV room only where at least"
-        " half of its tenant's latest this-many such sessions came back within their hold (none"
-        " seen: not held); with this many seen and under half back, new ones are forecast flat."
-        " Likewise, a tool-calling tenant's answers end its sessions unless at least half of"
-        " its latest this-many answered sessions came back within kv_hold_min_s.",
-    )
+    return_history: int = Field(16, ge=1, description="A session dormant after its first call"
+        " holds KV room only where at least half of its tenant's latest this-many such sessions"
+        " came back within their hold (none seen: not held); with this many seen and under half"
+        " back, new ones are forecast flat. Likewise a tool-calling tenant's answers end its"
+        " sessions unless half of its latest this-many answered ones came back (kv_hold_min_s).")
     one_shot_crowd: int = Field(32, ge=1, description="A tenant with this many sessions dormant"
         " after their first call at once and none of its sessions back is taken as one-shot.")
     chars_per_token: float = Field(
