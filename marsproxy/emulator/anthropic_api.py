@@ -25,7 +25,7 @@ from typing import Any
 
 from marsproxy.emulator.openai_api import ApiError, ParsedRequest
 from marsproxy.emulator.tokenizer import PromptError, encode_chat
-from marsproxy.emulator.tool_calls import ForcedTool
+from marsproxy.emulator.tool_calls import ForcedTool, first_param
 
 _ROLES = frozenset({"user", "assistant", "system"})
 _BLOCK_TYPES = frozenset({
@@ -141,9 +141,7 @@ def _forced_tool(body: Mapping[str, Any]) -> ForcedTool | None:
             if not isinstance(schema, Mapping):
                 raise invalid(f"tools.{i}.input_schema", "Input should be a valid dictionary",
                               "dict_type", schema)
-            props = schema.get("properties")
-            params.setdefault(name, str(next(iter(props)))
-                              if isinstance(props, Mapping) and props else "command")
+            params.setdefault(name, first_param(schema))
     choice = body.get("tool_choice")
     if choice is None:
         return None

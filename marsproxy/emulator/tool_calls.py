@@ -74,11 +74,12 @@ def _tool_names(tools: Any) -> list[tuple[str, str]]:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise ToolChoiceError("Field required", f"tools.{i}.function.name")
-        out.append((fn["name"], _first_param(fn.get("parameters"))))
+        out.append((fn["name"], first_param(fn.get("parameters"))))
     return out
 
 
-def _first_param(schema: Any) -> str:
+def first_param(schema: Any) -> str:
+    """The argument that carries the generated text: the schema's first property."""
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     if isinstance(props, Mapping) and props:
         return str(next(iter(props)))

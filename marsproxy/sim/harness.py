@@ -238,13 +238,13 @@ class Simulation:
         self._finish(now, agent, told=told, reason=EndReason.ABANDONED)
 
     def _finish(self, now: float, agent: Agent, *, told: bool = True,
-                reason: EndReason = EndReason.FINAL, ended: bool = False) -> None:
-        """``told``: the proxy learns that the session ended (else its idle timeout ends it);
-        ``ended``: it knows already (it ended the session on its answer)."""
+                reason: EndReason = EndReason.FINAL) -> None:
+        """``told``: the proxy learns that the session ended (else its idle timeout ends it;
+        one ended on its answer is told again, which changes nothing)."""
         agent.done = True
         agent.tokens = []
         self._unfinished -= 1
-        if told and not ended:
+        if told:
             self._forget(now, agent.plan.id, reason)
         else:
             self._untold += 1
@@ -294,7 +294,7 @@ class Simulation:
             told = final or answered or self.proxy is None
             if not told and not self.setup.report_tools and self.proxy is not None:
                 self.proxy.tool(now, sid, "response_ended")  # to the proxy, a gap like any other
-            self._finish(now, agent, told=told, ended=answered)
+            self._finish(now, agent, told=told)
             return
         turn = agent.plan.turns[agent.turn]
         if self.proxy is not None:

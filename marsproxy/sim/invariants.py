@@ -143,17 +143,9 @@ def light_load(direct: RunResult, proxied: RunResult) -> LightLoad | None:
     return LightLoad(sum(a) / sum(b), percentile(a, 95) / percentile(b, 95), unfinished)
 
 
-def check_light_load(
-    direct: RunResult, proxied: RunResult, tolerance: float
-) -> tuple[LightLoad | None, list[Violation]]:
-    """(c) on a light-load workload: every session ``direct`` finished, the proxy finished too,
-    within ``tolerance`` in mean and P95."""
-    r = light_load(direct, proxied)
-    return r, light_load_violations(r, proxied.policy, tolerance)
-
-
 def light_load_violations(r: LightLoad | None, policy: str, tolerance: float) -> list[Violation]:
-    """(c) from the comparison :func:`light_load` made."""
+    """(c) on a light-load workload, from the comparison :func:`light_load` made: every session
+    ``direct`` finished, the proxy finished too, within ``tolerance`` in mean and P95."""
     if r is None or (r.worst <= 1.0 + tolerance and not r.unfinished):
         return []
     return [Violation("c", None, (

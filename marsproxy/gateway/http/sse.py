@@ -226,36 +226,32 @@ class StreamTap:
                 self.usage = usage
                 if self._strip and obj.get("choices") == []:
                     return False
-        ch = first_choice(obj)
-        if ch is not None:
-            self._finish = ch.get("finish_reason") or self._finish
-            self._calls_tool = self._calls_tool or bool((ch.get("delta") or {}).get("tool_calls"))
+        ch = first_choice(obj)  # n > 1: the client continues with the first choice
+        if ch is None:
+            return True
+        self._finish = ch.get("finish_reason") or self._finish
+        self._calls_tool = self._calls_tool or bool((ch.get("delta") or {}).get("tool_calls"))
         if self._capture is not None:
-            self._capture_openai(obj)
+            self._capture_openai(ch)
         return True
 
-    def _capture_openai(self, obj: dict[str, Any]) -> None:
+    def _capture_openai(self, ch: dict[str, Any]) -> None:
+        """The reply text and tool calls of one chunk's first choice."""
         assert self._capture is not None
-        choices = obj.get("choices")
-        if not isinstance(choices, list):
+        if self.route == "completions":
+            if isinstance(ch.get("text"), str):
+                self._capture.text.append(ch["text"])
             return
-        for ch in choices:
-            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
-                continue  # n > 1: the client continues with the first choice
-            if self.route == "completions":
-                if isinstance(ch.get("text"), str):
-                    self._capture.text.append(ch["text"])
-                continue
-            delta = ch.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                self._capture.text.append(delta["content"])
-            for tc in delta.get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                slot = self._capture.calls.setdefault(int(tc.get("index", 0)), [""])
-                if fn.get("name"):
-                    slot[0] += fn["name"]
-                if isinstance(fn.get("arguments"), str):
-                    slot.append(fn["arguments"])
+        delta = ch.get("delta") or {}
+        if isinstance(delta.get("content"), str):
+            self._capture.text.append(delta["content"])
+        for tc in delta.get("tool_calls") or ():
+            fn = tc.get("function") or {}
+            slot = self._capture.calls.setdefault(int(tc.get("index", 0)), [""])
+            if fn.get("name"):
+                slot[0] += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                slot.append(fn["arguments"])
 
     def _responses(self, event: bytes) -> None:
         if b"response.completed" not in event and b"response.failed" not in event:

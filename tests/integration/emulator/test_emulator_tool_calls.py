@@ -32,6 +32,7 @@ READ = {"type": "function", "function": {
     "name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
 MESSAGES = [{"role": "system", "content": "You are a coding agent. " * 8},
             {"role": "user", "content": "Fix the failing test."}]
+REQUIRED = {"messages": MESSAGES, "tools": [RUN], "tool_choice": "required"}  # a forced call
 TOOL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")  # as a real vLLM 0.32.0 makes them
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.32-chat-stream-tool-call.txt"
 # vLLM's ChatMessage with tool calls (tool_calls is left out when there are none)
@@ -136,7 +137,7 @@ async def test_streamed_required_call_that_stops_finishes_with_tool_calls(
 ) -> None:
     server = await start_emulator()
     _, chunks = await _chat(http, server, {
-        "messages": MESSAGES, "tools": [RUN], "tool_choice": "required", "max_tokens": 1000,
+        **REQUIRED, "max_tokens": 1000,
         "stream": True})
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert len(chunks) == 2 + NATURAL  # the role, the call named, a delta per token
@@ -188,7 +189,7 @@ async def test_follow_up_echoing_the_call_hits_the_prefix_cache(
 ) -> None:
     server = await start_emulator()
     _, first = await _chat(http, server, {
-        "messages": MESSAGES, "tools": [RUN], "tool_choice": "required", "max_tokens": 20,
+        **REQUIRED, "max_tokens": 20,
         "ignore_eos": True})
     [call] = first["choices"][0]["message"]["tool_calls"]
     history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -335,7 +336,7 @@ async def test_streamed_call_is_keyed_as_a_real_vllms(
     real = [c["choices"][0] for c in _sse(FIXTURE.read_text())[:-1]]
     server = await start_emulator()
     _, chunks = await _chat(http, server, {
-        "messages": MESSAGES, "tools": [RUN], "tool_choice": "required", "max_tokens": 6,
+        **REQUIRED, "max_tokens": 6,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
     mine = [c["choices"][0] for c in chunks[:-1]]
     for pick in (1, 2):  # the delta that names the call; one that appends arguments
