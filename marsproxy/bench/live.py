@@ -34,6 +34,7 @@ from marsproxy.bench.live_setup import CALL_TIMEOUT_S, LiveSetup, start_proxy, s
 from marsproxy.bench.live_vllm import VllmFacts, calibrate, reset_prefix_cache
 from marsproxy.bench.live_vllm import ideal_seconds as vllm_ideal_seconds
 from marsproxy.bench.procs import cpu_mark, cpu_since
+from marsproxy.config import UpstreamConfig
 from marsproxy.emulator.profiles import get_profile, profile_names
 from marsproxy.runs import options, report
 from marsproxy.runs.ideal import ideal_seconds
@@ -42,6 +43,11 @@ from marsproxy.runs.results import RunResult, SessionOutcome, TurnOutcome, write
 from marsproxy.runs.timeline import timeline
 from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import PlannedSession, Workload, build_workload
+
+# Agents close idle connections before a worker does (vLLM's uvicorn after 5 s), as the proxy's
+# upstream pool does: a call sent as the server closes its connection fails ("Server
+# disconnected"), which cost a direct session in a real-vLLM run (aiohttp's default is 15 s).
+AGENT_KEEPALIVE_S = UpstreamConfig().keepalive_timeout_s
 
 
 def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float) -> SessionOutcome:
@@ -60,14 +66,20 @@ def _outcome(plan: PlannedSession, res: SessionResult, t0: float, ideal_s: float
     return o
 
 
+def agents_http(request_timeout_s: float, keepalive_s: float = AGENT_KEEPALIVE_S,
+                ) -> aiohttp.ClientSession:
+    """The agents' HTTP client: unbounded connections, idle ones closed after ``keepalive_s``."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=request_timeout_s),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive_s))
+
+
 async def _replay_all(
     wl: Workload, targets: list[str], proxy: str | None, setup: LiveSetup, bar: Progress,
     workers: list[str], states: list[dict[str, Any]],
 ) -> tuple[list[SessionResult], list[dict[str, Any]], float, float, dict[str, float]]:
-    timeout = aiohttp.ClientTimeout(total=setup.request_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0)
     events: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+    async with agents_http(setup.request_timeout_s) as http:
         async with http.get(f"{targets[0]}/v1/models") as r:
             model = (await r.json())["data"][0]["id"]
         before = (await worker_counters(http, workers) if setup.vllm_urls
