@@ -33,7 +33,7 @@ from marsproxy.core.identity import (
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
-from marsproxy.gateway.http.reply_kind import loop_reply, offers_tools
+from marsproxy.gateway.http.reply_kind import offers_tools
 from marsproxy.gateway.http.sse import body_usage_and_reply
 from marsproxy.gateway.http.upstream import (
     Opened,
@@ -86,7 +86,7 @@ class Relay:
             return
         try:
             out.usage, out.reply, out.reply_kind = body_usage_and_reply(
-                route, out.body, capture=out.turn_ref.capture_reply)
+                route, out.body, capture=out.turn_ref.capture_reply, kinds=out.offers_tools)
         except (ValueError, TypeError, AttributeError) as exc:  # the client has it as it is
             log.warning("%s reply of session %s: no usage read from it: %r", route,
                         out.session, exc)
@@ -251,7 +251,7 @@ class Relay:
             answered = gw.call_ended(
                 turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
                 continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
-                reply=loop_reply(out.reply_kind, out.offers_tools))
+                reply=out.reply_kind)
         # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
         # it, so a client that goes on after the answer continues the same session.
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())

@@ -85,7 +85,8 @@ async def stream(
     out: Outcome,
 ) -> web.StreamResponse:
     upstream = opened.response
-    tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply)
+    tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply,
+                    kinds=out.offers_tools)
     sse = SSEFilter(tap)
     headers = response_headers(upstream.headers)
     headers.update(clock.header())

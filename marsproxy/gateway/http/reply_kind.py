@@ -5,9 +5,9 @@ A reply calls a tool when it carries one, whatever its finish reason says (vLLM 
 named function with ``stop``, a call cut at ``max_tokens`` with ``length``). It answers when it
 finished and carries none, cut at ``max_tokens`` too: agent loops end on a reply without a tool
 call whatever stopped it. A reply whose end was not seen (an error, a broken stream, a shape not
-known) is neither. Only a request that offered tools is an agent loop's call: a reply without
-a tool call to one that offered none (a harness's side request under the same session: a title,
-a summary, a safety check) says nothing of the loop's end.
+known) is neither. Only a request that offered tools is an agent loop's call: the reply to one
+that offered none (a harness's side request under the same session: a title, a summary, a
+safety check) says nothing of the loop's end, and is not read for it (``kinds`` in ``sse.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,6 @@ def kind_of(calls_tool: bool, finish: object) -> ReplyKind | None:
 def offers_tools(body: dict[str, Any]) -> bool:
     """Whether a request offered tools (``tools``, or the older ``functions``)."""
     return bool(body.get("tools") or body.get("functions"))
-
-
-def loop_reply(kind: ReplyKind | None, offered: bool) -> ReplyKind | None:
-    """What a reply says of an agent loop: an answer only to a request that offered tools."""
-    return None if kind is ReplyKind.ANSWER and not offered else kind
 
 
 def first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -147,11 +147,15 @@ class StreamTap:
     """Watches one SSE response of a scheduled route.
 
     ``keep(event)`` says whether to forward the event: the only event ever dropped is the
-    usage-only chat/completions chunk the proxy asked for on the client's behalf.
+    usage-only chat/completions chunk the proxy asked for on the client's behalf. ``kinds``:
+    read whether the reply called a tool or answered (only a request that offered tools is an
+    agent loop's call: ``reply_kind.py``); without it no chunk is looked into for that.
     """
 
-    def __init__(self, route: Route, *, strip_usage_chunk: bool, capture: bool) -> None:
+    def __init__(self, route: Route, *, strip_usage_chunk: bool, capture: bool,
+                 kinds: bool = True) -> None:
         self.route = route
+        self._kinds = kinds
         self.usage: Usage | None = None
         self._strip = strip_usage_chunk
         self._capture = _Capture() if capture else None
@@ -182,11 +186,14 @@ class StreamTap:
 
     @property
     def kind(self) -> ReplyKind | None:
-        """Whether the reply called a tool or answered (``None``: neither, or not seen)."""
-        return kind_of(self._calls_tool, self._finish)
+        """Whether the reply called a tool or answered (``None``: neither, not seen, or not
+        read: ``kinds``)."""
+        return kind_of(self._calls_tool, self._finish) if self._kinds else None
 
     def _ends_or_calls(self, data: bytes) -> bool:
         """Whether ``data`` may hold the finish reason, or the reply's first tool call."""
+        if not self._kinds:
+            return False
         if self.route == "messages":
             return not self._calls_tool and b'"tool_use"' in data
         return (_FINISH in data or _FINISH_SPACED in data
@@ -326,14 +333,17 @@ def messages_reply_unit(text: str, calls: list[tuple[str, str]]) -> bytes:
 
 
 def body_usage_and_reply(
-    route: Route, body: bytes, *, capture: bool
+    route: Route, body: bytes, *, capture: bool, kinds: bool = True
 ) -> tuple[Usage | None, Reply | None, ReplyKind | None]:
-    """Usage, the reply's kind (and, for chain sessions, the reply) of a non-streaming
-    response body."""
+    """Usage, the reply's kind (``kinds``: read, as by :class:`StreamTap`) and, for chain
+    sessions, the reply of a non-streaming response body."""
+    if not capture and not kinds and b'"usage"' not in body:
+        return None, None, None  # nothing to read: not parsed
     obj = _loads(body)
     if not isinstance(obj, dict):
         return None, None, None
-    usage, kind = Usage.of(obj.get("usage")), body_kind(route, obj)
+    usage = Usage.of(obj.get("usage"))
+    kind = body_kind(route, obj) if kinds else None
     return usage, _body_reply(route, obj) if capture else None, kind
 
 

@@ -136,9 +136,7 @@ async def test_streamed_required_call_that_stops_finishes_with_tool_calls(
     start_emulator: StartEmulator, http: aiohttp.ClientSession,
 ) -> None:
     server = await start_emulator()
-    _, chunks = await _chat(http, server, {
-        **REQUIRED, "max_tokens": 1000,
-        "stream": True})
+    _, chunks = await _chat(http, server, {**REQUIRED, "max_tokens": 1000, "stream": True})
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert len(chunks) == 2 + NATURAL  # the role, the call named, a delta per token
 
@@ -188,9 +186,7 @@ async def test_follow_up_echoing_the_call_hits_the_prefix_cache(
     start_emulator: StartEmulator, http: aiohttp.ClientSession,
 ) -> None:
     server = await start_emulator()
-    _, first = await _chat(http, server, {
-        **REQUIRED, "max_tokens": 20,
-        "ignore_eos": True})
+    _, first = await _chat(http, server, {**REQUIRED, "max_tokens": 20, "ignore_eos": True})
     [call] = first["choices"][0]["message"]["tool_calls"]
     history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
                {"role": "tool", "tool_call_id": call["id"], "content": "1 failed, 3 passed"}]

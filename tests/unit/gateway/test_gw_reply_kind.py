@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from marsproxy.core.answers import ReplyKind
-from marsproxy.gateway.http.reply_kind import loop_reply, offers_tools
+from marsproxy.gateway.http.reply_kind import offers_tools
 from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -94,8 +94,8 @@ ANSWER_STREAM = [_chunk({"role": "assistant", "content": ""}), _chunk({"content"
                  {"object": "chat.completion.chunk", "choices": [], "usage": USAGE}]
 
 
-def _tap(raw: bytes, size: int, capture: bool) -> tuple[StreamTap, bytes]:
-    tap = StreamTap("chat", strip_usage_chunk=False, capture=capture)
+def _tap(raw: bytes, size: int, capture: bool, kinds: bool = True) -> tuple[StreamTap, bytes]:
+    tap = StreamTap("chat", strip_usage_chunk=False, capture=capture, kinds=kinds)
     flt = SSEFilter(tap)
     out = b"".join(flt.feed(raw[i:i + size]) for i in range(0, len(raw), size)) + flt.flush()
     return tap, out
@@ -155,7 +155,17 @@ def test_only_a_request_that_offered_tools_is_answered() -> None:
     # A harness's side request (a title, a summary) carries no tools: its text says nothing.
     assert offers_tools({"tools": [CALL]}) and offers_tools({"functions": [{"name": "f"}]})
     assert not offers_tools({"tools": []}) and not offers_tools({"messages": []})
-    assert loop_reply(ReplyKind.ANSWER, offered=True) is ReplyKind.ANSWER
-    assert loop_reply(ReplyKind.ANSWER, offered=False) is None
-    assert loop_reply(ReplyKind.TOOL_CALL, offered=False) is ReplyKind.TOOL_CALL
-    assert loop_reply(None, offered=True) is None
+    # The reply to one that offered none is not read for its kind, streamed or whole; its
+    # bytes and usage pass as ever.
+    for capture in (False, True):
+        for events in (ANSWER_STREAM, TOOL_STREAM):
+            raw = _sse(events)
+            tap, out = _tap(raw, 9, capture, kinds=False)
+            assert out == raw and tap.kind is None and tap.usage is not None
+        body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": "a title"}}], "usage": USAGE}).encode()
+        usage, _, kind = body_usage_and_reply("chat", body, capture=capture, kinds=False)
+        assert kind is None and usage is not None and usage.prompt_tokens == 5
+        assert body_usage_and_reply("chat", body, capture=capture)[2] is ReplyKind.ANSWER
+    assert body_usage_and_reply("chat", b'{"choices": []}', capture=False, kinds=False) == (
+        None, None, None)
