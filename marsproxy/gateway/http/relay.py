@@ -73,11 +73,25 @@ class Relay:
             raise
         finally:
             clock.tail_begins()
+            self._after(route, out, clock, resp)
+
+    def _after(self, route: Route, out: Outcome, clock: Clock,
+               resp: web.StreamResponse | None) -> None:
+        """The work after the response. The call's and the session's end (which releases the
+        session's slot) run even when the accounting before them fails: a bug there costs
+        a log line and a counter, never a slot held for good."""
+        try:
             self._read_body(route, out)
             self._account(out, clock)
             self.events.ended(out, clock)
+        except Exception:
+            log.exception("accounting of a %s request of session %s failed; its call ends "
+                          "anyway", route, out.session)
+        try:
             self._close_turn(out, clock)
             self._observe(out, clock, resp)
+        except Exception:
+            log.exception("the end of a %s call of session %s failed", route, out.session)
 
     @staticmethod
     def _read_body(route: Route, out: Outcome) -> None:

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from marsproxy.gateway.http.relay import OVERHEAD_HEADER
+from marsproxy.gateway.shells.outcome import RequestEvents
 
 from .relay_client import CHAT, config, gateway, url
 
@@ -154,5 +155,35 @@ async def test_client_disconnect_cancels_upstream(fake: Any, until: Any) -> None
             with pytest.raises(TimeoutError):
                 await task
         await until(lambda: fake.cancelled == 2 and fake.active == 0)
+    finally:
+        await g.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_failed_accounting_still_ends_the_call(
+    fake: Any, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, stream: bool,
+) -> None:
+    """A bug in the accounting after a response costs a log line, never the session's slot:
+    the final call still ends its session and releases what admission held for it."""
+    g = await gateway(config([fake.url]))
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("accounting bug")
+
+    monkeypatch.setattr(RequestEvents, "ended", broken)
+    worker = fake.url.split("//")[1]
+    try:
+        for i in range(3):
+            async with http.post(
+                url(g, "/v1/chat/completions"), json={**CHAT, "stream": stream},
+                headers={"x-session-id": f"s{i}", "x-session-final": "true"},
+            ) as r:
+                assert r.status == 200
+                assert "w2" in await r.text()  # the client has its whole reply
+            assert g.gateway.plane.held(f"anon/id/s{i}") is None
+        assert g.gateway.plane.held_on(worker) == 0
+        failures = [r for r in caplog.records if "accounting of a chat request" in r.message]
+        assert len(failures) == 3 and failures[0].exc_info is not None
     finally:
         await g.stop()
