@@ -279,6 +279,7 @@ class AdmissionCore(WorkerFit):
             # A worker the probes did not report on is unseen: fail closed.
             self._signals[w] = signals_by_worker.get(w, WorkerSignals(stale=True))
             self.gauge.read(w, self._signals[w].sampled_at)
+            self.peaks.limit(w, self._signals[w].max_model_len)
             # The forecasts' sum once per worker: the controller's budget and the overlap.
             committed = (self.peaks.committed_tokens(w, self._signals[w].sessions_elsewhere)
                          if self.cfg.tuning.kv_fit_peak else 0)

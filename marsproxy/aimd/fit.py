@@ -58,6 +58,8 @@ class WorkerSignals:
     tool_wait_ema_s: float = 0.0
     psi_some_avg10: float | None = None
     tool_cpus: float = 0.0
+    max_model_len: int | None = None
+    """The longest context the worker serves (``None``: not reported): the forecasts' cap."""
     session_blocks: Mapping[str, int] | None = None
     """Resident blocks per session from the worker's KV index (``None``: no usable index):
     the forecast-peak fit counts these instead of the measured overlap."""

@@ -7,7 +7,7 @@ admits sessions whose *later* contexts no longer fit together, and a window cann
 what it admitted, so the engine preempts and recomputes. Here each admitted session — running
 or in a tool phase — is budgeted at its forecast peak
 
-    forecast = max(context so far, first prompt × G)
+    forecast = max(context so far, min(first prompt × G, the worker's max_model_len))
 
 where G, the growth factor, is the ratio Σ peak / Σ first prompt over recently finished
 sessions (a ratio of sums: the budget is a sum over sessions, so the aggregate growth is what
@@ -16,6 +16,8 @@ have finished, G is the configured prior; a session of a tenant whose sessions d
 (``core/returns.py``) will not grow: its G is 1. A worker's *peak room* is its usable blocks
 less the forecast of every session admitted on it, expressed in first-prompt blocks (÷ G), so
 the queue's existing fit check (the first prompt's blocks against a budget) tests the forecast.
+No context outgrows the longest the worker serves (its ``max_model_len``, where reported): an
+admitted session's forecast never exceeds it.
 
 Pure code: no I/O, no clock.
 """
@@ -41,8 +43,9 @@ class _Session:
     grows: bool = True
     """Forecast to grow by G (false: its tenant's sessions are known not to return)."""
 
-    def peak(self, growth: float) -> int:
-        return max(self.context, math.ceil(self.first * growth) if self.grows else self.first)
+    def peak(self, growth: float, cap: int | None = None) -> int:
+        grown = math.ceil(self.first * growth) if self.grows else self.first
+        return max(self.context, grown if cap is None else min(grown, cap))
 
 
 class PeakForecast:
@@ -61,6 +64,15 @@ class PeakForecast:
         # every open session (a plain client's may number thousands, dormant past their hold).
         self._held: dict[str, dict[str, _Session]] = {}
         self._growing: dict[str, int] = {}  # worker → how many of those are forecast to grow
+        self._caps: dict[str, int] = {}  # worker → the longest context it serves (tokens)
+
+    def limit(self, worker: str, max_tokens: int | None) -> None:
+        """The longest context ``worker`` serves (its ``max_model_len``; ``None``: not
+        reported): no forecast there exceeds it."""
+        if max_tokens is None or max_tokens <= 0:
+            self._caps.pop(worker, None)
+        else:
+            self._caps[worker] = max_tokens
 
     # -- sessions -------------------------------------------------------------------------
     def admit(self, session: str, worker: str, est_tokens: int, *, grows: bool = True) -> None:
@@ -148,7 +160,7 @@ class PeakForecast:
     def forecast(self, session: str) -> int:
         """Forecast peak context of an admitted session in tokens (0: unknown session)."""
         s = self._sessions.get(session)
-        return 0 if s is None else s.peak(self.growth())
+        return 0 if s is None else s.peak(self.growth(), self._caps.get(s.worker))
 
     def one_shot(self, session: str) -> bool:
         """Whether ``session`` is admitted and forecast not to grow (its tenant's sessions do
@@ -159,7 +171,8 @@ class PeakForecast:
     def flat_tokens(self, worker: str) -> int:
         """Σ forecasts of the sessions holding KV on ``worker`` that are not forecast to grow
         (one-shot tasks in their call)."""
-        return sum(s.peak(1.0) for s in self._held.get(worker, {}).values() if not s.grows)
+        cap = self._caps.get(worker)
+        return sum(s.peak(1.0, cap) for s in self._held.get(worker, {}).values() if not s.grows)
 
     def flat_only(self, worker: str) -> bool:
         """Whether sessions hold KV on ``worker`` and none of them is forecast to grow (one-shot
@@ -178,8 +191,8 @@ class PeakForecast:
         the mean of this replica's sessions on that worker, else the mean peak of finished
         sessions. One-shot tasks are left out: they hold KV only in their call, which the
         engine's queue serves as with no proxy (as the window's KV reading leaves them out)."""
-        g = self.growth()
-        mine = [s.peak(g) for k, s in self._held.get(worker, {}).items()
+        g, cap = self.growth(), self._caps.get(worker)
+        mine = [s.peak(g, cap) for k, s in self._held.get(worker, {}).items()
                 if s.grows and not (without and without(k))]
         total = sum(mine)
         if elsewhere > 0:
@@ -201,12 +214,12 @@ class PeakForecast:
         Blocks two sessions share (a common system prompt) count once, for whichever session
         stored them. ``elsewhere`` sessions of other replicas count at this worker's mean.
         One-shot tasks are left out (:meth:`committed_tokens`)."""
-        g = self.growth()
+        g, cap = self.growth(), self._caps.get(worker)
         total = n = 0
         for key, s in self._held.get(worker, {}).items():
             if not s.grows:
                 continue
-            peak = s.peak(g)
+            peak = s.peak(g, cap)
             n += 1
             if not s.observed:
                 total += peak
@@ -222,8 +235,9 @@ class PeakForecast:
     ) -> int:
         """Blocks of *first prompt* a new session may have on a worker whose admitted sessions'
         forecasts sum to ``committed_tokens`` (:meth:`committed_tokens`), so that its forecast
-        peak fits beside them: (usable × overcommit − committed blocks) ÷ G (may be
-        negative)."""
+        peak fits beside them: (usable × overcommit − committed blocks) ÷ G (may be negative).
+        Its own forecast is not capped here: a pass admits several sessions against one room,
+        each taking its first prompt's blocks, so the room stays in first-prompt units."""
         usable = math.floor(overcommit * (total_blocks - math.ceil(reserve_frac * total_blocks)))
         committed = math.ceil(committed_tokens / block_size)
         return math.floor((usable - committed) / (growth or self.growth()))

@@ -32,6 +32,8 @@ class WorkerObservation:
     sampled_at: float | None = None
     """When the gauges were read, on the plane's clock."""
     max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    """The longest context the worker serves (vLLM's ``/v1/models``)."""
     session_blocks: Mapping[str, int] | None = None
     """Resident blocks per session from the worker's KV index (``None``: no usable index)."""
 
@@ -51,7 +53,8 @@ def admission_signals(
         prefill_tokens_per_s=obs.prefill_tokens_per_s, sampled_at=obs.sampled_at,
         tools_in_flight=tools.tools_in_flight, backlog_ratio=tools.backlog_ratio,
         tool_wait_ema_s=tools.tool_wait_ema_s, psi_some_avg10=tools.psi_some_avg10,
-        tool_cpus=tool_cpus, session_blocks=obs.session_blocks,
+        tool_cpus=tool_cpus, max_model_len=obs.max_model_len,
+        session_blocks=obs.session_blocks,
     )
 
 

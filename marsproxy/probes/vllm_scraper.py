@@ -5,7 +5,8 @@ is idle (:mod:`marsproxy.probes.scrape_pace`).
 Each worker has its own task, so a slow or hung worker delays nobody else. Errors (connect
 failures, timeouts, non-200, unparseable pages) are counted per worker and never reach callers;
 the worker simply stops getting fresh samples and turns stale, which the policy treats as
-saturated (fail closed).
+saturated (fail closed). Once per server process it also reads ``/v1/models`` for the longest
+context the worker serves (vLLM's ``max_model_len``), which caps admission's forecasts.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class WorkerPressure:
     """Seconds since the last good sample (``None``: never had one)."""
     scrape_errors: int
     last_error: str | None
+    max_model_len: int | None = None
+    """The longest context the worker serves (``/v1/models``); ``None``: not reported."""
 
     @property
     def kv_usage_fail_closed(self) -> float:
@@ -61,8 +64,8 @@ class WorkerPressure:
 
 
 class _WorkerState:
-    __slots__ = ("cache_config", "errors", "failing", "filtered", "last_error", "name", "tracker",
-                 "url", "url_filtered")
+    __slots__ = ("cache_config", "errors", "failing", "filtered", "last_error", "max_model_len",
+                 "model_len_read", "models_url", "name", "tracker", "url", "url_filtered")
 
     def __init__(self, name: str, url: str) -> None:
         self.name = name
@@ -78,6 +81,9 @@ class _WorkerState:
         self.failing = False
         # (block_size, num_gpu_blocks) of the running server process; re-read after a restart.
         self.cache_config: tuple[int | None, int | None] | None = None
+        self.models_url = url.rstrip("/") + "/v1/models"
+        self.max_model_len: int | None = None
+        self.model_len_read = False  # /v1/models answered since the server process started
 
 
 class VllmScraper:
@@ -182,6 +188,7 @@ class VllmScraper:
             # A restarted server may have a new KV geometry, or a new version and routes.
             state.cache_config = None
             state.filtered = None
+            state.model_len_read = False  # it may serve another model, or other lengths
         elif state.cache_config is None and sample.block_size is not None:
             state.cache_config = (sample.block_size, sample.num_gpu_blocks)
         if state.failing:
@@ -189,6 +196,8 @@ class VllmScraper:
             if state.filtered is False:  # it may have failed both ways: try the filter again
                 state.filtered = None
             log.info("vllm scrape of %s recovered after %d errors", name, state.errors)
+        if not state.model_len_read:
+            await self._read_model_len(state)
         if self._on_sample is not None:
             try:
                 self._on_sample(name, sample, rates)
@@ -227,6 +236,23 @@ class VllmScraper:
             known_cache_config=state.cache_config,
         )
 
+    async def _read_model_len(self, state: _WorkerState) -> None:
+        """``max_model_len`` from ``/v1/models``; an error is tried again after the next
+        scrape, a server without the route or the field leaves it unknown."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._http.get(state.models_url) as resp:
+                    if resp.status >= 500:
+                        return
+                    doc = await resp.json(content_type=None) if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return
+        state.model_len_read = True
+        state.max_model_len = longest_context(doc)
+        if state.max_model_len is not None:
+            log.info("worker %s serves contexts up to %d tokens", state.name,
+                     state.max_model_len)
+
     def snapshot(self, name: str) -> WorkerPressure:
         """The latest state of worker ``name`` (KeyError for an unknown name)."""
         state = self._workers[name]
@@ -240,6 +266,7 @@ class VllmScraper:
             age_s=None if latest is None else now - latest.sampled_at,
             scrape_errors=state.errors,
             last_error=state.last_error,
+            max_model_len=state.max_model_len,
         )
 
     def reads_filtered(self, name: str) -> bool | None:
@@ -287,6 +314,16 @@ class VllmScraper:
             log.warning(
                 "vllm scrape of %s (%s) failed: %s", state.name, state.url, state.last_error
             )
+
+
+def longest_context(models: object) -> int | None:
+    """The largest ``max_model_len`` in a ``/v1/models`` answer (vLLM lists its model and its
+    adapters, all alike); ``None`` where none is given."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        return None
+    lengths = [m.get("max_model_len") for m in data if isinstance(m, dict)]
+    return max((n for n in lengths if type(n) is int and n > 0), default=None)
 
 
 class _ScrapeError(Exception):

@@ -144,7 +144,7 @@ class SimProxy:
             block_size=prof.block_size, running=eng.stats().running,
             preemptions_total=float(eng.num_preemptions),
             prefill_tokens_per_s=self.prefill[w].sample(), sampled_at=now,
-            max_num_seqs=prof.max_num_seqs,
+            max_num_seqs=prof.max_num_seqs, max_model_len=prof.effective_max_model_len,
             session_blocks=None if self.kv is None else self.kv.session_blocks(w),
         ) for w, eng in self.engines.items()}
 

@@ -89,6 +89,8 @@ class WorkerState(TypedDict):
     prefill_tokens_per_s: float | None
     block_size: int | None
     num_gpu_blocks: int | None
+    max_model_len: int | None
+    """The longest context the worker serves (``/v1/models``; caps admission's forecasts)."""
     scrape_errors: int
     scrape_period_s: float | None
     """The scrape period now: ``probes.vllm.period_s``, or ``idle_period_s`` while idle."""

@@ -139,6 +139,7 @@ def _worker(gw: Gateway, w: WorkerConfig) -> WorkerState:
         "prefill_tokens_per_s": None if r is None else finite(r.prefill_tokens_per_s),
         "block_size": None if m is None else m.block_size,
         "num_gpu_blocks": None if m is None else m.num_gpu_blocks,
+        "max_model_len": None if p is None else p.max_model_len,
         "scrape_errors": 0 if p is None else p.scrape_errors,
         "scrape_period_s": gw.telemetry.scrape_period(w.label),
         "sessions": gw.placement.load().get(w.url, 0),

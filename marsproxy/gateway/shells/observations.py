@@ -37,6 +37,7 @@ def observation(pressure: WorkerPressure | None, *, healthy: bool,
     base = WorkerObservation(healthy=healthy, stale=True, max_num_seqs=max_num_seqs)
     if pressure is None:  # the scraper is not built yet
         return base
+    base = replace(base, max_model_len=pressure.max_model_len)
     m = pressure.metrics
     if m is None:
         # Never a good sample. Scraped and failed: no /metrics here (or not reachable yet,

@@ -140,6 +140,7 @@ async def test_state_shows_load_then_staleness(stack: Stack) -> None:
         assert sum(w["sessions"] for w in doc["workers"]) == 6
         w = next(w for w in doc["workers"] if (w["running"] or 0) > 0)
         assert w["block_size"] == 16 and w["num_gpu_blocks"] == 512 and w["healthy"]
+        assert w["max_model_len"] == 8192  # tiny's, from /v1/models: admission's forecast cap
         assert w["gpu"] == {"available": False, "memory_used_frac": None, "utilization_pct": None}
         assert {d["state"] for d in doc["sessions"]["details"]} == {"llm"}
         assert sorted(d["id"] for d in doc["sessions"]["details"]) == [

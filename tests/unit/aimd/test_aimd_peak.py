@@ -86,6 +86,23 @@ def test_room_counts_every_admitted_session_on_the_worker() -> None:
     assert p.room_blocks(p.committed_tokens("w0"), 110, 16, 0.10) == 49
 
 
+def test_no_forecast_outgrows_the_longest_context_the_worker_serves() -> None:
+    p = PeakForecast(prior_growth=2.0, history=8, min_samples=4)
+    p.admit("a", "w0", 3000)
+    p.admit("b", "w1", 3000)
+    assert p.committed_tokens("w0") == 6000  # no limit known: first prompt × G
+    p.limit("w0", 4096)
+    assert (p.forecast("a"), p.forecast("b")) == (4096, 6000)  # w1 reports none
+    assert p.committed_tokens("w0") == 4096 and p.committed_tokens("w1") == 6000
+    assert p.resident_committed_tokens("w0", {"a": 0}, 16) == 4096
+    # 1000 blocks of 16, 10 % reserve: 900 usable, 256 committed (not 375): (900 − 256) ÷ 2.
+    assert p.room_blocks(p.committed_tokens("w0"), 1000, 16, 0.10) == 322
+    p.observe("a", 4000, 96)  # its context is the floor, as always
+    assert p.forecast("a") == 4096
+    p.limit("w0", None)  # no longer reported (a restarted server that does not say)
+    assert p.forecast("a") == 8000
+
+
 def sig(**kw: Any) -> WorkerSignals:
     base: dict[str, Any] = dict(kv_usage=0.0, free_blocks=1000, total_blocks=1000, block_size=16)
     base.update(kw)
@@ -119,6 +136,20 @@ def test_admission_holds_a_session_whose_forecast_peak_would_not_fit() -> None:
     old = core(kv_fit_peak=False)
     assert all(old.on_request(1.0, f"s{i}", "t", 100 * 16).kind is DecisionKind.ADMITTED
                for i in range(4))
+
+
+def test_the_worker_s_longest_context_caps_the_admitted_forecasts() -> None:
+    # First prompts of 100 blocks, forecast 300 each at G = 3: three fit in 900 usable blocks.
+    # A worker that serves contexts of at most 200 blocks (3,200 tokens) caps each admitted
+    # forecast at 200: after three, 300 blocks are left, room for a fourth first prompt of 100
+    # (its own forecast, 300, is checked uncapped).
+    c = core()
+    c.tick(0.2, {"w0": sig(max_model_len=200 * 16)})
+    kinds = [c.on_request(1.0, f"s{i}", "t", 100 * 16).kind for i in range(5)]
+    assert kinds == [DecisionKind.ADMITTED] * 4 + [DecisionKind.WAIT]
+    assert c.peaks.forecast("s0") == 200 * 16
+    c.tick(1.2, {"w0": sig()})  # no longer reported: the forecasts are uncapped again
+    assert c.peaks.forecast("s0") == 300 * 16 and c.peak_room("w0") < 0
 
 
 def test_a_finished_session_frees_its_forecast_and_teaches_the_growth() -> None:
