@@ -51,6 +51,8 @@ class FakeWorker:
         # The proxy's probe (vLLM's /metrics/ renders what name[] names); not recorded in seen.
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/", self._metrics)
+        # The probe's other read (max_model_len); not recorded in seen either.
+        app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
@@ -59,6 +61,10 @@ class FakeWorker:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": "fake", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]})
 
     async def _metrics(self, _: web.Request) -> web.Response:
         page = (
