@@ -243,9 +243,12 @@ class VllmScraper:
             async with asyncio.timeout(self.timeout_s):
                 async with self._http.get(state.models_url) as resp:
                     if resp.status >= 500:
-                        return
+                        raise _ScrapeError(f"HTTP {resp.status}")
                     doc = await resp.json(content_type=None) if resp.status == 200 else None
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, _ScrapeError) as exc:
+            # Debug only: a worker whose route keeps failing would log at every scrape.
+            log.debug("%s of %s not read (tried again after the next scrape): %r",
+                      state.models_url, state.name, exc)
             return
         state.model_len_read = True
         state.max_model_len = longest_context(doc)

@@ -34,10 +34,10 @@ class _Health(Protocol):
 def observation(pressure: WorkerPressure | None, *, healthy: bool,
                 max_num_seqs: int | None = None) -> WorkerObservation:
     """One worker as its latest scrape shows it."""
-    base = WorkerObservation(healthy=healthy, stale=True, max_num_seqs=max_num_seqs)
+    base = WorkerObservation(healthy=healthy, stale=True, max_num_seqs=max_num_seqs,
+                             max_model_len=None if pressure is None else pressure.max_model_len)
     if pressure is None:  # the scraper is not built yet
         return base
-    base = replace(base, max_model_len=pressure.max_model_len)
     m = pressure.metrics
     if m is None:
         # Never a good sample. Scraped and failed: no /metrics here (or not reachable yet,

@@ -140,9 +140,8 @@ def test_admission_holds_a_session_whose_forecast_peak_would_not_fit() -> None:
 
 def test_the_worker_s_longest_context_caps_the_admitted_forecasts() -> None:
     # First prompts of 100 blocks, forecast 300 each at G = 3: three fit in 900 usable blocks.
-    # A worker that serves contexts of at most 200 blocks (3,200 tokens) caps each admitted
-    # forecast at 200: after three, 300 blocks are left, room for a fourth first prompt of 100
-    # (its own forecast, 300, is checked uncapped).
+    # Contexts of at most 200 blocks cap each admitted forecast at 200: after three, 300 blocks
+    # are left for a fourth first prompt of 100 (its own forecast, 300, is checked uncapped).
     c = core()
     c.tick(0.2, {"w0": sig(max_model_len=200 * 16)})
     kinds = [c.on_request(1.0, f"s{i}", "t", 100 * 16).kind for i in range(5)]
