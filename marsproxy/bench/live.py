@@ -194,6 +194,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="emulated workers: wall seconds per modelled second")
     e.add_argument("--workers", type=int, default=1, help="emulated workers")
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks per emulated worker")
+    e.add_argument("--max-model-len", type=int, default=None,
+                   help="emulated workers' longest context, as vLLM's (default: profile)")
     e.add_argument("--vllm-url", action="append", default=[], metavar="URL",
                    help="use this real vLLM instead of emulated workers (repeatable); its"
                    " model, context, tokenizer and speed are measured first, and its prefix cache"
@@ -261,7 +263,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     try:
         context = facts.max_model_len if facts else get_profile(
-            args.profile, num_blocks=args.num_blocks).effective_max_model_len
+            args.profile, num_blocks=args.num_blocks,
+            max_model_len=args.max_model_len).effective_max_model_len
         cases = options.cases(args, context)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets, options.queue_deadline(
@@ -273,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
         traces = load_trace(args.trace, held_out=args.held_out)  # a bad one fails here
         setup = LiveSetup(
             profile=args.profile, time_scale=args.time_scale, workers=args.workers,
-            num_blocks=args.num_blocks, vllm_urls=vllm_urls,
+            num_blocks=args.num_blocks, max_model_len=args.max_model_len, vllm_urls=vllm_urls,
             vllm_priority={"true": True, "false": False}.get(args.vllm_priority, "auto"),
             vllm=facts,
             tool_cpus=args.tool_cpus, report_tools=not (args.no_tool_events or args.plain_clients),
@@ -306,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {
         "kind": "live", "backend": ", ".join(setup.vllm_urls) or
         f"{args.workers} emulated worker(s), profile {args.profile}, time scale {args.time_scale}",
+        "max_model_len": context,
         "host CPUs": os.cpu_count(), "tool_cpus (proxy)": args.tool_cpus or "host",
         "trace": options.trace_label(args), "sessions": args.sessions,
         "seed": options.seeds_text(args),

@@ -28,6 +28,7 @@ class LiveSetup:
     time_scale: float = 1.0
     workers: int = 1
     num_blocks: int | None = None
+    max_model_len: int | None = None
     vllm_urls: tuple[str, ...] = ()
     vllm_priority: bool | str = "auto"
     """The real workers' ``workers[].priority`` in the proxy config (true: they run
@@ -59,7 +60,8 @@ class LiveSetup:
     themselves: ``vllm serve --kv-events-config``); empty: the proxy subscribes to none."""
 
     def engine_profile(self) -> EngineProfile:
-        return get_profile(self.profile, num_blocks=self.num_blocks)
+        return get_profile(self.profile, num_blocks=self.num_blocks,
+                           max_model_len=self.max_model_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,8 @@ def start_workers(setup: LiveSetup, priority: bool, logs: Path,
                     "--scheduling-policy", "priority" if priority else "fcfs"]
             if setup.num_blocks is not None:
                 args += ["--num-blocks", str(setup.num_blocks)]
+            if setup.max_model_len is not None:
+                args += ["--max-model-len", str(setup.max_model_len)]
             url = f"http://127.0.0.1:{port}"
             if setup.kv_events and kv is not None:
                 _kv_events(args, kv, url)

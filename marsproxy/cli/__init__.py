@@ -72,6 +72,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
         served_model_name=args.served_model_name,
         kv_events=kv_events,
     )
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: profile)")
     e.add_argument("--max-num-seqs", type=int, default=None, help="default: profile")
     e.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: profile")
+    e.add_argument("--max-model-len", type=int, default=None,
+                   help="the longest context served, as vLLM's (default: profile)")
     e.add_argument("--served-model-name", default=None, help="model name (default: profile)")
     e.add_argument(
         "--kv-events-config", default=None, metavar="JSON",

@@ -88,6 +88,7 @@ def get_profile(
     num_blocks: int | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    max_model_len: int | None = None,
     served_model_name: str | None = None,
 ) -> EngineProfile:
     """The named profile with optional overrides; ``ValueError`` for unknown names or bad values."""
@@ -100,6 +101,7 @@ def get_profile(
         ("num_blocks", num_blocks),
         ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens),
+        ("max_model_len", max_model_len),
     ):
         if value is not None:
             if value < 1:

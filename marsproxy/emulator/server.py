@@ -43,6 +43,7 @@ class EmulatorOptions:
     num_blocks: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
     served_model_name: str | None = None
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config
 
@@ -227,7 +228,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     """The emulator app; its engine loop starts on app startup and stops on cleanup."""
     profile = get_profile(
         opts.profile, num_blocks=opts.num_blocks, max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
+        max_num_batched_tokens=opts.max_num_batched_tokens, max_model_len=opts.max_model_len,
         served_model_name=opts.served_model_name,
     )
     runner = EngineRunner(profile, opts.scheduling_policy, opts.time_scale, opts.kv_events)

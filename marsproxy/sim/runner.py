@@ -68,6 +68,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     e.add_argument("--profile", default="h200-qwen3-coder-30b-a3b", choices=profile_names())
     e.add_argument("--workers", type=int, default=1, help="emulated engines")
     e.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: profile)")
+    e.add_argument("--max-model-len", type=int, default=None,
+                   help="the longest context an engine serves, as vLLM's (default: profile)")
     e.add_argument("--time-scale", type=float, default=1.0,
                    help="seconds per modelled engine second (mirror a live run's emulators)")
     e.add_argument("--tool-cpus", type=float, default=16.0, help="cores shared by tools (K)")
@@ -123,7 +125,8 @@ def main(args: argparse.Namespace) -> int:
             return 2
         return 1 if sweep(args.sweep, args.seed, sys.stdout, args.sets) else 0
     try:
-        profile = get_profile(args.profile, num_blocks=args.num_blocks)
+        profile = get_profile(args.profile, num_blocks=args.num_blocks,
+                              max_model_len=args.max_model_len)
         cases = options.cases(args, profile.effective_max_model_len)
         pols = options.policies(args.policies)
         sets = options.parse_sets(args.sets, options.queue_deadline(args, args.horizon))
@@ -158,7 +161,8 @@ def main(args: argparse.Namespace) -> int:
             "kind": "simulation (virtual time)", "profile": profile.name,
             "workers": args.workers, "worker_mode": args.worker_mode,
             "time_scale": args.time_scale,
-            "kv_blocks": profile.num_blocks, "tool_cpus": args.tool_cpus,
+            "kv_blocks": profile.num_blocks, "max_model_len": profile.effective_max_model_len,
+            "tool_cpus": args.tool_cpus,
             "busy_cpus": args.busy_cpus, "call_overhead_s": args.call_overhead,
             "state_every_s": args.state_every,
             "trace": options.trace_label(args),

@@ -22,6 +22,8 @@ WORKLOAD = [
     "--regimes", "trace", "--token-scale", "0.1", "--tool-time-scale", "0.01",
     "--sessions", "24", "--rates", "0", "--max-turns", "8", "--time-scale", "2",
     "--num-blocks", "384", "--profile", "tiny", "--policies", "mars",
+    # vLLM's --max-model-len on the engines (the cache holds 6144); prompts as without it
+    "--max-model-len", "5632", "--max-context", "5120",
 ]
 
 
@@ -75,6 +77,9 @@ def test_sim_and_live_agree_on_the_ranking(tmp_path: Path) -> None:
     assert max(x["admission"]["queue"]["length"] for x in snaps) > 0
     (worker,) = snaps[0]["admission"]["workers"].values()
     assert {"limit", "cpu_cap", "peak_overcommit"} <= set(worker)
+    # the engines' --max-model-len, as the proxy read it from /v1/models
+    assert [w["max_model_len"] for w in snaps[-1]["workers"]] == [5632]
+    assert sim["meta"]["max_model_len"] == live["meta"]["max_model_len"] == 5632
     assert runs["mars"]["extra"]["state_snapshots"] == len(rows)
     # what each run cost the host, the proxy's process apart (direct has none)
     cpu = {p: r["extra"]["cpu"] for p, r in runs.items()}

@@ -234,6 +234,22 @@ async def test_side_routes(start_emulator: StartEmulator, http: aiohttp.ClientSe
     assert tok["tokens"] == encode_chat(msgs)
 
 
+async def test_max_model_len_as_vllms_flag(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator(max_model_len=2048)
+    async with http.get(server.make_url("/v1/models")) as resp:
+        assert (await resp.json())["data"][0]["max_model_len"] == 2048
+    status, body = await _post(
+        http, server, "/v1/completions", {"prompt": list(range(2048)), "max_tokens": 1}
+    )
+    assert status == 400 and "maximum context length" in body["error"]["message"]
+    status, body = await _post(
+        http, server, "/v1/completions", {"prompt": list(range(2000)), "max_tokens": 1}
+    )
+    assert status == 200 and body["usage"]["prompt_tokens"] == 2000
+
+
 async def _wait_until(cond: Any, within: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within

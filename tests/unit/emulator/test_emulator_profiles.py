@@ -46,6 +46,9 @@ def test_profiles_and_overrides() -> None:
     tiny = get_profile("tiny", num_blocks=64, served_model_name="m", max_num_seqs=4)
     assert (tiny.num_blocks, tiny.model_name, tiny.max_num_seqs) == (64, "m", 4)
     assert tiny.effective_max_model_len == 64 * 16
+    # --max-model-len as vLLM's: the longest context, still within the cache
+    assert get_profile("tiny", max_model_len=4096).effective_max_model_len == 4096
+    assert get_profile("tiny", num_blocks=64, max_model_len=4096).effective_max_model_len == 1024
     zero = get_profile("zero")
     eng = Engine(zero)
     eng.add_request("r", list(range(100)), max_tokens=3, ignore_eos=True)
@@ -54,3 +57,5 @@ def test_profiles_and_overrides() -> None:
         get_profile("nope")
     with pytest.raises(ValueError):
         get_profile("tiny", num_blocks=0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        get_profile("tiny", max_model_len=0)

@@ -27,6 +27,23 @@ def test_plain_clients_send_neither_final_flags_nor_tool_events(
     assert report.count("3/3 (100.0 %)") >= 2  # every session of both policies finished
 
 
+def test_max_model_len_bounds_the_engines_and_the_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["sim", "--sessions", "4", "--rates", "1", "--regimes", "trace", "--profile", "tiny",
+            "--token-scale", "0.5", "--tool-time-scale", "0.01", "--max-turns", "4",
+            "--policies", "direct", "--no-plots", "--out", str(out)]
+    assert cli_main([*args, "--max-model-len", "2048"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["max_model_len"] == 2048
+    turns = [t for r in data["runs"] for s in r["sessions"] for t in s["turns"]]
+    assert turns and all(t["status"] == 200 for t in turns)
+    assert max(t["prompt_tokens"] + t["completion_tokens"] for t in turns) <= 2048
+    assert cli_main([*args, "--max-model-len", "0"]) == 2
+    assert "max_model_len must be >= 1" in capsys.readouterr().err
+
+
 def test_a_held_out_run_replays_only_sessions_never_tuned_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
