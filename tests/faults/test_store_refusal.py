@@ -97,3 +97,32 @@ def _redis_cmd(url: str, *args: str) -> None:
         r.execute_command(*args)
     finally:
         r.close()
+
+
+async def test_wakeup_subscription_comes_back_after_a_refusal(lab: Lab) -> None:
+    """The wake-up subscription met the same refusal (DENIED at connect) as the data ops; once
+    Redis accepts the proxy it subscribes again (other replicas' releases wake its waiters):
+    it used to end for good on that reply."""
+    ip = _non_loopback_ipv4()
+    if ip is None:
+        pytest.skip("no non-loopback IPv4 address: protected mode cannot refuse anyone")
+    rs = lab.redis(host=ip, extra=("--bind", f"{ip} 127.0.0.1", "--protected-mode", "yes"))
+    w = lab.emulator("w0")
+    cfg = lab.config({"w0": w}, {"store": {"backend": "redis", "redis_url": rs.url,
+                                           "pool": "denied-sub", **STORE}})
+    p = lab.proxy(cfg)
+    await until(lambda: _store(p), lambda s: not s["up"], "outage noticed", 5)
+    await asyncio.sleep(0.5)  # the subscription tries (and is refused) meanwhile
+    local = f"redis://127.0.0.1:{rs.port}/0"
+    await asyncio.to_thread(_redis_cmd, local, "CONFIG", "SET", "protected-mode", "no")
+    await until(lambda: _store(p), lambda s: bool(s["up"]), "recovery noticed", 5)
+    await until(lambda: asyncio.to_thread(_subscribers, local, "mars:{denied-sub}:wake"),
+                lambda n: n == 1, "the wake-up subscription is back", 5)
+
+
+def _subscribers(url: str, channel: str) -> int:
+    r = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        return int(r.pubsub_numsub(channel)[0][1])
+    finally:
+        r.close()

@@ -49,3 +49,8 @@ def refusal(exc: ResponseError) -> RedisRefused | None:
         return None
     # Protected mode's reply is a page long: its first sentence says what is wrong.
     return RedisRefused(f"Redis refuses this client: {text.split('. ', 1)[0]}")
+
+
+class StateLost(Exception):
+    """Redis answers, but lost the pool's state (restarted empty between two ops: the pool
+    reconnects silently). Handled as an outage: the resync writes this replica's view back."""

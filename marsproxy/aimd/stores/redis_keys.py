@@ -53,6 +53,11 @@ class Keys:
     def replicas(self) -> str:
         return f"{self.base}replicas"
 
+    @property
+    def epoch(self) -> str:
+        """A random token set once per pool, never expiring: gone means the state is gone."""
+        return f"{self.base}epoch"
+
     def session(self, key: str) -> str:
         return f"{self.base}sess:{key}"
 

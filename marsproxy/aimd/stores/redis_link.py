@@ -24,6 +24,9 @@ from marsproxy.aimd.stores.redis_pack import pack_with_hiredis
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# What ends one wake-up subscription (a new one follows): an outage, or a refusal such as DENIED.
+_SUB_ERRORS: tuple[type[BaseException], ...] = (*FAILURES, ResponseError)
+
 __all__ = ["FAILURES", "RedisLink", "raise_if_cancelled"]
 
 
@@ -125,8 +128,10 @@ class RedisLink:
                     if await ps.get_message(ignore_subscribe_messages=True, timeout=None):
                         self._on_wakeup()
                     raise_if_cancelled(me)
-            except FAILURES as exc:
-                # Data ops detect outages; a broken subscription only needs a new one.
+            except _SUB_ERRORS as exc:
+                # Data ops detect outages; a broken subscription only needs a new one. A
+                # refusal (DENIED at connect) too: this task must outlive it, or no wake-up
+                # from another replica arrives once Redis accepts this one again.
                 log.debug("state store: wake-up subscription lost: %r", exc)
             finally:
                 try:

@@ -17,10 +17,11 @@ from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_cl
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.memory import MemoryStore, new_replica_id
 from marsproxy.aimd.stores.redis_conn import StoreSetupError
+from marsproxy.aimd.stores.redis_errors import StateLost
 from marsproxy.aimd.stores.redis_keys import Arg
 from marsproxy.aimd.stores.redis_link import FAILURES, RedisLink, raise_if_cancelled
 from marsproxy.aimd.stores.redis_records import RedisRecords
-from marsproxy.aimd.stores.resync import resync
+from marsproxy.aimd.stores.resync import heartbeat, resync
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class RedisStore(RedisRecords):
         self.session_ms = round(config.session_ttl_s * 1000)
         self._leader_ms = round(config.leader_ttl_s * 1000)
         self.replicas = 1  # last known count of live replicas
+        self.epoch: str | None = None  # the pool's as last seen (heartbeat.lua)
         self._lead_until = 0
         self._windows: dict[str, WindowRecord] = {}
         self.workers: set[str] = set()  # every worker touched: resync must visit them
@@ -129,10 +131,9 @@ class RedisStore(RedisRecords):
     async def _recover(self) -> str:
         moved = await resync(self)  # still down: ops stay local while this pass runs
         self.link.up = True
-        # Another replica may not have re-asserted its leases yet (it notices the outage at
-        # its next op, then reconnects), and a failover can have lost its latest grants: a
-        # slot that looks free now may be taken. Hold new sessions until it has; waiters
-        # re-check when the hold ends.
+        # Another replica may not have re-asserted its leases yet (it notices the outage at its
+        # next op), and a failover can have lost its latest grants: a slot that looks free now
+        # may be taken. Hold new sessions until it has; waiters re-check when the hold ends.
         hold_s = self.cfg.hold_s
         self._hold_until = self.clock() + round(hold_s * 1000)
         if self._hold_end is not None:
@@ -235,14 +236,9 @@ class RedisStore(RedisRecords):
         expiry = now_ms + self.lease_ms
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                await self.scripts.heartbeat(
-                    keys=[self.keys.replicas], args=[now_ms, expiry, self._id], client=pipe
-                )
-                chunks = [
-                    (w, ss[i : i + _RENEW_CHUNK])
-                    for w, ss in own.items()
-                    for i in range(0, len(ss), _RENEW_CHUNK)
-                ]
+                await heartbeat(self, pipe, now_ms, expiry)
+                chunks = [(w, ss[i : i + _RENEW_CHUNK]) for w, ss in own.items()
+                          for i in range(0, len(ss), _RENEW_CHUNK)]
                 for w, chunk in chunks:
                     args: list[Arg] = [now_ms, expiry, self._id, *chunk]
                     await self.scripts.renew(keys=self._lease_keys(w), args=args, client=pipe)
@@ -250,7 +246,14 @@ class RedisStore(RedisRecords):
         except FAILURES as exc:
             self.fail(exc)
             return renewed
-        self.replicas = int(results[0])
+        replicas, epoch = results[0]
+        if self.epoch not in (None, epoch):
+            # Redis restarted empty (or a failover lost the pool) and no op of this replica
+            # failed meanwhile: its "gone" answers are not releases. As after an outage, the
+            # resync writes its leases back (and takes the new epoch).
+            self.fail(StateLost(f"the pool's state is gone (epoch {self.epoch} is now {epoch})"))
+            return renewed
+        self.epoch, self.replicas = epoch, int(replicas)
         lost = 0
         for (w, _), gone in zip(chunks, results[1:], strict=True):
             for s in gone:

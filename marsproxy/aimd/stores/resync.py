@@ -10,11 +10,14 @@ fails half-way is simply repeated by the reconnect loop.
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING
 
 from marsproxy.aimd.stores.redis_keys import Arg
 
 if TYPE_CHECKING:
+    from redis.asyncio.client import Pipeline
+
     from marsproxy.aimd.stores.redis_store import RedisStore
 
 _PASSES = 3  # ops keep running locally during a pass; repeat while they changed something
@@ -31,6 +34,15 @@ async def resync(store: RedisStore) -> int:
     return moved
 
 
+async def heartbeat(store: RedisStore, pipe: Pipeline, now_ms: int, expiry_ms: int) -> None:
+    """Queue ``heartbeat.lua`` on ``pipe``: this replica is live until ``expiry_ms``; its
+    answer is the count of live replicas and the pool's epoch (set here if Redis has none)."""
+    await store.scripts.heartbeat(
+        keys=[store.keys.replicas, store.keys.epoch],
+        args=[now_ms, expiry_ms, store.replica_id, secrets.token_hex(8)], client=pipe,
+    )
+
+
 async def _one_pass(store: RedisStore) -> int:
     now = store.clock()
     expiry = now + store.lease_ms
@@ -43,9 +55,7 @@ async def _one_pass(store: RedisStore) -> int:
     store.fresh.clear()
     keys = store.keys
     async with store.redis.pipeline(transaction=False) as pipe:
-        await store.scripts.heartbeat(
-            keys=[keys.replicas], args=[now, expiry, store.replica_id], client=pipe
-        )
+        await heartbeat(store, pipe, now, expiry)
         for w in workers:
             args: list[Arg] = [now, expiry, store.replica_id, keys.tomb_prefix, *own.get(w, [])]
             await store.scripts.resync(keys=[keys.adm(w), keys.own(w), keys.queue], args=args,
@@ -65,7 +75,7 @@ async def _one_pass(store: RedisStore) -> int:
     left = [s for s, _ in queued if store.local.rank_sync(s) is None]
     if left:
         await store.io(store.redis.zrem(keys.queue, *left))
-    store.replicas = int(results[0])
+    store.replicas, store.epoch = int(results[0][0]), str(results[0][1])
     moved = 0
     for w, gone in zip(workers, results[1 : 1 + len(workers)], strict=True):
         for s in gone:

@@ -190,3 +190,23 @@ async def test_a_session_ended_elsewhere_during_an_outage_is_not_written_back(
     assert a.drain_lost() == [("w1", "t/id/x")]
     # The id may start a new session later: the tombstone does not stand in its way.
     assert await b.try_admit("w1", "t/id/x", LIMIT, wall_clock_ms())
+
+
+async def test_redis_restarted_empty_between_two_ops_is_an_outage_not_every_lease_lost(
+    make_replica: MakeReplica, private_redis: Any, eventually: Any
+) -> None:
+    """A restart fast enough that no op of the replica failed (a supervisor restarting a
+    crashed Redis: the pool reconnects silently). Its next heartbeat finds every lease gone;
+    those are not releases: the leases are written back, as after any outage, and no admitted
+    session is reported lost (the gateway would forget them all)."""
+    a = await make_replica("local")
+    held: set[str] = set()
+    assert await _admit(a, ["a0", "a1"], held) == [True, True]
+    private_redis.kill()
+    private_redis.start()  # empty: no persistence
+    await a.renew(wall_clock_ms())  # the heartbeat is the first op to reach the new Redis
+    await eventually(lambda: a.up, 5.0)
+    assert a.drain_lost() == []
+    members, owners = await _members(private_redis.url, a)
+    assert sorted(members) == ["a0", "a1"]
+    assert set(owners.values()) == {a.replica_id}
