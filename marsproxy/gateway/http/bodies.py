@@ -85,6 +85,16 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
     return ParsedBody(obj, raw, stream, strip)
 
 
+def dump_json(value: Any) -> bytes:
+    """``value`` as compact JSON bytes, non-ASCII text as UTF-8. A string with a lone surrogate
+    (JSON allows ``"\\ud83d"``, and clients that cut text at UTF-16 boundaries send it) has no
+    UTF-8 form: such a body is written with escapes, as the client wrote it."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
 def splice_new_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> bytes:
     """``raw`` with a top-level ``key`` it does not have yet, set in ``obj`` (its parse) too.
 
@@ -95,7 +105,7 @@ def splice_new_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> byt
     sep = b"," if obj else b""
     obj[key] = value
     end = len(raw.rstrip(b" \t\r\n")) - 1  # the closing brace (parsed as an object)
-    item = json.dumps({key: value}, ensure_ascii=False, separators=(",", ":")).encode()[1:-1]
+    item = dump_json({key: value})[1:-1]
     return raw[:end] + sep + item + raw[end:]
 
 
@@ -107,7 +117,7 @@ def set_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> bytes:
     if obj[key] == value:
         return raw
     obj[key] = value
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(obj)
 
 
 def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
@@ -123,4 +133,4 @@ def _with_include_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
     opts = obj["stream_options"]
     base = opts if isinstance(opts, dict) else {}
     obj["stream_options"] = {**base, "include_usage": True}
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(obj)

@@ -84,6 +84,7 @@ class Relay:
             self._read_body(route, out)
             self._account(out, clock)
             self.events.ended(out, clock)
+            self.events.counted(out)
         except Exception:
             log.exception("accounting of a %s request of session %s failed; its call ends "
                           "anyway", route, out.session)
@@ -101,7 +102,8 @@ class Relay:
         try:
             out.usage, out.reply, out.reply_kind = body_usage_and_reply(
                 route, out.body, capture=out.turn_ref.capture_reply, kinds=out.offers_tools)
-        except (ValueError, TypeError, AttributeError) as exc:  # the client has it as it is
+        # The client has it as it is; RecursionError: nested deeper than the stack.
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             log.warning("%s reply of session %s: no usage read from it: %r", route,
                         out.session, exc)
 
@@ -245,13 +247,6 @@ class Relay:
         """After llm_end: the session table learns the outcome (which may end the session,
         publishing session_end), and a session that goes on enters its tool phase."""
         gw, turn = self.gw, out.turn_ref
-        if out.usage is not None:
-            gw.metrics.tokens.labels("prompt").inc(out.usage.prompt_tokens)
-            gw.metrics.tokens.labels("completion").inc(out.usage.completion_tokens)
-        p = out.kv_prediction
-        if (gw.kv_use is not None and p is not None and out.ok and out.usage is not None
-                and out.worker is not None and out.worker.label == p.worker):
-            gw.kv_use.compare(p, out.usage.cached_tokens)
         if turn is None:
             return
         answered = False

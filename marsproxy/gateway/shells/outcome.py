@@ -181,6 +181,17 @@ class RequestEvents:
             )
         )
 
+    def counted(self, out: Outcome) -> None:
+        """The reply's tokens, and the KV index's prediction against what the engine cached
+        (accounting: a worker's odd counts fail it, never the end of the call)."""
+        gw, u, p = self.gw, out.usage, out.kv_prediction
+        if u is not None:
+            gw.metrics.tokens.labels("prompt").inc(u.prompt_tokens)
+            gw.metrics.tokens.labels("completion").inc(u.completion_tokens)
+        if (gw.kv_use is not None and p is not None and out.ok and u is not None
+                and out.worker is not None and out.worker.label == p.worker):
+            gw.kv_use.compare(p, u.cached_tokens)
+
     def ended(self, out: Outcome, clock: Clock) -> None:
         """After the response: ``llm_end`` if a worker got it, else ``rejected`` if refused."""
         gw = self.gw

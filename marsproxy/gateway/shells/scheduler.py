@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import aiohttp
 
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import RetentionVerified
-from marsproxy.gateway.http.bodies import splice_new_key
+from marsproxy.gateway.http.bodies import dump_json, splice_new_key
 from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.priority_probe import probe_priority
@@ -156,14 +155,20 @@ class SchedulerShell:
                                   max_new_tokens=max_new if isinstance(max_new, int) else 0,
                                   gate=not body_priority, resident_tokens=resident_tokens)
         assert t is not None  # not passive
-        self.kv_facts()
-        self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
-        if t.gated:
-            self._wake(self.core.release(self.now(), [label]))
-            if not t.dispatched:
-                await self._wait(t)
-            self.metrics.dispatch_wait.observe(t.waited_s())
-        return self._hints(t, body, raw, chars)
+        try:
+            self.kv_facts()
+            self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
+            if t.gated:
+                self._wake(self.core.release(self.now(), [label]))
+                if not t.dispatched:
+                    await self._wait(t)  # a client that leaves frees the ticket there
+                self.metrics.dispatch_wait.observe(t.waited_s())
+            return self._hints(t, body, raw, chars)
+        except Exception:
+            # Failed before it went (e.g. a body the hints cannot serialize again): the
+            # ticket leaves the gate, or its slot there would stay taken for good.
+            self._wake(self.plane.cancel(self.now(), t))
+            raise
 
     def kv_facts(self) -> None:
         """Publish and count what the plane verified and corrected by the KV index."""
@@ -232,7 +237,7 @@ class SchedulerShell:
             parts.append(name)
             edited = edited or name == "dynamo"
         if edited:  # a nested or replaced key: serialize the edited parse once
-            raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            raw = dump_json(body)
         return Prepared(t, raw, headers, " ".join(parts) or "none", chars)
 
     def moved(self, p: Prepared, url: str) -> None:
@@ -242,8 +247,14 @@ class SchedulerShell:
 
     def finished(self, p: Prepared | None, end: CallEnd, usage: Usage | None) -> None:
         """The call is over (well or not): metrics, the retention event, and what the freed
-        room lets go."""
-        res: EndResult | None = end.result
+        room lets go (even when the accounting fails: a worker's odd counts, say)."""
+        try:
+            self._account(p, end.result, usage)
+        except Exception:
+            log.exception("accounting of a finished call failed; what it frees goes on")
+        self._wake(end.released)
+
+    def _account(self, p: Prepared | None, res: EndResult | None, usage: Usage | None) -> None:
         if p is None or p.ticket is None or res is None:
             return
         t, u = p.ticket, usage or Usage()
@@ -260,7 +271,6 @@ class SchedulerShell:
                 prefill_tokens_per_s=res.prefill_tokens_per_s,
                 policy=self.scfg.retention_policy,
             ))
-        self._wake(end.released)
 
     def count_returned(self, rs: list[Reservation]) -> None:
         """Reservations given back because their session ended."""

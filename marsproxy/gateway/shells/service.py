@@ -149,7 +149,10 @@ class Gateway:
         period = min(1.0, self.cfg.sessions.idle_ttl_s / 4)
         while True:
             await asyncio.sleep(period)
-            self.sessions.expire(self.now())
+            try:
+                self.sessions.expire(self.now())
+            except Exception:  # a failed pass must not stop the next
+                log.exception("session expiry failed")
 
     def _probed(self) -> dict[str, WorkerObservation]:
         obs = observations(self.cfg.workers, self.telemetry, self.health)

@@ -199,12 +199,18 @@ class ObservedSessions(SessionTable):
     def forget(self, key: str) -> None:
         sess = self.get(key)
         if sess is not None:
-            born = self._born.pop(key, self._now)
-            answered = self._answered.pop(key, None)
+            born = self._born.get(key, self._now)
+            answered = self._answered.get(key)
             reason = self._reason
             if reason is None:
                 # expire() forgets the idle ones first, then the least recently seen over the cap.
                 reason = "idle" if self._now - sess.last_seen >= self._idle_ttl else "evicted"
+            # Before the table lets go, so the callback still sees the session's worker; a
+            # callback that fails leaves the session as it was, for the next expiry to end.
+            self._on_end(sess, reason, max(0.0, self._now - born),
+                         None if answered is None else max(0.0, answered - born))
+            self._born.pop(key, None)
+            self._answered.pop(key, None)
             left = self._per_tenant[sess.tenant] - 1
             if left > 0:
                 self._per_tenant[sess.tenant] = left
@@ -212,7 +218,4 @@ class ObservedSessions(SessionTable):
             else:
                 del self._per_tenant[sess.tenant]
                 self._recent.pop(sess.tenant, None)
-            # Before the table lets go, so the callback still sees the session's worker.
-            self._on_end(sess, reason, max(0.0, self._now - born),
-                         None if answered is None else max(0.0, answered - born))
         super().forget(key)

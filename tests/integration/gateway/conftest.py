@@ -3,7 +3,8 @@
 The fake answers like vLLM (SSE framing, usage chunk on include_usage) and records what it
 received. Behaviour per request comes from the ``x-fake`` header:
 ``ok`` (default), ``hang`` (never answers), ``stall`` (one event, then silence),
-``slow`` (20 events, 50 ms apart), ``404`` (an upstream error).
+``slow`` (20 events, 50 ms apart), ``404`` (an upstream error), ``negative`` (negative
+token counts in the usage), ``odd`` and ``deep`` (JSON of a broken engine).
 
 The fixtures below are shared by the test modules: ``fake``, ``dead_url``, ``until``,
 ``run_app``, an ``http`` client session and ``gw`` (a gateway in front of ``fake``).
@@ -104,6 +105,10 @@ class FakeWorker:
             if mode == "odd":  # 200, JSON, fields of the wrong shape (a broken engine or shim)
                 return web.json_response({"usage": {"prompt_tokens": "x"},
                                           "content": [7], "choices": 5})
+            if mode == "deep":  # 200, JSON nested deeper than the interpreter's stack
+                deep = b"[" * 100_000 + b"]" * 100_000
+                return web.Response(body=b'{"usage":{},"x":' + deep + b"}",
+                                    content_type="application/json")
             if mode == "404":
                 return web.json_response(
                     {
@@ -117,7 +122,11 @@ class FakeWorker:
                 )
             n = 20 if mode == "slow" else 3
             words = [f"w{i} " for i in range(n)]
-            usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+            usage: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": n,
+                                     "total_tokens": 7 + n}
+            if mode == "negative":  # a broken engine or shim's counts
+                usage["prompt_tokens_details"] = {"cached_tokens": -1}
+                usage["completion_tokens"] = -n
             # "tool": the reply calls a tool, as vLLM answers a forced call (finish "stop").
             call = {"id": "chatcmpl-tool-1", "type": "function",
                     "function": {"name": "run", "arguments": "".join(words)}}

@@ -187,3 +187,46 @@ async def test_failed_accounting_still_ends_the_call(
         assert len(failures) == 3 and failures[0].exc_info is not None
     finally:
         await g.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_negative_token_counts_still_end_the_call(
+    fake: Any, http: aiohttp.ClientSession, until: Any, stream: bool,
+) -> None:
+    """A worker whose usage holds negative counts (a broken engine or shim) fails the token
+    counters (a Prometheus counter refuses them), never the end of the call: the session
+    leaves its call, and its final call ends it and releases its admission slot."""
+    g = await gateway(config([fake.url]))
+    gw, key = g.gateway, "anon/id/neg"
+    try:
+        for final in ("false", "false", "true"):  # the second call resumes: resume counters
+            async with http.post(
+                url(g, "/v1/chat/completions"), json={**CHAT, "stream": stream},
+                headers={"x-session-id": "neg", "x-session-final": final, "x-fake": "negative"},
+            ) as r:
+                assert r.status == 200
+                assert "w2" in await r.text()
+            if final == "false":
+                await until(lambda: (s := gw.sessions.get(key)) is not None and not s.in_flight)
+        await until(lambda: gw.sessions.get(key) is None)
+        assert gw.plane.held(key) is None and gw.plane.held_on(fake.url.split("//")[1]) == 0
+    finally:
+        await g.stop()
+
+
+async def test_a_reply_nested_too_deeply_still_counts_the_request_out(
+    fake: Any, http: aiohttp.ClientSession, until: Any,
+) -> None:
+    """A JSON reply nested deeper than the stack (a broken worker) yields no usage, and the
+    request leaves the in-flight counts (its own gauge and its worker's) all the same."""
+    g = await gateway(config([fake.url]))
+    gw = g.gateway
+    try:
+        async with http.post(url(g, "/v1/chat/completions"), json=CHAT,
+                             headers={"x-session-id": "deep", "x-fake": "deep"}) as r:
+            assert r.status == 200
+            await r.read()
+        await until(lambda: not gw.sessions.get("anon/id/deep").in_flight)  # the call ended
+        assert gw.metrics.in_flight.value == 0 and gw.in_flight_by_worker[fake.url] == 0
+    finally:
+        await g.stop()

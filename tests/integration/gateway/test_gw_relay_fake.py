@@ -116,6 +116,27 @@ async def test_stream_usage_added_upstream_and_stripped_for_client(
         await g.stop()
 
 
+async def test_a_body_with_a_lone_surrogate_is_relayed_not_refused(
+    fake: Any, http: aiohttp.ClientSession
+) -> None:
+    """Valid JSON the proxy edits (usage asked for beside the client's stream_options) with a
+    string that has no UTF-8 form: relayed with escapes, as the client wrote it."""
+    g = await gateway(config([fake.url]))
+    half = "half an emoji \ud83d"
+    body = {**CHAT, "messages": [{"role": "user", "content": half}], "stream": True,
+            "stream_options": {"continuous_usage_stats": False}}
+    try:
+        async with http.post(url(g, "/v1/chat/completions"), data=json.dumps(body),
+                             headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.text()).endswith("data: [DONE]\n\n")
+        sent = json.loads(fake.seen[-1].body)
+        assert sent["messages"][0]["content"] == half
+        assert sent["stream_options"]["include_usage"] is True
+    finally:
+        await g.stop()
+
+
 async def test_messages_and_responses_relay_usage_and_chain(
     fake: Any, http: aiohttp.ClientSession
 ) -> None:

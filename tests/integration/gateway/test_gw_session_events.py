@@ -183,3 +183,32 @@ async def test_session_duration_is_observed_once_per_session(
         assert total["idle"] < 1.0
     finally:
         await g.stop()
+
+
+async def test_a_failed_session_end_does_not_stop_expiry(
+    fake: Any, http: aiohttp.ClientSession, until: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass of the periodic expiry that fails (a bug in one idle session's end) does not
+    stop the next: that end is tried again, and the next idle session ends without traffic."""
+    g = await start(config([fake.url], sessions={"idle_ttl_s": 0.2}))
+    gw, calls = g.gateway, []
+    real = gw.session_over
+
+    def fails_once(key: str, end: Any) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a session's end")
+        real(key, end)
+
+    monkeypatch.setattr(gw, "session_over", fails_once)
+    try:
+        await chat(http, g, "first")
+        await until(lambda: len(calls) == 1)  # its idle end failed
+        async with Events(http, g, "&type=session_end") as ev:
+            await chat(http, g, "second")
+            # No further request comes to trigger it.
+            await until(lambda: any(e["session"].endswith("/id/second") for e in ev.got))
+        assert {e["reason"] for e in ev.got} == {"idle"}
+        assert len(gw.sessions) == 0 and calls[1] == calls[0]  # the failed end, again
+    finally:
+        await g.stop()

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -248,3 +249,29 @@ async def test_auto_probe_reads_both_emulator_policies() -> None:
                 w = (await r.json())["workers"][0]["scheduler"]
         assert w["mode"] == expect, w["mode_reason"]
         assert w["mode_reason"].startswith("auto: ")
+
+
+async def test_a_call_that_fails_after_its_ticket_frees_the_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call whose scheduling fails after its ticket was dispatched (a bug in the hints' step)
+    gets its error, and its ticket leaves the gate: with a cap of one, a leaked ticket would
+    hold every later call of the worker in the gated queue for good."""
+    emu = EmulatorOptions(scheduling_policy="fcfs", max_num_seqs=1)
+    async with stack(emu, {"priority": False, "max_num_seqs": 1}) as (proxy, http, base):
+        shell = proxy.gateway.scheduler
+        real = shell._hints
+
+        def fails_once(*args: Any, **kw: Any) -> Any:
+            monkeypatch.setattr(shell, "_hints", real)
+            raise RuntimeError("a bug in the hints")
+
+        monkeypatch.setattr(shell, "_hints", fails_once)
+        body = {"model": MODEL, "prompt": "x" * 40, "max_tokens": 1}
+        async with http.post(f"{base}/v1/completions", json=body,
+                             headers={"x-session-id": "odd"}) as r:
+            assert r.status == 500 and (await r.json())["error"]["type"], await r.text()
+        core = shell.core
+        assert core.in_flight("w0") == 0 and core.queue_length("w0") == 0
+        out = await asyncio.wait_for(complete(http, base, "next", "x" * 40, 1), 10)
+        assert out["choices"]

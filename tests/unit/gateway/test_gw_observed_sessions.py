@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.shells.sessions import ObservedSessions, keys_for, unscoped_id
 
@@ -72,3 +74,25 @@ def test_served_span_ends_with_the_last_good_response() -> None:
     assert t.end("t/id/d", 61.0) and served[-1] is None
     t.finish(turn, ok=True, reply=None, now=62.0)
     assert t._answered == {} and t._born == {}
+
+
+def test_an_end_that_fails_leaves_the_session_for_the_next_expiry() -> None:
+    ended: list[str] = []
+
+    def on_end(sess: Session, reason: str, duration: float, served_s: float | None) -> None:
+        if not ended:
+            ended.append("failed")
+            raise RuntimeError("a bug in a session's end")
+        ended.append(sess.key)
+
+    t = ObservedSessions(idle_ttl_s=10.0, on_end=on_end, max_sessions=100)
+    t.finish(_start(t, "a", 0.0), ok=True, reply=None, now=0.0)
+    with pytest.raises(RuntimeError):
+        t.expire(20.0)
+    # Nothing let go: the session and its tenant's count stand, once each.
+    assert t.get("t/id/a") is not None and t.tenant_sessions("t") == 1
+    t.expire(21.0)  # the next pass ends it, counted off once
+    assert ended == ["failed", "t/id/a"] and t.tenant_sessions("t") == 0
+    assert t.born("t/id/a", -1.0) == -1.0 and t.get("t/id/a") is None
+    t.finish(_start(t, "b", 22.0), ok=True, reply=None, now=22.0)
+    assert t.tenant_sessions("t") == 1

@@ -5,7 +5,7 @@ import json
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from marsproxy.gateway.http.bodies import BodyError, parse_body, splice_new_key
+from marsproxy.gateway.http.bodies import BodyError, dump_json, parse_body, set_key, splice_new_key
 from marsproxy.gateway.http.errors import error_response, sse_error_event
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.http.upstream import request_headers, response_headers
@@ -126,3 +126,20 @@ def test_splice_new_key_keeps_the_client_bytes_and_the_parse_in_step(raw: bytes)
     out = splice_new_key(raw, obj, "priority", 2)
     assert json.loads(out) == obj and obj["priority"] == 2
     assert out.startswith(raw.rstrip()[:-1])  # everything before the brace is untouched
+
+
+def test_a_lone_surrogate_survives_every_edit_of_a_body() -> None:
+    """JSON allows an unpaired surrogate (clients that cut text at UTF-16 boundaries send
+    one); it has no UTF-8 form, so a body the proxy edits is written with escapes instead of
+    failing the request."""
+    half = "half an emoji \ud83d"
+    raw = json.dumps({"messages": [{"role": "user", "content": half}], "stream": True,
+                      "stream_options": {"continuous_usage_stats": False}}).encode()
+    parsed = parse_body("chat", raw)  # stream_options merged: the body serialized again
+    sent = json.loads(parsed.raw)
+    assert sent["messages"][0]["content"] == half and parsed.strip_usage_chunk
+    assert sent["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    obj = json.loads(raw)
+    assert json.loads(splice_new_key(raw, obj, "session_id", half))["session_id"] == half
+    assert json.loads(set_key(raw, obj, "session_id", "other"))["session_id"] == "other"
+    assert dump_json({"k": "é"}) == '{"k":"é"}'.encode()  # UTF-8 where it can be
