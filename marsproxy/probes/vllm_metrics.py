@@ -155,9 +155,10 @@ def _as_int(label: str | None) -> int | None:
     if label is None:
         return None
     try:
-        return int(label)
+        n = int(label)
     except ValueError:
         return None
+    return n if n > 0 else None
 
 
 def parse_vllm_metrics(
@@ -169,8 +170,10 @@ def parse_vllm_metrics(
     server process: the ``vllm:cache_config_info`` line is then skipped, not parsed.
 
     Sums over engines and other labels; KV usage is the max over engines, read from
-    :data:`KV_USAGE` and, only when that is absent, from :data:`KV_USAGE_DEPRECATED`. NaN
-    samples are ignored as if missing. Missing series give ``None`` fields.
+    :data:`KV_USAGE` and, only when that is absent, from :data:`KV_USAGE_DEPRECATED`. NaN,
+    infinite and negative samples (no vLLM series is negative) are ignored as if missing, as
+    are sums that overflow; KV usage above 1 reads as 1 (full). Missing series give ``None``
+    fields.
 
     Only the lines of the series read here are handed to ``prometheus_client``'s parser (see
     ``_SELECTED_PREFIXES``); other lines are neither parsed nor validated.
@@ -200,7 +203,7 @@ def parse_vllm_metrics(
         for sample in family.samples:
             name = sample.name
             value = float(sample.value)
-            if math.isnan(value):
+            if not math.isfinite(value) or value < 0:
                 continue
             labels = sample.labels
             if name.startswith("vllm:"):
@@ -237,6 +240,9 @@ def parse_vllm_metrics(
         else (KV_USAGE_DEPRECATED if KV_USAGE_DEPRECATED in kv_max else None)
     )
 
+    # Finite samples may still sum to infinity (1e308 on two engines).
+    sums = {k: v for k, v in sums.items() if math.isfinite(v)}
+
     def count(key: str) -> int | None:
         v = sums.get(key)
         return None if v is None else round(v)
@@ -244,11 +250,12 @@ def parse_vllm_metrics(
     return WorkerMetrics(
         sampled_at=now,
         engines=tuple(sorted(engines)),
-        kv_usage=kv_max[kv_source] if kv_source is not None else None,
+        kv_usage=min(1.0, kv_max[kv_source]) if kv_source is not None else None,
         kv_usage_source=kv_source,
         running=count("running"),
         waiting=count("waiting"),
-        waiting_by_reason={k: round(v) for k, v in sorted(by_reason.items())},
+        waiting_by_reason={k: round(v) for k, v in sorted(by_reason.items())
+                           if math.isfinite(v)},
         preemptions_total=sums.get("preemptions_total"),
         prefix_cache_queries_total=sums.get("prefix_cache_queries_total"),
         prefix_cache_hits_total=sums.get("prefix_cache_hits_total"),

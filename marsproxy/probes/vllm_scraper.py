@@ -33,6 +33,9 @@ from marsproxy.probes.vllm_rates import MetricsTracker, WorkerRates
 log = logging.getLogger(__name__)
 
 _IDENTITY = {"Accept-Encoding": "identity"}
+# A vLLM 0.32 page is ~50 KB (the whole page, one engine). A larger answer is no metrics page
+# worth reading: parsing tens of MB would block the event loop at every scrape.
+MAX_PAGE_BYTES = 4 << 20
 
 SampleCallback = Callable[[str, WorkerMetrics, WorkerRates], None]
 """Called with (worker name, sample, rates) after every good scrape."""
@@ -228,7 +231,13 @@ class VllmScraper:
         async with self._http.get(url, headers=_IDENTITY) as resp:
             if resp.status != 200:
                 raise _ScrapeError(f"HTTP {resp.status}")
-            body = await resp.read()
+            chunks, size = [], 0
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > MAX_PAGE_BYTES:
+                    raise _ScrapeError(f"page over {MAX_PAGE_BYTES} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
         # Stamp with the send time: the page shows the state when the request arrived, and
         # the earlier stamp errs on the side of staleness.
         return parse_vllm_metrics(
@@ -330,4 +339,4 @@ def longest_context(models: object) -> int | None:
 
 
 class _ScrapeError(Exception):
-    """A response that is not a metrics page (non-200 status)."""
+    """A response that is not a metrics page (non-200 status, too large)."""

@@ -184,6 +184,10 @@ class KVEventsShell:
     @staticmethod
     def _ask_replay(s: _Source, start: int | None) -> None:
         if start is not None:
+            # The newest request supersedes any not yet served (each (re)connection starts
+            # the index over): a publisher that flaps must not queue replays without bound.
+            while not s.replays.empty():
+                s.replays.get_nowait()
             s.replays.put_nowait(start)
 
     # -- replays --------------------------------------------------------------------------------

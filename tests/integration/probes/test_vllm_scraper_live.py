@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from marsproxy.probes.config import VllmProbeConfig
 from marsproxy.probes.vllm_metrics import READ_NAMES, WorkerMetrics
 from marsproxy.probes.vllm_rates import WorkerRates
-from marsproxy.probes.vllm_scraper import VllmScraper
+from marsproxy.probes.vllm_scraper import MAX_PAGE_BYTES, VllmScraper
 
 PAGE = Path(__file__).parents[2] / "unit" / "probes" / "fixtures" / "vllm-like-single.txt"
 IDLE_PAGE = (
@@ -82,9 +82,13 @@ async def workers() -> AsyncIterator[Workers]:
         if mode == "garbage":
             return web.Response(text="<html><body>oops</body></html>")
         text = IDLE_PAGE if mode == "idle" else page  # idle: nothing running or queued
+        if mode == "inf":  # a broken exporter
+            text = text.replace("} 3.0\n", "} +Inf\n")
         if keep:
             text = "".join(line for line in text.splitlines(keepends=True)
                            if line.startswith("#") or line.startswith(keep))
+        if mode == "huge":  # filter or not, a page with runaway label cardinality: ~40 MB
+            text += "".join(f'other_series{{id="{i}"}} 1.0\n' for i in range(1_500_000))
         return web.Response(text=text, content_type="text/plain")
 
     app = web.Application()
@@ -209,6 +213,37 @@ async def test_timeouts_and_garbage_count_as_errors(
     # One warning per failing run, not one per error.
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2
+
+
+async def test_an_infinite_gauge_neither_ends_the_loop_nor_reaches_the_sample(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    workers.mode["a"] = "inf"  # vllm:num_requests_running +Inf
+    clock = FakeClock()
+    scraper = make(workers, http, clock)
+    await scraper.start()
+    try:
+        await wait_until(lambda: workers.hits.get("a", 0) >= 3, "a scraped again and again")
+        snap = scraper.snapshot("a")
+        assert snap.metrics is not None and snap.metrics.running is None  # unknown, not inf
+        assert snap.metrics.kv_usage == pytest.approx(0.8125)
+        workers.mode["a"] = "ok"
+        await wait_until(lambda: (m := scraper.snapshot("a").metrics) is not None
+                         and m.running == 3, "a read again once the page is sane")
+    finally:
+        await scraper.stop()
+
+
+async def test_a_huge_page_is_a_scrape_error_not_parsed(
+    workers: Workers, http: aiohttp.ClientSession
+) -> None:
+    # Read whole and parsed on the event loop, it stalled every request at each scrape.
+    workers.mode["a"] = "huge"
+    scraper = make(workers, http, FakeClock())
+    assert not await scraper.scrape_once("a")
+    snap = scraper.snapshot("a")
+    assert snap.stale and snap.metrics is None
+    assert snap.last_error == f"page over {MAX_PAGE_BYTES} bytes"
 
 
 async def test_connection_refused_is_counted(http: aiohttp.ClientSession) -> None:

@@ -91,6 +91,38 @@ def test_nan_is_ignored() -> None:
     assert m.preemptions_total is None
 
 
+@pytest.mark.parametrize("bad", ["+Inf", "-Inf", "-1", "1e400"])
+def test_infinite_and_negative_values_are_ignored_like_nan(bad: str) -> None:
+    # round(inf) raised OverflowError out of the parser (it is no MetricsParseError), which
+    # ended the worker's scrape loop for good; a negative gauge read as an empty worker.
+    text = (
+        f'vllm:kv_cache_usage_perc{{engine="0"}} {bad}\n'
+        'vllm:kv_cache_usage_perc{engine="1"} 0.3\n'
+        f'vllm:num_requests_running{{engine="0"}} {bad}\n'
+        f'vllm:num_requests_waiting_by_reason{{engine="0",reason="capacity"}} {bad}\n'
+        f'vllm:num_preemptions_total{{engine="0"}} {bad}\n'
+        f'vllm:cache_config_info{{block_size="{bad}",num_gpu_blocks="-5"}} 1.0\n'
+    )
+    m = parse_vllm_metrics(text, now=0.0)
+    assert m.kv_usage == 0.3
+    assert m.running is None and m.preemptions_total is None
+    assert m.waiting_by_reason == {}
+    assert (m.block_size, m.num_gpu_blocks) == (None, None)
+
+
+def test_values_that_overflow_when_summed_are_unknown_and_kv_usage_is_capped() -> None:
+    text = (
+        'vllm:num_requests_running{engine="0"} 1e308\n'
+        'vllm:num_requests_running{engine="1"} 1e308\n'
+        'vllm:prompt_tokens_total{engine="0"} 1e308\n'
+        'vllm:prompt_tokens_total{engine="1"} 1e308\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 1e308\n'
+    )
+    m = parse_vllm_metrics(text, now=0.0)
+    assert m.running is None and m.prompt_tokens_total is None
+    assert m.kv_usage == 1.0  # a fraction: more than full reads as full (fail closed)
+
+
 def test_nan_only_kv_falls_back_to_old_name() -> None:
     text = 'vllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:gpu_cache_usage_perc{engine="0"} 0.4\n'
     m = parse_vllm_metrics(text, now=0.0)
