@@ -62,7 +62,7 @@ def _args_text(args: Any) -> str:
     if isinstance(args, str):
         try:
             return _dumps(json.loads(args))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack
             return args
     return _dumps(args)
 
@@ -72,7 +72,8 @@ def chat_message_unit(msg: Any) -> bytes:
     if not isinstance(msg, Mapping):
         return _unit("?", _dumps(msg))
     calls: list[tuple[str, str]] = []
-    for tc in msg.get("tool_calls") or ():
+    tool_calls = msg.get("tool_calls")
+    for tc in tool_calls if isinstance(tool_calls, list) else ():
         fn = tc.get("function") if isinstance(tc, Mapping) else None
         if isinstance(fn, Mapping):
             calls.append((str(fn.get("name", "")), _args_text(fn.get("arguments", ""))))

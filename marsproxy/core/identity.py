@@ -185,7 +185,7 @@ def claude_code_session(metadata: Any) -> str | None:
     if uid.startswith("{"):
         try:
             obj = json.loads(uid)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack
             return None
         sid = obj.get("session_id") if isinstance(obj, dict) else None
         return sid if isinstance(sid, str) and sid else None
@@ -199,6 +199,13 @@ def is_final(headers: Mapping[str, str], final_headers: Sequence[str]) -> bool:
 
 def history_of(route: Route, body: Mapping[str, Any]) -> History | None:
     """The append-only history of a request body, or ``None`` if it has none we understand."""
+    try:
+        return _history_of(route, body)
+    except RecursionError:  # a part nested deeper than the stack: no history we understand
+        return None
+
+
+def _history_of(route: Route, body: Mapping[str, Any]) -> History | None:
     if route == "chat":
         messages = body.get("messages")
         return History.of_units(chat_units(messages)) if isinstance(messages, list) else None

@@ -179,6 +179,16 @@ def create_app(cfg: MarsConfig) -> web.Application:
     gate = PassthroughGate(AdminAuth(cfg.auth), cfg.auth.passthrough_routes, gw.metrics.refused)
     app.router.add_route("*", "/{tail:.*}", gate.wrap(relay.passthrough), **ROUTE_ARGS)
 
+    async def close_after_bad_body(request: web.Request, resp: web.StreamResponse) -> None:
+        # A body that did not decode (Content-Encoding, chunking), read or not: the bytes after
+        # it cannot be framed, so the connection ends with this response (Connection: close)
+        # instead of failing the client's next request on it.
+        if request.content.exception() is not None:
+            resp.force_close()
+            resp.headers["Connection"] = "close"  # the hook runs after aiohttp's own choice
+
+    app.on_response_prepare.append(close_after_bad_body)
+
     async def on_startup(_: web.Application) -> None:
         await gw.start()
 

@@ -88,11 +88,15 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
 def dump_json(value: Any) -> bytes:
     """``value`` as compact JSON bytes, non-ASCII text as UTF-8. A string with a lone surrogate
     (JSON allows ``"\\ud83d"``, and clients that cut text at UTF-16 boundaries send it) has no
-    UTF-8 form: such a body is written with escapes, as the client wrote it."""
+    UTF-8 form: such a body is written with escapes, as the client wrote it. A body that parsed
+    but nests too deep to be written again from here is the client's error (``BodyError``)."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
+        try:
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            return json.dumps(value, separators=(",", ":")).encode()
+    except RecursionError as exc:
+        raise BodyError(400, "invalid_json", "request body is nested too deeply") from exc
 
 
 def splice_new_key(raw: bytes, obj: dict[str, Any], key: str, value: Any) -> bytes:

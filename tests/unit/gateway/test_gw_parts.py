@@ -143,3 +143,14 @@ def test_a_lone_surrogate_survives_every_edit_of_a_body() -> None:
     assert json.loads(splice_new_key(raw, obj, "session_id", half))["session_id"] == half
     assert json.loads(set_key(raw, obj, "session_id", "other"))["session_id"] == "other"
     assert dump_json({"k": "é"}) == '{"k":"é"}'.encode()  # UTF-8 where it can be
+
+
+def test_a_body_too_deep_to_write_again_is_a_400_not_a_crash() -> None:
+    # json.loads took it, a few frames higher up; writing it again from deeper in the stack
+    # (stream_options merged, a replaced key) must refuse it as the client's error.
+    deep: list[object] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(BodyError) as err:
+        dump_json({"stream": True, "extra": deep})
+    assert (err.value.status, err.value.code) == (400, "invalid_json")
