@@ -17,7 +17,7 @@ import psutil
 import pytest
 import redis
 
-from marsproxy.bench.procs import free_port
+from marsproxy.bench.procs import RedisServer, free_port
 from marsproxy.gateway.shells.sessions import unscoped_id
 from tests.faults.conftest import Lab, Proxy, call, redis_leases, until
 
@@ -67,12 +67,17 @@ async def test_read_only_replica_degrades_then_recovers_on_promotion(lab: Lab) -
                 lambda got: _ids(got) == set(), "lease released", 5)
 
 
-async def test_protected_mode_refusal_degrades_then_recovers(lab: Lab) -> None:
+def _protected_redis(lab: Lab) -> RedisServer:
+    """A Redis in protected mode on a non-loopback address: it refuses the proxy. It listens
+    on loopback too, so the test (as an operator would) can turn protected mode off."""
     ip = _non_loopback_ipv4()
     if ip is None:
         pytest.skip("no non-loopback IPv4 address: protected mode cannot refuse anyone")
-    # Listening on loopback too, so the test (as an operator would) can turn protected mode off.
-    rs = lab.redis(host=ip, extra=("--bind", f"{ip} 127.0.0.1", "--protected-mode", "yes"))
+    return lab.redis(host=ip, extra=("--bind", f"{ip} 127.0.0.1", "--protected-mode", "yes"))
+
+
+async def test_protected_mode_refusal_degrades_then_recovers(lab: Lab) -> None:
+    rs = _protected_redis(lab)
     w = lab.emulator("w0")
     cfg = lab.config({"w0": w}, {"store": {"backend": "redis", "redis_url": rs.url,
                                            "pool": "denied", "on_store_failure": "closed",
@@ -103,10 +108,7 @@ async def test_wakeup_subscription_comes_back_after_a_refusal(lab: Lab) -> None:
     """The wake-up subscription met the same refusal (DENIED at connect) as the data ops; once
     Redis accepts the proxy it subscribes again (other replicas' releases wake its waiters):
     it used to end for good on that reply."""
-    ip = _non_loopback_ipv4()
-    if ip is None:
-        pytest.skip("no non-loopback IPv4 address: protected mode cannot refuse anyone")
-    rs = lab.redis(host=ip, extra=("--bind", f"{ip} 127.0.0.1", "--protected-mode", "yes"))
+    rs = _protected_redis(lab)
     w = lab.emulator("w0")
     cfg = lab.config({"w0": w}, {"store": {"backend": "redis", "redis_url": rs.url,
                                            "pool": "denied-sub", **STORE}})

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from marsproxy.config import load_config
 from marsproxy.gateway.shells.kv_events import KVEventsShell
-
-
-async def _until(cond: Callable[[], bool], what: str, bound_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    while not cond():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -44,7 +36,7 @@ async def flapping() -> AsyncIterator[tuple[int, int]]:
 
 
 async def test_a_flapping_publisher_does_not_pile_up_replay_requests(
-    flapping: tuple[int, int],
+    flapping: tuple[int, int], until: Any,
 ) -> None:
     # Each connection starts the index over and asks for a replay from 0. Connections came
     # every reconnect_s and each replay waited out replay_timeout_s, so the requests queued
@@ -59,7 +51,7 @@ async def test_a_flapping_publisher_does_not_pile_up_replay_requests(
     await shell.start()
     s = shell.sources["w"]
     try:
-        await _until(lambda: s.connects_total >= 20, "20 connections to the flapping port")
+        await until(lambda: s.connects_total >= 20)  # connections to the flapping port
         assert s.replays_total == 1  # the first replay still waits for its answer
         assert s.replays.qsize() <= 1  # only the newest request is worth serving
         assert not shell.state()["w"]["usable"]
