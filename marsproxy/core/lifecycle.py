@@ -133,6 +133,13 @@ class SessionLifecycle:
         rec.final = rec.final or final
         return rec
 
+    def remove_waiter(self, key: str) -> None:
+        """One of several requests waiting for the session's slot went (its client left): it
+        stops counting; the others still wait (the count never drops below one)."""
+        rec = self._records.get(key)
+        if rec is not None and rec.in_flight > 1:
+            rec.in_flight -= 1
+
     def admit(self, now: float, key: str, worker: str) -> SessionRecord:
         rec = self._require(key, SessionState.QUEUED)
         rec.state = SessionState.ADMITTED

@@ -64,13 +64,11 @@ class ControlPlane:
         self.tool_cpus = tool_cpus
         self.log = log
         self.observed = dict.fromkeys(self.workers, WorkerObservation())
-        self.signals: dict[str, WorkerSignals] = {}
-        """What the admission core heard at the last tick."""
+        self.signals: dict[str, WorkerSignals] = {}  # what the admission core heard last tick
         self._arrival: dict[str, float] = {}  # waiting in the core since
         self._pending: dict[str, Pending] = {}
         self._held: dict[str, str] = {}  # confirmed session → worker
-        self.kv_events: list[Event] = []
-        """Retention verified and corrected (KV events): the driver takes and publishes them."""
+        self.kv_events: list[Event] = []  # retention verified, corrected: the driver publishes
         self._ledger_grace_s = cfg.probes.tuning.kv_events.ledger_grace_s
         self.trees = Trees()  # agent trees (parent → children): policy/trees.py
         t = cfg.admission.tuning  # whose answers end their sessions: core/answers.py
@@ -113,9 +111,8 @@ class ControlPlane:
     def rank_keys(self, counters: Mapping[str, float]) -> dict[str, RankKey]:
         """Each pending session's place in the store's global queue (``policy/rank.py``);
         ``counters``: the tenants' virtual token counters as the replicas share them."""
-        shares = self.admission.queue.shares
         return rank_keys(self.pending(), counters, self.cfg.admission.classes.rank,
-                         shares.cost)
+                         self.admission.queue.shares.cost)
 
     # -- requests -----------------------------------------------------------------------------
     def wants_tick(self, key: str) -> bool:
@@ -175,17 +172,19 @@ class ControlPlane:
 
     # -- store answers --------------------------------------------------------------------------
     def confirm(self, now: float, key: str) -> Pending | None:
-        """The store confirmed ``key``'s slot; returns what it was waiting as (``None``: it
-        was not pending any more)."""
+        """The store confirmed ``key``'s slot: what it waited as (``None``: not pending)."""
         p = self._pending.pop(key, None)
         if p is not None:
             self._confirm(now, key, p.worker)
         return p
 
-    def withdraw(self, now: float, key: str) -> Outcome:
+    def withdraw(self, now: float, key: str, *, others: bool = False) -> Outcome:
         """A session not served yet goes: its waiting client left, or the store is
-        unreachable and admits nothing new (``on_store_failure: closed``)."""
-        return self._ending(now, key, EndReason.ABANDONED)
+        unreachable and admits nothing new (``on_store_failure: closed``). ``others``: other
+        requests of it still wait: only the one whose client left stops counting."""
+        if others:
+            self.admission.sessions.remove_waiter(key)
+        return Outcome() if others else self._ending(now, key, EndReason.ABANDONED)
 
     def lost(self, now: float, key: str, worker: str) -> Outcome:
         """The store no longer has ``key``'s lease on ``worker``: another replica took the
@@ -268,6 +267,8 @@ class ControlPlane:
                 self._note(now, "retain", key, result.retention.retain, result.retention.blocks)
             released = self.scheduler.release(now, [ticket.worker])
         out = Outcome()
+        if ticket is not None and rec is None:  # its session ended first: forget it again
+            out.returned += filter(None, [self.scheduler.session_ended(key)])
         if admitted:
             self._absorb(now, self.admission.on_response_end(
                 now, key, prompt_chars=chars, prompt_tokens=prompt_tokens or None,
@@ -356,8 +357,7 @@ class ControlPlane:
 
     def _propose(self, key: str, worker: str, idle: bool, out: Outcome,
                  e: QueueEntry | None) -> None:
-        since = self._arrival.pop(key, None)
-        p = Pending(worker, since if since is not None else 0.0, idle)
+        p = Pending(worker, self._arrival.pop(key, 0.0), idle)
         if e is not None:
             p.tenant, p.cls, p.child, p.est_tokens = e.tenant, e.cls, e.child, e.est_tokens
         self._pending[key] = p

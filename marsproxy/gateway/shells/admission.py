@@ -254,7 +254,8 @@ class AdmissionShell(StoreConfirmations):
             # Admitted just before the client left: the request counts as served.
             self.served_nothing(key)
             return
-        if self.held.others(key, fut):
+        if self.held.others(key, fut):  # the session waits on for them; this one goes
+            self.plane.withdraw(self.now(), key, others=True)
             return
         if self.plane.held(key) is not None:
             if fut is None:  # it was counted in flight and will not be served: uncount it

@@ -128,3 +128,33 @@ def test_the_gate_knows_a_one_shot_keys_sessions() -> None:
     assert not free("later")  # a later class's task yields as asked for
     plane.admission.peaks.back("task")  # it came back: a session that returns
     assert not free("task")
+
+
+def test_a_call_that_starts_after_its_session_ended_leaves_nothing_in_the_scheduler() -> None:
+    # Two requests of a session granted at once; one's end ends the session (final, DELETE)
+    # before the other's task resumes and starts its call: the scheduler forgets it again.
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    plane.request(0.1, "s", "t", chars=400)
+    p = plane.confirm(0.1, "s")
+    assert p is not None
+    plane.session_end(0.2, "s", EndReason.DELETED)
+    t = plane.call_start(0.3, "s", p.worker, chars=400)
+    end = plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
+                         completion_tokens=10, continues=False)
+    assert end.result is not None and end.result.ticket is t
+    assert "s" not in plane.scheduler._sessions and plane.scheduler.in_flight(p.worker) == 0
+
+
+def test_a_waiting_request_whose_client_left_stops_counting_while_another_waits() -> None:
+    plane, _ = _plane()  # nothing observed yet: every request waits
+    for _ in range(2):
+        assert plane.request(0.1, "s", "t", chars=400).kind is DecisionKind.WAIT
+    assert not plane.withdraw(0.2, "s", others=True)  # one client left, the other waits
+    assert plane.phase("s") is Phase.WAITING
+    out = plane.tick(0.3, {"a": FRESH, "b": FRESH}, at=0.3, cpu=None)
+    assert out.proposed == ["s"] and plane.confirm(0.3, "s") is not None
+    t = plane.call_start(0.3, "s", plane.held("s") or "", chars=400)
+    plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
+                   completion_tokens=10, continues=True)
+    assert plane.phase("s") is Phase.DORMANT  # its one request is over: not in a call for ever
