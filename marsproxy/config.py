@@ -14,15 +14,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.config_moves import retired_keys
 from marsproxy.config_section import Section as _Section
+from marsproxy.config_section import redis_stream_url, unique_workers, worker_url
 from marsproxy.policies import PolicyError, policy_preset
 from marsproxy.probes.config import KVEventsSourceConfig, ProbesConfig
 from marsproxy.sched.config import SchedulerConfig
@@ -81,10 +82,8 @@ class WorkerConfig(_Section):
 
     @field_validator("url")
     @classmethod
-    def _url_has_scheme(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"worker url must start with http:// or https://, got {v!r}")
-        return v.rstrip("/")
+    def _url_has_host(cls, v: str) -> str:
+        return worker_url(v)
 
     @property
     def label(self) -> str:
@@ -237,7 +236,8 @@ class ToolsConfig(_Section):
 
 
 class RedisStreamConfig(_Section):
-    url: str = Field("", description="Redis URL for the event stream sink; empty: off.")
+    url: Annotated[str, AfterValidator(redis_stream_url)] = Field(
+        "", description="Redis URL for the event stream sink; empty: off.")
     key: str = Field("marsproxy:events", description="Stream key events are XADDed to.")
     maxlen: int = Field(100_000, ge=1, description="Approximate cap of the stream (MAXLEN ~).")
 
@@ -260,7 +260,7 @@ class MarsConfig(_Section):
     """Root of the configuration."""
 
     server: ServerConfig = ServerConfig()
-    workers: tuple[WorkerConfig, ...] = Field(
+    workers: Annotated[tuple[WorkerConfig, ...], AfterValidator(unique_workers)] = Field(
         (), description="Upstream workers; `serve` needs at least one."
     )
     upstream: UpstreamConfig = UpstreamConfig()
@@ -314,10 +314,11 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``MARSPROXY_A__B=v`` → ``{"a": {"b": yaml(v)}}``. ``MARSPROXY_CONFIG`` is not a key."""
+    """``MARSPROXY_A__B=v`` → ``{"a": {"b": yaml(v)}}``. ``MARSPROXY_CONFIG`` (the file) and
+    ``MARSPROXY_URL`` (``marsproxy status``' proxy) are not keys."""
     tree: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX):] in ("CONFIG", "URL"):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         try:

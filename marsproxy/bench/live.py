@@ -262,6 +262,10 @@ def main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"marsproxy bench live: cannot measure {vllm_urls[0]}: {exc!r}\n")
         return 1
     try:
+        if args.workers < 1 and not vllm_urls:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        if not args.time_scale > 0:
+            raise ValueError(f"--time-scale must be > 0, got {args.time_scale}")
         context = facts.max_model_len if facts else get_profile(
             args.profile, num_blocks=args.num_blocks,
             max_model_len=args.max_model_len).effective_max_model_len

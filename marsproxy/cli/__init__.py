@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -52,12 +53,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags(args: argparse.Namespace, *, positive: Sequence[str] = (),
+                 at_least_1: Sequence[str] = (), at_least_0: Sequence[str] = ()) -> None:
+    """A ``ValueError`` naming the first flag whose value is out of range: ``positive`` (a
+    finite float > 0), ``at_least_1`` (an int >= 1, or unset), ``at_least_0``; and ``--port``."""
+    def flag(dest: str) -> str:
+        return "--" + dest.replace("_", "-")
+    for dest in positive:
+        v = getattr(args, dest)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag(dest)} must be a finite number > 0, got {v}")
+    for dest in at_least_1:
+        if (v := getattr(args, dest)) is not None and v < 1:
+            raise ValueError(f"{flag(dest)} must be >= 1, got {v}")
+    for dest in at_least_0:
+        if not (v := getattr(args, dest)) >= 0:
+            raise ValueError(f"{flag(dest)} must be >= 0, got {v}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0-65535, got {args.port}")
+
+
 def _cmd_emulate(args: argparse.Namespace) -> int:
     from marsproxy.emulator.kv_events import parse_kv_events_config
     from marsproxy.emulator.server import EmulatorOptions, serve
 
     _setup_logging(args.log_level)
     try:
+        _check_flags(args, positive=["time_scale"], at_least_1=[
+            "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"])
         kv_events = (None if args.kv_events_config is None
                      else parse_kv_events_config(args.kv_events_config))
     except ValueError as exc:
@@ -89,8 +112,17 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from marsproxy.cli.demo import DemoOptions, run_demo
+    from marsproxy.runs.trace import load_trace
 
     _setup_logging(args.log_level)
+    try:
+        _check_flags(args, positive=["time_scale", "token_scale"],
+                     at_least_1=["sessions", "max_turns", "num_blocks"],
+                     at_least_0=["calm_sessions", "tool_cpus"])
+        load_trace(args.trace)  # a missing or malformed trace fails here, not mid-run
+    except ValueError as exc:
+        sys.stderr.write(f"marsproxy demo: {exc}\n")
+        return 2
     opts = DemoOptions(
         sessions=args.sessions,
         max_turns=args.max_turns,

@@ -45,10 +45,10 @@ def fetch_state(
     if not base.startswith(("http://", "https://")):
         raise StatusError(f"bad URL {base!r}: give it as http://HOST:PORT")
     url = state_url(base, sessions)
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
     try:
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:

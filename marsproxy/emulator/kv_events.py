@@ -84,6 +84,14 @@ def parse_kv_events_config(text: str) -> KVEventsConfig:
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"--kv-events-config: {name} must be a non-negative int")
+    for name in ("endpoint", "replay_endpoint"):
+        v = getattr(cfg, name)
+        if v is None and name == "replay_endpoint":
+            continue
+        if not isinstance(v, str) or not v.startswith(("tcp://", "ipc://", "inproc://")) or (
+                v.startswith("tcp://") and not v.rpartition(":")[2].isdigit()):
+            raise ValueError(f"--kv-events-config: {name} {v!r} is not a ZMQ address such as"
+                             " tcp://*:5557")
     return cfg
 
 

@@ -100,6 +100,10 @@ class KVEventsSourceConfig(_Section):
             raise ValueError(f"a ZMQ endpoint starts with tcp://, ipc:// or inproc://, got {v!r}")
         if v is not None and v.startswith("tcp://") and "*" in v:
             raise ValueError(f"{v!r}: name the worker's host (tcp://HOST:PORT), not *")
+        host, _, port = (v or "")[len("tcp://"):].rpartition(":")
+        if v is not None and v.startswith("tcp://") and not (
+                host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"{v!r}: a TCP endpoint is tcp://HOST:PORT")
         return v
 
 

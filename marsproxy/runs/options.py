@@ -154,16 +154,25 @@ def seeds_text(args: argparse.Namespace) -> str:
 def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
     """One workload per (regime, rate, seed), in that nesting order. Prompts stay within
     ``--max-context``, by default ``engine_context`` less room for the reply."""
+    if args.max_context is not None and args.max_context < 1:
+        raise ValueError(f"--max-context must be >= 1, got {args.max_context}")
     max_context = args.max_context or max(16, engine_context - 1024)
     seed_list = seeds(args)
     groups = mix(args)
+    rates = ["0"] if groups else _csv(args.rates)
+    if not rates:
+        raise ValueError(f"--rates needs at least one rate, got {args.rates!r}")
+    trees = tree_range(getattr(args, "trees", None))
     out = []
     for regime in _csv(args.regimes) or ["trace"]:
         if regime != "trace" and regime not in REGIMES:
             raise ValueError(f"unknown regime {regime!r}; known: trace, {', '.join(REGIMES)}")
         # A mix has its own rates, one per group: one load.
-        for rate_text in ["0"] if groups else _csv(args.rates):
-            rate = float(rate_text)
+        for rate_text in rates:
+            try:
+                rate = float(rate_text)
+            except ValueError:
+                raise ValueError(f"--rates: {rate_text!r} is not a number") from None
             arrivals = ArrivalSpec(args.arrivals, rate, args.burst_size)
             label = mix_label(groups) if groups else arrivals.label()
             for seed in seed_list:
@@ -173,7 +182,7 @@ def cases(args: argparse.Namespace, engine_context: int) -> list[Case]:
                     token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
                     max_turns=args.max_turns, arrivals=arrivals, max_context_tokens=max_context,
                     prefix_groups=args.prefix_groups, prefix_tokens=args.prefix_tokens,
-                    trees=tree_range(getattr(args, "trees", None)), mix=groups,
+                    trees=trees, mix=groups,
                 )
                 out.append(Case(regime, label, spec,
                                 seed if len(seed_list) > 1 else None))
@@ -209,9 +218,13 @@ def tree_range(text: str | None) -> tuple[int, int] | None:
         return None
     lo, _, hi = text.partition("-")
     try:
-        return int(lo), int(hi or lo)
+        out = int(lo), int(hi or lo)
     except ValueError:
-        raise ValueError(f"--trees: expected MIN-MAX such as 2-4, got {text!r}") from None
+        out = (0, 0)
+    if not 1 <= out[0] <= out[1]:
+        raise ValueError(f"--trees: expected MIN-MAX with 1 <= MIN <= MAX such as 2-4,"
+                         f" got {text!r}")
+    return out
 
 
 def queue_deadline(args: argparse.Namespace, default: float) -> float:

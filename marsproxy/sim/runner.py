@@ -125,6 +125,11 @@ def main(args: argparse.Namespace) -> int:
             return 2
         return 1 if sweep(args.sweep, args.seed, sys.stdout, args.sets) else 0
     try:
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        for flag, v in (("--time-scale", args.time_scale), ("--horizon", args.horizon)):
+            if not v > 0:
+                raise ValueError(f"{flag} must be > 0, got {v}")
         profile = get_profile(args.profile, num_blocks=args.num_blocks,
                               max_model_len=args.max_model_len)
         cases = options.cases(args, profile.effective_max_model_len)

@@ -71,6 +71,47 @@ def test_bad_worker_url_is_rejected() -> None:
         load_config(None, environ={}, overrides={"workers": ["localhost:8000"]})
 
 
+@pytest.mark.parametrize("url", ["http://", "http://:8000", "http://a:x", "http://a:99999"])
+def test_a_worker_url_needs_a_host_and_a_valid_port(url: str) -> None:
+    # Before, these passed `config check` and `serve` died: an IndexError (no host) or the
+    # worker's every request failing to parse its URL.
+    with pytest.raises(ConfigError, match=r"workers\.0\.url"):
+        load_config(None, environ={}, overrides={"workers": [url]})
+
+
+@pytest.mark.parametrize("workers", [
+    ["http://a:1", "http://a:1/"],
+    [{"url": "http://a:1", "name": "x"}, {"url": "http://b:1", "name": "x"}],
+    [{"url": "http://a:1", "name": "x"}, {"url": "http://a:1", "name": "y"}],
+])
+def test_two_workers_with_one_name_or_url_are_a_config_error(workers: list[object]) -> None:
+    # Before: `config check` passed, `serve` died with a ValueError traceback from the scraper
+    # (one name) or accounted one worker's calls to the other (one URL, two names).
+    with pytest.raises(ConfigError, match=r"workers: .*(name|url).*twice"):
+        load_config(None, environ={}, overrides={"workers": workers})
+
+
+def test_the_event_stream_redis_url_needs_a_redis_scheme() -> None:
+    # Before: accepted, and `serve` died at start in redis' from_url with a traceback.
+    with pytest.raises(ConfigError, match=r"telemetry\.redis_stream\.url"):
+        load_config(None, environ={}, overrides={"telemetry": {"redis_stream": {
+            "url": "localhost:6379"}}})
+    cfg = load_config(None, environ={}, overrides={"telemetry": {"redis_stream": {
+        "url": "redis://r:6379/0"}}})
+    assert cfg.telemetry.redis_stream.url == "redis://r:6379/0"
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://h", "tcp://h:", "tcp://h:x", "tcp://h:5557/"])
+def test_a_kv_events_tcp_endpoint_needs_host_and_port(endpoint: str) -> None:
+    # Before: accepted, and the subscriber died at its first connect (Invalid argument).
+    with pytest.raises(ConfigError, match=r"workers\.0\.kv_events\.endpoint.*HOST:PORT"):
+        load_config(None, environ={}, overrides={"workers": [
+            {"url": "http://a:1", "kv_events": {"endpoint": endpoint}}]})
+    ok = load_config(None, environ={}, overrides={"workers": [
+        {"url": "http://a:1", "kv_events": {"endpoint": "tcp://[::1]:5557"}}]})
+    assert ok.workers[0].kv_events is not None
+
+
 def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml", environ={})
@@ -84,6 +125,14 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
     p = _write(tmp_path, "server:\n  port: 9100\n")
     cfg = load_config(None, environ={"MARSPROXY_CONFIG": str(p)})
     assert cfg.server.port == 9100
+
+
+def test_the_status_url_variable_is_not_a_config_key() -> None:
+    # `marsproxy status` reads MARSPROXY_URL (its --help says so); exported for it, it made
+    # `serve` and `config check` in the same shell fail with "url: unknown key".
+    env = {"MARSPROXY_URL": "http://127.0.0.1:8080", "MARSPROXY_SERVER__PORT": "9000"}
+    assert env_overrides(env) == {"server": {"port": 9000}}
+    assert load_config(None, environ=env).server.port == 9000
 
 
 def test_env_overrides_parse_yaml_values() -> None:

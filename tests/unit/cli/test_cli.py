@@ -55,6 +55,57 @@ def test_serve_without_workers_is_a_clear_error(capsys: pytest.CaptureFixture[st
     assert "no workers configured" in capsys.readouterr().err
 
 
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--time-scale", "0"], "--time-scale must be a finite number > 0, got 0.0"),
+    (["--time-scale", "nan"], "--time-scale must be a finite number > 0, got nan"),
+    (["--num-blocks", "0"], "--num-blocks must be >= 1, got 0"),
+    (["--max-num-seqs", "-1"], "--max-num-seqs must be >= 1, got -1"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1, got 0"),
+    (["--max-model-len", "0"], "--max-model-len must be >= 1, got 0"),
+    (["--port", "70000"], "--port must be in 0-65535, got 70000"),
+    (["--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://*"}'],
+     "--kv-events-config: endpoint 'tcp://*' is not a ZMQ address such as tcp://*:5557"),
+])
+def test_emulate_refuses_bad_flags_in_one_line(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: a ValueError, OverflowError or ZMQError traceback out of the server's start.
+    assert message in _refused(["emulate", *flags], capsys)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--trace", "/no/such/trace.jsonl"], "cannot read trace /no/such/trace.jsonl"),
+    (["--time-scale", "0"], "--time-scale must be a finite number > 0, got 0.0"),
+    (["--sessions", "0"], "--sessions must be >= 1, got 0"),
+    (["--max-turns", "0"], "--max-turns must be >= 1, got 0"),
+    (["--calm-sessions", "-1"], "--calm-sessions must be >= 0, got -1"),
+    (["--token-scale", "0"], "--token-scale must be a finite number > 0, got 0.0"),
+    (["--tool-cpus", "-1"], "--tool-cpus must be >= 0, got -1.0"),
+    (["--num-blocks", "0"], "--num-blocks must be >= 1, got 0"),
+    (["--port", "-1"], "--port must be in 0-65535, got -1"),
+])
+def test_demo_refuses_bad_flags_before_it_starts(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: tracebacks (a missing trace, time scale 0, --max-turns 0: 'Session is closed'),
+    # or a run of nothing that exited 0 (--sessions 0).
+    assert message in _refused(["demo", *flags], capsys)
+
+
+def test_status_refuses_a_malformed_url_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: a ValueError traceback (Invalid IPv6 URL) out of building the request.
+    assert main(["status", "--url", "http://[::1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("marsproxy status: bad URL 'http://[::1'") and "Traceback" not in err
+
+
 def test_console_script_is_installed() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "marsproxy.cli", "--help"],

@@ -117,6 +117,21 @@ def test_seeds_nest_inside_each_load_and_name_their_case() -> None:
     (["bench", "live", "--trace", "/no/such/trace.jsonl"],
      "marsproxy bench live: cannot read trace /no/such/trace.jsonl"),
     (["bench", "live", "--held-out"], "marsproxy bench live: held out: the packaged sample is"),
+    # Each of these was a traceback (IndexError, ZeroDivisionError, a ValueError out of the
+    # workload), a run on nonsense (a zero or negative time scale, a context of -5 tokens), or
+    # an error naming a config key the operator never set (--horizon 0).
+    (["sim", "--rates", ""], "marsproxy sim: --rates needs at least one rate"),
+    (["bench", "live", "--rates", ","], "marsproxy bench live: --rates needs at least one rate"),
+    (["sim", "--rates", "0.5,abc"], "marsproxy sim: --rates: 'abc' is not a number"),
+    (["sim", "--trees", "4-2"], "marsproxy sim: --trees: expected MIN-MAX with 1 <= MIN <= MAX"),
+    (["bench", "live", "--trees", "0"], "marsproxy bench live: --trees: expected MIN-MAX with"),
+    (["sim", "--workers", "0"], "marsproxy sim: --workers must be >= 1, got 0"),
+    (["bench", "live", "--workers", "0"], "marsproxy bench live: --workers must be >= 1, got 0"),
+    (["sim", "--time-scale", "0"], "marsproxy sim: --time-scale must be > 0, got 0.0"),
+    (["bench", "live", "--time-scale", "-1"],
+     "marsproxy bench live: --time-scale must be > 0, got -1.0"),
+    (["sim", "--horizon", "0"], "marsproxy sim: --horizon must be > 0, got 0.0"),
+    (["sim", "--max-context", "0"], "marsproxy sim: --max-context must be >= 1, got 0"),
 ])
 def test_cli_refuses_bad_options_clearly(args: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "marsproxy.cli", *args, "--no-plots"],
