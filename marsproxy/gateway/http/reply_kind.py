@@ -21,9 +21,11 @@ _TOOL_FINISHES = frozenset({"tool_calls", "function_call", "tool_use"})
 
 def kind_of(calls_tool: bool, finish: object) -> ReplyKind | None:
     """``finish``: the finish or stop reason (a Responses status), ``None`` when unseen."""
-    if calls_tool or finish in _TOOL_FINISHES:
+    if calls_tool:
         return ReplyKind.TOOL_CALL
-    return ReplyKind.ANSWER if isinstance(finish, str) and finish else None
+    if not isinstance(finish, str) or not finish:  # a worker's list or object is no reason
+        return None
+    return ReplyKind.TOOL_CALL if finish in _TOOL_FINISHES else ReplyKind.ANSWER
 
 
 def offers_tools(body: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ Pure code: no I/O.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,19 +24,40 @@ from marsproxy.core.canon import (
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http.reply_kind import body_kind, first_choice, kind_of, responses_kind
 
+log = logging.getLogger("marsproxy.gateway.http.sse")
+
 # A finish reason that is set (a string), as compact or spaced JSON writes it.
 _FINISH, _FINISH_SPACED = b'"finish_reason":"', b'"finish_reason": "'
+_HOLD_FROM = 1 << 16  # an event in progress this long: later reads are held, not joined
+_UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)  # a worker's odd JSON
 
 
 class SSESplitter:
     """Cuts a byte stream at event boundaries (a blank line), whatever the chunking."""
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = b""  # the start of an event in progress
+        # A long event's later reads, joined once one can end it (joining each to all before
+        # it was quadratic in an event of mebibytes), and the last 3 bytes held.
+        self._held: list[bytes] = []
+        self._tail = b""
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete events (each with its terminating blank line) found so far."""
-        buf = self._buf + data if self._buf else data
+        if not self._buf:
+            buf = data
+        elif self._held or len(self._buf) >= _HOLD_FROM:
+            tail = self._tail if self._held else self._buf[-3:]
+            seam = tail + data[:3]  # a boundary across the cut
+            if not (b"\n\n" in data or b"\r\n\r\n" in data or b"\n\n" in seam
+                    or b"\r\n\r\n" in seam):
+                self._held.append(data)
+                self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
+                return []
+            buf = b"".join((self._buf, *self._held, data))
+            self._held = []
+        else:
+            buf = self._buf + data
         events: list[bytes] = []
         start = 0
         # The next boundary of each kind at or after ``start``; each is searched again only
@@ -59,7 +81,8 @@ class SSESplitter:
 
     def flush(self) -> bytes:
         """Bytes left after the stream ended without a final blank line."""
-        rest, self._buf = self._buf, b""
+        rest = b"".join((self._buf, *self._held)) if self._held else self._buf
+        self._buf, self._held = b"", []
         return rest
 
 
@@ -133,7 +156,7 @@ def _int(v: Any) -> int:
 def _loads(data: bytes) -> Any:
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack
         return None
 
 
@@ -165,12 +188,15 @@ class StreamTap:
         self._finish: object = None
 
     def keep(self, event: bytes) -> bool:
-        if self.route in ("chat", "completions"):
-            return self._openai(event)
-        if self.route == "responses":
-            self._responses(event)
-        else:
-            self._messages(event)
+        try:
+            if self.route in ("chat", "completions"):
+                return self._openai(event)
+            if self.route == "responses":
+                self._responses(event)
+            else:
+                self._messages(event)
+        except _UNREADABLE as exc:  # nested too deep, or of the wrong shape: sent as it came
+            log.warning("%s stream: an event forwarded unread: %r", self.route, exc)
         return True
 
     def passes(self, data: bytes) -> bool:
