@@ -92,3 +92,32 @@ async def test_killed_replica_sessions_continue_on_another_replica_at_once(lab: 
     owners = await _owners(rs, "replica-adopt")
     assert len(owners) == LIMIT  # taken over, not added: nothing counted twice
     assert owners[holders[0]] != dead  # the lease is the survivor's now
+
+
+def _queued(url: str, pool: str) -> int:
+    import redis
+
+    r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1)
+    try:
+        return int(r.zcard(f"mars:{{{pool}}}:queue"))
+    finally:
+        r.close()
+
+
+async def test_a_killed_replicas_waiting_sessions_do_not_hold_the_global_queue(lab: Lab) -> None:
+    rs, a, b = await _pair(lab, "replica-queue")
+    holders = await _fill(a)
+    # B's newcomers wait in the store's global queue (A holds every slot) ...
+    waiting = [asyncio.create_task(call(b.http, b.url, f"b-{i}")) for i in range(LIMIT)]
+    await until(lambda: asyncio.to_thread(_queued, rs.url, "replica-queue"),
+                lambda n: n == LIMIT, "B's sessions wait in the global queue", 10)
+    b.svc.kill()  # ... when B dies: nobody will ever ask for them again
+    await asyncio.gather(*waiting, return_exceptions=True)
+    for s in holders:
+        assert (await call(a.http, a.url, s, final=True)).status == 200
+    # Every slot is free: A's next session is admitted, not ranked behind the dead entries
+    # until its queue deadline.
+    r = await bounded(call(a.http, a.url, "after"), LEASE_TTL_S + 3, "A's new session")
+    assert r.status == 200, r.body
+    await until(lambda: asyncio.to_thread(_queued, rs.url, "replica-queue"),
+                lambda n: n == 0, "the dead entries leave the global queue", LEASE_TTL_S + 3)

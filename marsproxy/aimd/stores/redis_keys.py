@@ -69,6 +69,20 @@ class Keys:
     def tomb_prefix(self) -> str:
         return f"{self.base}ended:"
 
+    def asked(self, key: str) -> str:
+        """Mark of a waiting session whose replica asked for it within one lease TTL: a queue
+        entry without one is a dead replica's (``admit_ranked.lua`` drops it)."""
+        return f"{self.asked_prefix}{key}"
+
+    @property
+    def asked_prefix(self) -> str:
+        return f"{self.base}asked:"
+
+    def ranked(self, worker: str, session: str) -> list[str]:
+        """The KEYS of ``admit_ranked.lua``."""
+        return [self.adm(worker), self.own(worker), self.queue, self.tomb(session),
+                self.asked(session)]
+
     @property
     def channel(self) -> str:
         return f"{self.base}wake"

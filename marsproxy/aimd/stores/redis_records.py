@@ -28,13 +28,17 @@ class RedisRecords:
     dirty: set[str]
     deleted: set[str]
     session_ms: int
+    lease_ms: int
 
     async def enqueue(self, session: str, score: float) -> None:
         self.local.enqueue_sync(session, score)
         self.q_gone.discard(session)
         if self.link.up:
-            try:
-                await self.link.io(self.redis.zadd(self.keys.queue, {session: score}))
+            try:  # marked as asked, as admit_ranked.lua does: a live replica's entry
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.zadd(self.keys.queue, {session: score})
+                    pipe.set(self.keys.asked(session), 1, px=self.lease_ms)
+                    await self.link.io(pipe.execute())
                 return
             except FAILURES as exc:
                 self.link.fail(exc)

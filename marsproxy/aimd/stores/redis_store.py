@@ -353,7 +353,7 @@ class RedisStore(RedisRecords):
             self.local.enqueue_sync(session, score)
             self.q_gone.discard(session)
         if self.link.up:
-            keys = [*self._lease_keys(worker), self.keys.queue, self.keys.tomb(session)]
+            keys = self.keys.ranked(worker, session)
             args: list[Arg] = [session, free_slots, self._open_limit(limit), now_ms,
                                now_ms + self.lease_ms, self._id, "" if score is None else score]
             try:

@@ -62,8 +62,10 @@ async def _one_pass(store: RedisStore) -> int:
                                        client=pipe)
         if q_gone:
             pipe.zrem(keys.queue, *q_gone)
-        if queued:
+        if queued:  # marked as asked (admit_ranked.lua drops unmarked entries as dead)
             pipe.zadd(keys.queue, dict(queued))
+            for s, _ in queued:
+                pipe.set(keys.asked(s), 1, px=store.lease_ms)
         for k, raw in dirty.items():
             pipe.set(keys.session(k), raw, px=store.session_ms)
         if deleted:

@@ -40,7 +40,7 @@ from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict
-from marsproxy.gateway.shells.confirm import StoreConfirmations
+from marsproxy.gateway.shells.confirm import UNFENCED_ENDS, StoreConfirmations
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
@@ -314,8 +314,8 @@ class AdmissionShell(StoreConfirmations):
             self._spawn(self.store.release(e.pending.worker, skey))
         elif e.worker is not None:
             # Fenced: a session another replica took over meanwhile is not ended by a timeout
-            # here; an explicit DELETE ends it wherever it is.
-            await self.store.release(e.worker, skey, any_owner=e.reason is EndReason.DELETED)
+            # here; its final turn or a DELETE ends it wherever it is.
+            await self.store.release(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)
 
     def _rejected(self, reason: str, retry: int | None) -> Refused:
         self.metrics.rejections.labels(reason).inc()

@@ -29,6 +29,12 @@ from marsproxy.policy.plane import ControlPlane, Ended, Outcome, Pending
 
 log = logging.getLogger("marsproxy.gateway.shells.admission")
 
+# Ends the session's own traffic decided (a final turn, its answer, DELETE): they end it
+# wherever its lease is, unfenced. A replica that a session left less than a heartbeat ago
+# still holds it here; fenced, such a final turn ended nothing and the new holder kept the
+# slot until its idle timeout. Timed ends (idle, evicted) stay fenced.
+UNFENCED_ENDS = frozenset({EndReason.FINAL, EndReason.ANSWERED, EndReason.DELETED})
+
 
 class StoreConfirmations:
     """The part of :class:`~marsproxy.gateway.shells.admission.AdmissionShell` that talks to
@@ -95,7 +101,7 @@ class StoreConfirmations:
             if e.pending is not None:
                 later.append((e.pending.worker, skey))
             elif e.worker is not None:
-                store.release_sync(e.worker, skey, any_owner=e.reason is EndReason.DELETED)
+                store.release_sync(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)
         if out.events:  # most outcomes on the request path have none: no clocks read
             self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
         if self.plane.pending_count:
