@@ -17,7 +17,7 @@ from marsproxy.emulator.http_util import (
     read_json,
     wait_update,
 )
-from marsproxy.emulator.openai_api import ApiError, ParsedRequest
+from marsproxy.emulator.openai_api import ApiError, ParsedRequest, check_prompt_length
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
@@ -42,6 +42,11 @@ class MessagesHandlers:
             parsed = anth.parse_messages(await read_json(request), self.model).parsed
         except ApiError as exc:
             return error_response(exc)
+        try:  # vLLM's message for a prompt over the context, in the Anthropic shape
+            check_prompt_length(len(parsed.prompt_token_ids),
+                                self.runner.profile.effective_max_model_len, text=True)
+        except ApiError as exc:
+            return error_response(anth.AnthropicError(400, exc.message, "BadRequestError"))
         # vLLM answers with the id of the chat request it made of the Messages request.
         rid = "chatcmpl-" + uuid.uuid4().hex[:16]
         try:

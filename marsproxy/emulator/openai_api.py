@@ -69,6 +69,9 @@ class ParsedRequest:
     include_usage: bool
     session_id: str | None = None  # vLLM 0.32's field: carried into the KV events
     tool: ForcedTool | None = None  # the reply is this tool call instead of text
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
+    echo: str | None = None  # completions' echo of a text prompt: the reply starts with it
+    echo_ids: list[int] | None = None  # echo's prompt ids (the first streamed chunk's)
 
 
 def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
@@ -89,25 +92,47 @@ def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     return val
 
 
-def body_validation_error(message: str, parameter: str, body: Mapping[str, Any]) -> ApiError:
-    """A ``VLLMValidationError`` raised by a request model's validator, as vLLM answers it: the
-    pydantic error of the body (``value_error``, its message with vLLM's ``(parameter=...)``
-    suffix) under ``type: "Bad Request"``, ``param`` the error's parameter."""
-    text = f"{message} (parameter={parameter})"
-    err = {"type": "value_error", "loc": "body", "msg": f"Value error, {text}",
-           "input": f"<dict of {len(body)} items>", "ctx": {"error": text}}
-    return ApiError(400, f"1 validation error:\n  {err}", "Bad Request", parameter)
+def validation_error(message: str, parameter: str, value: Any = None) -> ApiError:
+    """A ``VLLMValidationError`` as vLLM 0.32 answers it: 400 ``BadRequestError``, the message
+    with its ``(parameter=..., value=...)`` suffix, ``param`` the parameter. Raised by a request
+    model's validator too: it is no ``ValueError``, so pydantic lets it through unwrapped."""
+    extras = f"parameter={parameter}" + ("" if value is None else f", value={value}")
+    return bad_request(f"{message} ({extras})", parameter)
 
 
-def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
-    """Validate a chat or completions body; raises :class:`ApiError` (400/404)."""
+def check_prompt_length(n: int, max_model_len: int, text: bool) -> None:
+    """vLLM's answer to a prompt that leaves no room for output. A text prompt (chat, a string)
+    is tokenized with truncation at ``max_model_len + 1``, so its count reads "at least"."""
+    if n > max_model_len:
+        shown = max_model_len + 1 if text else n
+        raise validation_error(
+            f"This model's maximum context length is {max_model_len} tokens. However, your"
+            f" prompt contains {'at least ' if text else ''}{shown} input tokens, which exceeds"
+            " this limit even without any output tokens. Please reduce the length of the input"
+            " prompt.", "input_tokens", shown)
+    if n == max_model_len:
+        raise validation_error("max_tokens must be at least 1, got 0.", "max_tokens", 0)
+
+
+def parse_request(
+    kind: Kind, body: Any, served_model: str, max_model_len: int | None = None
+) -> ParsedRequest:
+    """Validate a chat or completions body; raises :class:`ApiError` (400/404). In vLLM's order:
+    the request model's validators, the model, ``max_tokens`` against ``max_model_len``, the
+    prompt, its length, ``max_tokens`` ≥ 1."""
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    # The request model's validators run while the body is parsed, before the model is looked up.
     try:
         tool = parse_tool_choice(body) if kind == "chat" else None
     except ToolChoiceError as exc:
-        raise body_validation_error(exc.message, exc.parameter, body) from exc
+        raise validation_error(exc.message, exc.parameter) from exc
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, Mapping):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    stream = _bool(body, "stream")
+    if opts and not stream:
+        raise validation_error(
+            "Stream options can only be defined when `stream=True`.", "stream_options")
     model = body.get("model", served_model)
     if model is None:
         model = served_model
@@ -115,34 +140,48 @@ def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
         raise bad_request("'model' must be a string", "model")
     if model != served_model:
         raise model_not_found(model, served_model)
+    key = "max_tokens"
+    if kind == "chat":
+        max_tokens = _opt_int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens")
+        else:
+            key = "max_completion_tokens"
+    else:  # vLLM's CompletionRequest defaults max_tokens (absent or null) to 16
+        max_tokens = _opt_int(body, "max_tokens")
+        if max_tokens is None:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    if max_tokens is not None and max_model_len is not None and max_tokens > max_model_len:
+        raise validation_error(
+            f"{key}={max_tokens} cannot be greater than max_model_len={max_model_len}. Please"
+            " request fewer output tokens.", key, max_tokens)
+    prompt: Any = body.get("prompt")
     try:
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list):
                 raise bad_request("'messages' must be a list", "messages")
             ids = encode_chat(messages)
-            max_tokens = _opt_int(body, "max_completion_tokens")
-            if max_tokens is None:
-                max_tokens = _opt_int(body, "max_tokens")
         else:
-            ids = _completion_prompt(body.get("prompt"))
-            max_tokens = _opt_int(body, "max_tokens")
-            if "max_tokens" not in body:
-                max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+            ids = _completion_prompt(prompt)
     except PromptError as exc:
         raise bad_request(str(exc)) from exc
+    text = kind == "chat" or isinstance(prompt, str) or (
+        isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str))
+    if max_model_len is not None:
+        check_prompt_length(len(ids), max_model_len, text)
     if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        raise validation_error(
+            f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
     n = body.get("n", 1)
     if n not in (None, 1):
         raise bad_request("the emulator supports only n=1", "n")
-    stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    include_usage = False
-    if isinstance(opts, Mapping):
-        include_usage = bool(opts.get("include_usage", False))
-    elif opts is not None:
-        raise bad_request("'stream_options' must be an object", "stream_options")
+    include_usage = bool(opts and opts.get("include_usage"))
+    continuous = include_usage and bool(opts and opts.get("continuous_usage_stats"))
+    echo = kind == "completion" and _bool(body, "echo")
+    echo_text = None  # a token-id prompt cannot be detokenized here: it echoes no text
+    if echo and text:
+        echo_text = prompt if isinstance(prompt, str) else str(prompt[0])
     priority = _opt_int(body, "priority") or 0
     session_id = body.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
@@ -158,6 +197,9 @@ def parse_request(kind: Kind, body: Any, served_model: str) -> ParsedRequest:
         include_usage=include_usage,
         session_id=session_id,
         tool=tool,
+        continuous_usage=continuous,
+        echo=echo_text,
+        echo_ids=ids if echo else None,
     )
 
 
@@ -191,22 +233,63 @@ def tokenize_body(body: Any) -> list[int]:
 SYSTEM_FINGERPRINT = "vllm-0.32.0-emulated"
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    # Real vLLM fills prompt_tokens_details only with --enable-prompt-tokens-details; the emulator
-    # always reports it because the proxy reads cached_tokens from it.
+def created_cache_tokens(prompt: int, cached: int, block_size: int) -> int:
+    """The prompt's full blocks this request computed and cached (vLLM's
+    ``num_cache_creation_tokens``: 211 prompt tokens, blocks of 32 → 192 cold, 0 warm)."""
+    return max(0, prompt // block_size * block_size - cached)
+
+
+def usage(
+    kind: Kind, prompt: int, completion: int, cached: int, created: int, streamed: bool = False
+) -> dict[str, Any]:
+    """``usage`` as vLLM 0.32 with ``--enable-prompt-tokens-details`` reports it. The emulator
+    always reports the details (real vLLM needs the flag) because the proxy reads
+    ``cached_tokens``. Chat reports ``created_cache_tokens``, completions only ``null`` (not
+    streamed) or nothing (streamed); a streamed usage leaves the null keys out."""
+    details: dict[str, Any] = {"cached_tokens": cached}
+    if kind == "chat":
+        details["created_cache_tokens"] = created
+    elif not streamed:
+        details["created_cache_tokens"] = None
+    if not streamed:
+        details["multimodal_tokens"] = None
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
     }
+
+
+def running_usage(kind: Kind, prompt: int, completion: int) -> dict[str, Any]:
+    """The cumulative usage on every chunk with ``continuous_usage_stats``."""
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt, "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+    if kind == "chat":
+        u["completion_tokens_details"] = None
+    return u
+
+
+def with_usage(chunk: dict[str, Any], u: dict[str, Any]) -> dict[str, Any]:
+    """``chunk`` with ``usage`` right after ``choices``, where vLLM puts it."""
+    out: dict[str, Any] = {}
+    for key, val in chunk.items():
+        out[key] = val
+        if key == "choices":
+            out["usage"] = u
+    return out
 
 
 def chunk(
     kind: Kind, rid: str, created: int, model: str, text: str | None,
-    finish_reason: str | None = None, role: bool = False,
+    finish_reason: str | None = None, role: bool = False, fingerprint: bool = False,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*-stream.txt)."""
+    """One streamed chunk, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*-stream.txt).
+    ``fingerprint``: the last chunk of a stream without a usage chunk carries
+    ``system_fingerprint``; ``prompt_token_ids``: the first chunk of a completions echo."""
     choice: dict[str, Any]
     if kind == "chat":
         obj = "chat.completion.chunk"
@@ -230,9 +313,12 @@ def chunk(
         obj = "text_completion"
         choice = {
             "index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason,
-            "stop_reason": None, "prompt_token_ids": None, "token_ids": None,
+            "stop_reason": None, "prompt_token_ids": prompt_token_ids, "token_ids": None,
         }
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if fingerprint:
+        out["system_fingerprint"] = SYSTEM_FINGERPRINT
+    return out
 
 
 def usage_chunk(

@@ -9,7 +9,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -80,7 +80,9 @@ class _Handlers:
 
     async def _generate(self, request: web.Request, kind: api.Kind) -> web.StreamResponse:
         try:
-            parsed = api.parse_request(kind, await _read_json(request), self.model)
+            parsed = api.parse_request(
+                kind, await _read_json(request), self.model,
+                self.runner.profile.effective_max_model_len)
         except api.ApiError as exc:
             return _error(exc)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
@@ -100,8 +102,8 @@ class _Handlers:
             except ConnectionResetError:
                 return web.Response(status=499)  # nobody reads it; the request is aborted below
             fin = stream.finished
-            text = filler_text(0, fin.completion_tokens)
-            u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
+            text = (parsed.echo or "") + filler_text(0, fin.completion_tokens)
+            u = self._usage(kind, fin)
             tool = parsed.tool
             if tool is None:
                 body = api.full_response(
@@ -132,49 +134,72 @@ class _Handlers:
         rid: str, created: int, stream: TokenStream,
     ) -> None:
         """Write the stream's tokens as SSE events until it finishes."""
-        kind, tool = parsed.kind, parsed.tool
+        kind, tool, model = parsed.kind, parsed.tool, self.model
+        continuous, n_prompt = parsed.continuous_usage, len(parsed.prompt_token_ids)
         # Every token chunk is the same JSON except its text: build the frame once.
         if tool is None:
-            template = api.chunk(kind, rid, created, self.model, "\x00")
+            template = api.chunk(kind, rid, created, model, "\x00")
         else:  # a forced tool choice: each token appends its text to the call's arguments
-            template = tools.tool_chunk(rid, created, self.model, tool, "\x00")
+            template = tools.tool_chunk(rid, created, model, tool, "\x00")
         call_id = tools.tool_call_id() if tool is not None else ""
         head, tail = ("data: " + json.dumps(template, separators=(",", ":"))).split('"\\u0000"')
         head_b, tail_b = head.encode(), (tail + "\n\n").encode()
 
+        def frame(obj: dict[str, Any], done: int) -> bytes:
+            """An event; with continuous_usage_stats it carries the usage so far."""
+            if continuous:
+                obj = api.with_usage(obj, api.running_usage(kind, n_prompt, done))
+            return _sse(obj)
+
+        def token_chunk(i: int, reason: str | None) -> dict[str, Any]:
+            """Token ``i``'s chunk; ``reason`` on the last one (with the fingerprint when no
+            usage chunk follows); a completions echo prefixes the first with the prompt."""
+            last, piece = reason is not None, filler_chunk(i)
+            if tool is not None:
+                obj = tools.tool_chunk(rid, created, model, tool, tool.piece(piece, i == 0, last),
+                                       finish_reason=reason)
+                if last and not parsed.include_usage:
+                    obj["system_fingerprint"] = api.SYSTEM_FINGERPRINT
+                return obj
+            echo_ids = parsed.echo_ids if i == 0 else None
+            if echo_ids is not None:
+                piece = (parsed.echo or "") + piece
+            return api.chunk(kind, rid, created, model, piece, reason,
+                             fingerprint=last and not parsed.include_usage,
+                             prompt_token_ids=echo_ids)
+
         def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
             parts: list[bytes] = []
             if sent == 0 and avail > 0 and kind == "chat":
-                parts.append(_sse(api.chunk(kind, rid, created, self.model, "", role=True)))
+                parts.append(frame(api.chunk(kind, rid, created, model, "", role=True), 0))
+            if sent == 0 and avail > 0 and tool is not None:  # the call is named first
+                parts.append(frame(tools.tool_chunk(rid, created, model, tool, "", call_id), 1))
             last = avail - 1 if fin is not None else avail
-            if tool is None:
-                for i in range(sent, last):
+            for i in range(sent, last):
+                if continuous or (i == 0 and parsed.echo_ids is not None):
+                    parts.append(frame(token_chunk(i, None), i + 1))
+                elif tool is None:
                     parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
-            else:
-                if sent == 0 and avail > 0:  # the call is named before its arguments stream
-                    parts.append(_sse(tools.tool_chunk(rid, created, self.model, tool, "",
-                                                       call_id)))
-                for i in range(sent, last):
+                else:
                     parts.append(head_b + json.dumps(
                         tool.piece(filler_chunk(i), i == 0, False)).encode() + tail_b)
             if fin is not None:
-                i = avail - 1
-                if tool is None:
-                    parts.append(_sse(api.chunk(
-                        kind, rid, created, self.model, filler_chunk(i), fin.finish_reason
-                    )))
-                else:
-                    parts.append(_sse(tools.tool_chunk(
-                        rid, created, self.model, tool, tool.piece(filler_chunk(i), i == 0, True),
-                        finish_reason=tool.finish_reason(fin.finish_reason),
-                    )))
+                reason = fin.finish_reason if tool is None else tool.finish_reason(
+                    fin.finish_reason)
+                parts.append(frame(token_chunk(avail - 1, reason), avail))
                 if parsed.include_usage:
-                    u = api.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
-                    parts.append(_sse(api.usage_chunk(kind, rid, created, self.model, u)))
+                    u = self._usage(kind, fin, streamed=True)
+                    parts.append(_sse(api.usage_chunk(kind, rid, created, model, u)))
                 parts.append(b"data: [DONE]\n\n")
             return parts, last
 
         await pump(resp, request, stream, frames)
+
+    def _usage(self, kind: api.Kind, fin: FinishedEvent, streamed: bool = False) -> dict[str, Any]:
+        created = api.created_cache_tokens(
+            fin.prompt_tokens, fin.cached_tokens, self.runner.profile.block_size)
+        return api.usage(kind, fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens,
+                         created, streamed)
 
     async def models(self, request: web.Request) -> web.Response:
         m = self.model

@@ -27,7 +27,7 @@ from typing import Any
 
 class ToolChoiceError(ValueError):
     """vLLM's ``VLLMValidationError`` from the request's tool checks: a message and the
-    parameter it names (answered as a body validation error: 400 ``Bad Request``)."""
+    parameter it names (answered as vLLM answers one: 400 ``BadRequestError``)."""
 
     def __init__(self, message: str, parameter: str) -> None:
         super().__init__(message)

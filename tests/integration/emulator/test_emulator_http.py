@@ -63,11 +63,15 @@ async def test_chat_non_streaming(
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["prompt_tokens"] == len(encode_chat(messages))
     assert body["usage"]["completion_tokens"] == 7
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # As vLLM 0.32 with --enable-prompt-tokens-details: {"cached_tokens": 0,
+    # "created_cache_tokens": 0, "multimodal_tokens": null} for a 16-token prompt.
+    assert body["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": None}
     real = FIXTURES / "vllm-0.32-chat.json"
     if real.exists():  # same keys as a real vLLM 0.32 answer (plus prompt_tokens_details)
         want = _keys(json.loads(real.read_text()))
-        want["usage"]["prompt_tokens_details"] = {"cached_tokens": None}
+        want["usage"]["prompt_tokens_details"] = dict.fromkeys(
+            ("cached_tokens", "created_cache_tokens", "multimodal_tokens"))
         assert _keys(body) == want
 
 
@@ -241,9 +245,9 @@ async def test_max_model_len_as_vllms_flag(
     async with http.get(server.make_url("/v1/models")) as resp:
         assert (await resp.json())["data"][0]["max_model_len"] == 2048
     status, body = await _post(
-        http, server, "/v1/completions", {"prompt": list(range(2048)), "max_tokens": 1}
+        http, server, "/v1/completions", {"prompt": list(range(2049)), "max_tokens": 1}
     )
-    assert status == 400 and "maximum context length" in body["error"]["message"]
+    assert status == 400 and "maximum context length is 2048" in body["error"]["message"]
     status, body = await _post(
         http, server, "/v1/completions", {"prompt": list(range(2000)), "max_tokens": 1}
     )
