@@ -93,6 +93,24 @@ async def stream(
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     out.status = upstream.status
     await resp.prepare(request)
+    try:
+        return await _pump(gw, events, opened, sse, tap, resp, clock, out)
+    except Exception:
+        # A bug of ours after the headers left: a 500 written now would land inside the open
+        # stream. The stream ends with an error event instead, and the worker's request stops.
+        log.exception("relaying a %s stream of session %s failed", route, out.session)
+        upstream.close()
+        await _cut(resp, sse_error_event("internal error of the proxy mid-stream",
+                                         code="internal_error", status=500))
+        return resp
+
+
+async def _pump(
+    gw: Gateway, events: RequestEvents, opened: Opened, sse: SSEFilter, tap: StreamTap,
+    resp: web.StreamResponse, clock: Clock, out: Outcome,
+) -> web.StreamResponse:
+    """The worker's stream to the client, chunk by chunk, until it ends or fails."""
+    upstream = opened.response
     while True:
         try:
             chunk = await opened.body.read()

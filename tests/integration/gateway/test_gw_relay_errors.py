@@ -3,6 +3,7 @@ failures, no healthy worker, timeouts) and cancellation when the client goes awa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -10,6 +11,7 @@ import aiohttp
 import pytest
 
 from marsproxy.gateway.http.relay import OVERHEAD_HEADER
+from marsproxy.gateway.http.sse import SSEFilter
 from marsproxy.gateway.shells.outcome import RequestEvents
 
 from .relay_client import CHAT, config, gateway, url
@@ -128,6 +130,39 @@ async def test_idle_timeout_mid_stream_ends_with_sse_error(
         assert '"w0 "' in events[0]
         assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "upstream_timeout"
         await until(lambda: fake.cancelled == 1)
+    finally:
+        await g.stop()
+
+
+async def test_a_failure_of_ours_mid_stream_ends_it_with_an_sse_error(
+    fake: Any, http: aiohttp.ClientSession, until: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in the proxy's own handling of a stream whose headers have left: the client gets
+    an SSE error event and a well-framed end (a 500 written then landed inside the open stream:
+    the client read a protocol error), the worker's request stops, and the final call still
+    ends its session."""
+    g = await gateway(config([fake.url]))
+    fed = {"n": 0}
+    real = SSEFilter.feed
+
+    def fails_second(self: SSEFilter, chunk: bytes) -> bytes:
+        fed["n"] += 1
+        if fed["n"] == 2:
+            raise RuntimeError("a bug in the stream's handling")
+        return real(self, chunk)
+
+    monkeypatch.setattr(SSEFilter, "feed", fails_second)
+    try:
+        async with http.post(
+            url(g, "/v1/chat/completions"), json={**CHAT, "stream": True},
+            headers={"x-fake": "slow", "x-session-id": "s", "x-session-final": "true"},
+        ) as r:
+            assert r.status == 200
+            text = await asyncio.wait_for(r.text(), 10)  # a clean end: no payload error
+        last = json.loads([e for e in text.split("\n\n") if e][-1].removeprefix("data: "))
+        assert last["error"]["code"] == "internal_error"
+        await until(lambda: fake.cancelled == 1)
+        await until(lambda: g.gateway.plane.held("anon/id/s") is None)
     finally:
         await g.stop()
 
