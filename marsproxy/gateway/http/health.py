@@ -110,5 +110,8 @@ class HealthChecker:
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         while True:
-            await self.check_all(session)
+            try:
+                await self.check_all(session)
+            except Exception:  # one failed round must not end the checks for good
+                log.exception("health checks failed")
             await asyncio.sleep(self._cfg.interval_s)

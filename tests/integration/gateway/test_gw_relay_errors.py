@@ -265,3 +265,23 @@ async def test_a_reply_nested_too_deeply_still_counts_the_request_out(
         assert gw.metrics.in_flight.value == 0 and gw.in_flight_by_worker[fake.url] == 0
     finally:
         await g.stop()
+
+
+async def test_a_failed_round_of_health_checks_does_not_stop_them(
+    fake: Any, until: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = await gateway(config([fake.url], health={"interval_s": 0.05}))
+    health, rounds = g.gateway.checker, []
+    real = health.check_all
+
+    async def fails_once(session: Any) -> None:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise RuntimeError("a bug in a round of checks")
+        await real(session)
+
+    monkeypatch.setattr(health, "check_all", fails_once)
+    try:
+        await until(lambda: len(rounds) >= 3)  # the loop lived on
+    finally:
+        await g.stop()
