@@ -17,6 +17,15 @@ STORE = {"backend": "redis", "lease_ttl_s": 6.0, "heartbeat_interval_s": 2.5,
          "leader_ttl_s": 1.0, "op_timeout_s": 2.0, "reconnect_interval_s": 0.2}
 
 
+async def _pair(make_stack: _Factory, url: str, pool: str, workers: int,
+                window: int) -> tuple[Any, Any, aioredis.Redis]:
+    """Replicas a and b on one pool, and a client of its Redis."""
+    store = STORE | {"redis_url": url, "pool": pool}
+    a = await make_stack(workers=workers, window=window, store=store, idle_timeout_min_s=30.0)
+    b = await make_stack(window=window, store=store, share=a, idle_timeout_min_s=30.0)
+    return a, b, aioredis.Redis.from_url(url, decode_responses=True)
+
+
 async def _gone(r: aioredis.Redis, key: str, within: float) -> bool:
     for _ in range(int(within / 0.02)):
         if await r.zcard(key) == 0:
@@ -28,10 +37,7 @@ async def _gone(r: aioredis.Redis, key: str, within: float) -> bool:
 async def test_a_final_turn_on_the_replica_a_session_just_left_ends_it(
     make_stack: _Factory, private_redis: Any
 ) -> None:
-    store = STORE | {"redis_url": private_redis.url, "pool": "final-left"}
-    a = await make_stack(workers=1, window=1, store=store, idle_timeout_min_s=30.0)
-    b = await make_stack(window=1, store=store, share=a, idle_timeout_min_s=30.0)
-    r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+    a, b, r = await _pair(make_stack, private_redis.url, "final-left", workers=1, window=1)
     try:
         assert (await a.chat("s"))[0] == 200
         assert (await b.chat("s"))[0] == 200  # b adopts it: the lease is b's now
@@ -51,10 +57,7 @@ async def test_a_final_turn_on_the_replica_a_session_just_left_ends_it(
 async def test_one_new_session_started_on_two_replicas_at_once_holds_one_lease(
     make_stack: _Factory, private_redis: Any
 ) -> None:
-    store = STORE | {"redis_url": private_redis.url, "pool": "twice"}
-    a = await make_stack(workers=2, window=2, store=store, idle_timeout_min_s=30.0)
-    b = await make_stack(window=2, store=store, share=a, idle_timeout_min_s=30.0)
-    r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+    a, b, r = await _pair(make_stack, private_redis.url, "twice", workers=2, window=2)
     try:
         assert (await a.chat("holder"))[0] == 200  # a places its next session on w1, b on w0
         # A harness's side request and its first call, sent at once, reach both replicas.

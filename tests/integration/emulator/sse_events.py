@@ -1,9 +1,31 @@
-"""Reading the emulator's Anthropic-style event streams in tests."""
+"""Calling the emulator and reading its event streams (OpenAI and Anthropic style) in tests."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+
+def openai_frames(text: str) -> list[Any]:
+    """Frames of an SSE body; asserts vLLM's framing (``data: ...`` + blank line, [DONE] last)."""
+    assert text.endswith("data: [DONE]\n\n")
+    frames = text.split("\n\n")[:-1]
+    assert all(f.startswith("data: ") for f in frames)
+    return [json.loads(f[6:]) for f in frames[:-1]]
+
+
+async def post(
+    http: aiohttp.ClientSession, server: TestServer, path: str, body: Any
+) -> tuple[int, Any]:
+    """(status, the JSON body or the stream's frames)."""
+    async with http.post(server.make_url(path), json=body) as resp:
+        text = await resp.text()
+        if resp.content_type == "text/event-stream":
+            return resp.status, openai_frames(text)
+        return resp.status, json.loads(text) if text else None
 
 
 def anthropic_events(text: str) -> list[tuple[str, Any]]:

@@ -14,27 +14,11 @@ from aiohttp.test_utils import TestServer
 from marsproxy.emulator.server import RUNNER_KEY
 from marsproxy.emulator.tokenizer import encode_chat, filler_text
 
+from .sse_events import openai_frames, post
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "tiny-emulated"
 StartEmulator = Callable[..., Awaitable[TestServer]]
-
-
-def _sse(text: str) -> list[Any]:
-    """Frames of an SSE body; asserts vLLM's framing (``data: ...`` + blank line, [DONE] last)."""
-    assert text.endswith("data: [DONE]\n\n")
-    frames = text.split("\n\n")[:-1]
-    assert all(f.startswith("data: ") for f in frames)
-    return [json.loads(f[6:]) for f in frames[:-1]]
-
-
-async def _post(
-    http: aiohttp.ClientSession, server: TestServer, path: str, body: Any
-) -> tuple[int, Any]:
-    async with http.post(server.make_url(path), json=body) as resp:
-        text = await resp.text()
-        if resp.content_type == "text/event-stream":
-            return resp.status, _sse(text)
-        return resp.status, json.loads(text) if text else None
 
 
 def _keys(obj: Any) -> Any:
@@ -51,7 +35,7 @@ async def test_chat_non_streaming(
 ) -> None:
     server = await start_emulator()
     messages = [{"role": "user", "content": "Say hello."}]
-    status, body = await _post(
+    status, body = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -79,7 +63,7 @@ async def test_chat_streaming_with_usage(
     start_emulator: StartEmulator, http: aiohttp.ClientSession
 ) -> None:
     server = await start_emulator()
-    status, chunks = await _post(
+    status, chunks = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -101,7 +85,7 @@ async def test_chat_streaming_with_usage(
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     real = FIXTURES / "vllm-0.32-chat-stream.txt"
     if real.exists():
-        ref = _sse(real.read_text())
+        ref = openai_frames(real.read_text())
         assert _keys(chunks[0]) == _keys(ref[0])
         assert _keys(chunks[1]) == _keys(ref[1])
         assert _keys(chunks[-2]) == _keys(ref[-2])
@@ -112,7 +96,7 @@ async def test_stream_without_usage_has_no_usage_chunk(
     start_emulator: StartEmulator, http: aiohttp.ClientSession
 ) -> None:
     server = await start_emulator()
-    _, chunks = await _post(
+    _, chunks = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -123,13 +107,13 @@ async def test_stream_without_usage_has_no_usage_chunk(
 
 async def test_completions(start_emulator: StartEmulator, http: aiohttp.ClientSession) -> None:
     server = await start_emulator()
-    status, body = await _post(
+    status, body = await post(
         http, server, "/v1/completions", {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4}
     )
     assert status == 200 and body["object"] == "text_completion"
     assert body["choices"][0]["text"] == filler_text(0, 4)
     assert body["usage"]["prompt_tokens"] == 3
-    status, chunks = await _post(
+    status, chunks = await post(
         http,
         server,
         "/v1/completions",
@@ -141,9 +125,9 @@ async def test_completions(start_emulator: StartEmulator, http: aiohttp.ClientSe
     assert chunks[-1]["usage"]["prompt_tokens"] == 2
     real = FIXTURES / "vllm-0.32-completions-stream.txt"
     if real.exists():
-        ref = _sse(real.read_text())
+        ref = openai_frames(real.read_text())
         assert _keys(chunks[0]) == _keys(ref[0]) and _keys(chunks[-2]) == _keys(ref[-2])
-    status, err = await _post(http, server, "/v1/completions", {"prompt": ["a", "b"]})
+    status, err = await post(http, server, "/v1/completions", {"prompt": ["a", "b"]})
     assert status == 400 and err["error"]["code"] == 400
 
 
@@ -155,7 +139,7 @@ async def test_second_turn_reports_cached_tokens(
         {"role": "system", "content": "You are a coding agent. " * 20},
         {"role": "user", "content": "Fix the failing test."},
     ]
-    _, first = await _post(
+    _, first = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -167,7 +151,7 @@ async def test_second_turn_reports_cached_tokens(
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "Tool output: 1 passed"},
     ]
-    _, second = await _post(
+    _, second = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -185,7 +169,7 @@ async def test_second_turn_reports_cached_tokens(
 
 async def test_errors(start_emulator: StartEmulator, http: aiohttp.ClientSession) -> None:
     server = await start_emulator()
-    status, body = await _post(
+    status, body = await post(
         http,
         server,
         "/v1/chat/completions",
@@ -202,14 +186,14 @@ async def test_errors(start_emulator: StartEmulator, http: aiohttp.ClientSession
             "param",
             "code",
         }
-    status, body = await _post(http, server, "/v1/chat/completions", {"messages": "hi"})
+    status, body = await post(http, server, "/v1/chat/completions", {"messages": "hi"})
     assert status == 400
-    status, body = await _post(
+    status, body = await post(
         http, server, "/v1/completions", {"prompt": list(range(9000)), "max_tokens": 1}
     )
     assert status == 400 and "maximum context length" in body["error"]["message"]
     # priority is accepted (and ignored) under fcfs, like vLLM
-    status, _ = await _post(
+    status, _ = await post(
         http, server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "priority": -3}
     )
     assert status == 200
@@ -229,12 +213,12 @@ async def test_side_routes(start_emulator: StartEmulator, http: aiohttp.ClientSe
         real = FIXTURES / "vllm-0.32-models.json"
         if real.exists():
             assert _keys(models) == _keys(json.loads(real.read_text()))
-    status, tok = await _post(
+    status, tok = await post(
         http, server, "/tokenize", {"model": "my-model", "prompt": "abcdefghi"}
     )
     assert status == 200 and tok["count"] == 3 and len(tok["tokens"]) == 3
     msgs = [{"role": "user", "content": "hello"}]
-    status, tok = await _post(http, server, "/tokenize", {"messages": msgs})
+    status, tok = await post(http, server, "/tokenize", {"messages": msgs})
     assert tok["tokens"] == encode_chat(msgs)
 
 
@@ -244,11 +228,11 @@ async def test_max_model_len_as_vllms_flag(
     server = await start_emulator(max_model_len=2048)
     async with http.get(server.make_url("/v1/models")) as resp:
         assert (await resp.json())["data"][0]["max_model_len"] == 2048
-    status, body = await _post(
+    status, body = await post(
         http, server, "/v1/completions", {"prompt": list(range(2049)), "max_tokens": 1}
     )
     assert status == 400 and "maximum context length is 2048" in body["error"]["message"]
-    status, body = await _post(
+    status, body = await post(
         http, server, "/v1/completions", {"prompt": list(range(2000)), "max_tokens": 1}
     )
     assert status == 200 and body["usage"]["prompt_tokens"] == 2000
@@ -290,7 +274,7 @@ async def test_non_streaming_disconnect_aborts_request(
     server = await start_emulator(time_scale=5.0)
     engine = server.app[RUNNER_KEY].engine
     task = asyncio.create_task(
-        _post(
+        post(
             http,
             server,
             "/v1/completions",
@@ -312,7 +296,7 @@ async def test_priority_policy_over_http(
 
     async def call(name: str, priority: int, max_tokens: int) -> None:
         body = {"prompt": name, "max_tokens": max_tokens, "ignore_eos": True, "priority": priority}
-        status, _ = await _post(http, server, "/v1/completions", body)
+        status, _ = await post(http, server, "/v1/completions", body)
         assert status == 200
         order.append(name)
 
