@@ -41,8 +41,13 @@ def unique_workers(workers: Sequence[Any]) -> Sequence[Any]:
     return workers
 
 
-def redis_stream_url(v: str) -> str:
-    """``telemetry.redis_stream.url``: empty (off) or a Redis URL, as ``store.redis_url``."""
-    if v and urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"must be empty or start with redis://, rediss:// or unix:// ({v!r})")
+def redis_url(v: str) -> str:
+    """A Redis URL: ``redis://``, ``rediss://`` (TLS) or ``unix://``."""
+    if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"a Redis URL must start with redis://, rediss:// or unix:// ({v!r})")
     return v
+
+
+def redis_stream_url(v: str) -> str:
+    """``telemetry.redis_stream.url``: empty (off) or a Redis URL."""
+    return v and redis_url(v)

@@ -109,8 +109,7 @@ class ControlPlane:
         return len(self._pending)
 
     def rank_keys(self, counters: Mapping[str, float]) -> dict[str, RankKey]:
-        """Each pending session's place in the store's global queue (``policy/rank.py``);
-        ``counters``: the tenants' virtual token counters as the replicas share them."""
+        """Pending sessions' places in the store's queue; ``counters``: the tenants' (rank.py)."""
         return rank_keys(self.pending(), counters, self.cfg.admission.classes.rank,
                          self.admission.queue.shares.cost)
 
@@ -178,13 +177,14 @@ class ControlPlane:
             self._confirm(now, key, p.worker)
         return p
 
-    def withdraw(self, now: float, key: str, *, others: bool = False) -> Outcome:
+    def withdraw(self, now: float, key: str) -> Outcome:
         """A session not served yet goes: its waiting client left, or the store is
-        unreachable and admits nothing new (``on_store_failure: closed``). ``others``: other
-        requests of it still wait: only the one whose client left stops counting."""
-        if others:
-            self.admission.sessions.remove_waiter(key)
-        return Outcome() if others else self._ending(now, key, EndReason.ABANDONED)
+        unreachable and admits nothing new (``on_store_failure: closed``)."""
+        return self._ending(now, key, EndReason.ABANDONED)
+
+    def waiter_left(self, key: str) -> None:
+        """One of several waiting requests of ``key`` went (its client left); the rest wait."""
+        self.admission.sessions.remove_waiter(key)
 
     def lost(self, now: float, key: str, worker: str) -> Outcome:
         """The store no longer has ``key``'s lease on ``worker``: another replica took the

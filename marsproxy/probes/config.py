@@ -96,13 +96,14 @@ class KVEventsSourceConfig(_Section):
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
     def _zmq_address(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("tcp://", "ipc://", "inproc://")):
+        if v is None or v.startswith(("ipc://", "inproc://")):
+            return v
+        if not v.startswith("tcp://"):
             raise ValueError(f"a ZMQ endpoint starts with tcp://, ipc:// or inproc://, got {v!r}")
-        if v is not None and v.startswith("tcp://") and "*" in v:
+        if "*" in v:
             raise ValueError(f"{v!r}: name the worker's host (tcp://HOST:PORT), not *")
-        host, _, port = (v or "")[len("tcp://"):].rpartition(":")
-        if v is not None and v.startswith("tcp://") and not (
-                host and port.isdigit() and 0 < int(port) < 65536):
+        host, _, port = v[len("tcp://"):].rpartition(":")
+        if not (host and port.isdigit() and 0 < int(port) < 65536):
             raise ValueError(f"{v!r}: a TCP endpoint is tcp://HOST:PORT")
         return v
 

@@ -248,16 +248,20 @@ class VllmScraper:
     async def _read_model_len(self, state: _WorkerState) -> None:
         """``max_model_len`` from ``/v1/models``; an error is tried again after the next
         scrape, a server without the route or the field leaves it unknown."""
+        problem, doc = None, None
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._http.get(state.models_url) as resp:
                     if resp.status >= 500:
-                        raise _ScrapeError(f"HTTP {resp.status}")
-                    doc = await resp.json(content_type=None) if resp.status == 200 else None
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, _ScrapeError) as exc:
+                        problem = f"HTTP {resp.status}"
+                    elif resp.status == 200:
+                        doc = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            problem = repr(exc)
+        if problem is not None:
             # Debug only: a worker whose route keeps failing would log at every scrape.
-            log.debug("%s of %s not read (tried again after the next scrape): %r",
-                      state.models_url, state.name, exc)
+            log.debug("%s of %s not read (tried again after the next scrape): %s",
+                      state.models_url, state.name, problem)
             return
         state.model_len_read = True
         state.max_model_len = longest_context(doc)

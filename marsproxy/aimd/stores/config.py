@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, field_serializer, field_validator, model_validator
 
 from marsproxy.config_section import Section as _Section
+from marsproxy.config_section import redis_url
 
 StoreBackend = Literal["memory", "redis"]
 FailureMode = Literal["local", "closed", "open"]
@@ -132,9 +133,7 @@ class StoreConfig(_Section):
     @field_validator("redis_url")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
-        if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// ({v!r})")
-        return v
+        return redis_url(v)
 
     @field_validator("sentinels")
     @classmethod

@@ -34,7 +34,7 @@ from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
 from marsproxy.gateway.http.reply_kind import offers_tools
-from marsproxy.gateway.http.sse import body_usage_and_reply
+from marsproxy.gateway.http.sse import UNREADABLE, body_usage_and_reply
 from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
@@ -102,8 +102,7 @@ class Relay:
         try:
             out.usage, out.reply, out.reply_kind = body_usage_and_reply(
                 route, out.body, capture=out.turn_ref.capture_reply, kinds=out.offers_tools)
-        # The client has it as it is; RecursionError: nested deeper than the stack.
-        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        except UNREADABLE as exc:  # the client has it as it is
             log.warning("%s reply of session %s: no usage read from it: %r", route,
                         out.session, exc)
 

@@ -29,7 +29,7 @@ log = logging.getLogger("marsproxy.gateway.http.sse")
 # A finish reason that is set (a string), as compact or spaced JSON writes it.
 _FINISH, _FINISH_SPACED = b'"finish_reason":"', b'"finish_reason": "'
 _HOLD_FROM = 1 << 16  # an event in progress this long: later reads are held, not joined
-_UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)  # a worker's odd JSON
+UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)  # a worker's odd JSON
 
 
 class SSESplitter:
@@ -195,7 +195,7 @@ class StreamTap:
                 self._responses(event)
             else:
                 self._messages(event)
-        except _UNREADABLE as exc:  # nested too deep, or of the wrong shape: sent as it came
+        except UNREADABLE as exc:  # nested too deep, or of the wrong shape: sent as it came
             log.warning("%s stream: an event forwarded unread: %r", self.route, exc)
         return True
 

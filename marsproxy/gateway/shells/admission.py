@@ -255,7 +255,7 @@ class AdmissionShell(StoreConfirmations):
             self.served_nothing(key)
             return
         if self.held.others(key, fut):  # the session waits on for them; this one goes
-            self.plane.withdraw(self.now(), key, others=True)
+            self.plane.waiter_left(key)
             return
         if self.plane.held(key) is not None:
             if fut is None:  # it was counted in flight and will not be served: uncount it

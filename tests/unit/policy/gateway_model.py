@@ -225,7 +225,7 @@ class GatewayModel:
         r.state = "left"
         p = self.plane
         if self._of(r.key, "held"):  # others wait for the same session: this one goes
-            p.withdraw(self.now, r.key, others=True)
+            p.waiter_left(r.key)
         elif p.held(r.key) is not None:
             pass  # it holds its slot already (the shell's race with a grant)
         elif p.admission.sessions.get(r.key) is not None:

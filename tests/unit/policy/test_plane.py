@@ -150,7 +150,7 @@ def test_a_waiting_request_whose_client_left_stops_counting_while_another_waits(
     plane, _ = _plane()  # nothing observed yet: every request waits
     for _ in range(2):
         assert plane.request(0.1, "s", "t", chars=400).kind is DecisionKind.WAIT
-    assert not plane.withdraw(0.2, "s", others=True)  # one client left, the other waits
+    plane.waiter_left("s")  # one client left, the other waits
     assert plane.phase("s") is Phase.WAITING
     out = plane.tick(0.3, {"a": FRESH, "b": FRESH}, at=0.3, cpu=None)
     assert out.proposed == ["s"] and plane.confirm(0.3, "s") is not None
