@@ -212,10 +212,10 @@ class AdmissionCore(WorkerFit):
                 best = (rank, v.name)
         if best is None:
             return None
-        self._move(session, best[1], rec.est_tokens)
+        self.move(session, best[1], rec.est_tokens)
         return best[1]
 
-    def _move(self, session: str, worker: str, est_tokens: int) -> None:
+    def move(self, session: str, worker: str, est_tokens: int) -> None:
         """An admitted session not served yet goes to ``worker`` (its promise with it)."""
         self.sessions.move(session, worker)
         self.peaks.move(session, worker)
@@ -353,7 +353,7 @@ class AdmissionCore(WorkerFit):
         target = self.prefixes.admitted(a.entry.session, self._views, a.worker, a.entry.est_tokens)
         if target is None:
             return a
-        self._move(a.entry.session, target, a.entry.est_tokens)
+        self.move(a.entry.session, target, a.entry.est_tokens)
         return replace(a, worker=target)
 
     def _admit_unconditionally(

@@ -61,8 +61,7 @@ class ControlPlane:
         self.passive = (s.priority_policy == "off" and s.retention_policy == "off"
                         and s.hint_encoder == "none")
         self.tracker, self.tool_signal = tools or tool_plane(cfg.tools, tool_cpus)
-        self.tool_cpus = tool_cpus
-        self.log = log
+        self.tool_cpus, self.log = tool_cpus, log
         self.observed = dict.fromkeys(self.workers, WorkerObservation())
         self.signals: dict[str, WorkerSignals] = {}  # what the admission core heard last tick
         self._arrival: dict[str, float] = {}  # waiting in the core since
@@ -82,10 +81,8 @@ class ControlPlane:
     # -- reading ------------------------------------------------------------------------------
     def phase(self, key: str) -> Phase:
         rec = self.admission.sessions.get(key)
-        if rec is None:
-            return Phase.ENDED
-        if rec.state is not SessionState.ADMITTED:
-            return Phase.WAITING
+        if rec is None or rec.state is not SessionState.ADMITTED:
+            return Phase.ENDED if rec is None else Phase.WAITING
         if key in self._pending:
             return Phase.PENDING
         return Phase.IN_CALL if rec.in_flight > 0 else Phase.DORMANT
@@ -170,9 +167,13 @@ class ControlPlane:
         self._note(now, "adopt", key, worker)
 
     # -- store answers --------------------------------------------------------------------------
-    def confirm(self, now: float, key: str) -> Pending | None:
-        """The store confirmed ``key``'s slot: what it waited as (``None``: not pending)."""
+    def confirm(self, now: float, key: str, worker: str | None = None) -> Pending | None:
+        """The store confirmed ``key``'s slot: what it waited as (``None``: not pending). On
+        ``worker``: another replica admitted the session there first; it goes there."""
         p = self._pending.pop(key, None)
+        if p is not None and worker is not None and worker != p.worker:
+            self.admission.move(key, worker, p.est_tokens)  # as admitted: its promise
+            p.worker = worker
         if p is not None:
             self._confirm(now, key, p.worker)
         return p
@@ -395,6 +396,5 @@ class ControlPlane:
             retry = self.admission.queue.retry_after(now)
             out.expired.append(Expiry(key, 503, retry, "queue_deadline"))
             self._note(now, "refuse", key, "queue_deadline")
-            self._absorb(now, self.admission.on_session_end(now, key, EndReason.QUEUE_DEADLINE),
-                         out)
+            out.extend(self._ending(now, key, EndReason.QUEUE_DEADLINE))
 

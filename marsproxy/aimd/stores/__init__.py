@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from marsproxy.aimd.stores.base import (
     ClockMs,
+    HeldElsewhere,
     StoreMode,
     WindowRecord,
     WindowStore,
@@ -30,6 +31,7 @@ def make_store(
 __all__ = [
     "ClockMs",
     "FailureMode",
+    "HeldElsewhere",
     "MemoryState",
     "MemoryStore",
     "RedisStore",

@@ -1,12 +1,16 @@
 -- KEYS: adm, own, queue (global waiting ZSET, lowest score first), tomb, asked (the
 --   session's mark: its replica asked for it lately; the prefix before the session names the
 --   marks of the others, in the pool's hash tag, so its slot)
+--   KEYS[6..]: the lease ZSETs of the pool's other workers (none: not checked)
 -- ARGV: session, free_slots, limit, now_ms, expiry_ms, replica, score ('' = do not enqueue)
 -- Admits a waiting session only while it is among the first free_slots of the global queue and
 -- the worker has room, and takes it out of the queue in the same step: order holds across
 -- replicas. With a score, a session not yet waiting joins the queue first, and one waiting
 -- takes the new score (the policy's order moves as tenants are served): one round trip for
--- both. Returns 1 admitted (or already admitted), 0 not yet.
+-- both. Returns 1 admitted (or already admitted), 0 not yet, or the lease key of another
+-- worker where the session holds a live lease: another replica admitted it first (its first
+-- requests reached two replicas at once). It takes no second lease and leaves the queue; its
+-- replica claims that lease instead.
 -- Every ask marks the session as asked for one lease TTL (its replica asks every control
 -- tick). An entry ahead without a mark belongs to a replica that died or stalled past a lease
 -- TTL: it leaves the queue (its replica, if alive, re-adds it with its score at its next
@@ -15,6 +19,15 @@ local adm, own, queue = KEYS[1], KEYS[2], KEYS[3]
 local session, free_slots, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local marks = string.sub(KEYS[5], 1, #KEYS[5] - #session)
 reap(adm, own, ARGV[4])
+if not redis.call('ZSCORE', adm, session) then
+  for i = 6, #KEYS do
+    local expiry = redis.call('ZSCORE', KEYS[i], session)
+    if expiry and tonumber(expiry) > tonumber(ARGV[4]) then
+      redis.call('ZREM', queue, session)
+      return KEYS[i]
+    end
+  end
+end
 local rank = redis.call('ZRANK', queue, session)
 if not rank then
   if redis.call('ZSCORE', adm, session) then

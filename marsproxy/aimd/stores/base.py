@@ -49,6 +49,18 @@ class WindowRecord:
                    None if idle is None else int(idle))
 
 
+@dataclass(frozen=True, slots=True)
+class HeldElsewhere:
+    """``admit_if_ranked``'s answer when the session holds a live lease on another worker:
+    another replica admitted it first (its first requests reached two replicas at once). No
+    second lease was taken; claim that one (``claim``). False, as "not admitted here"."""
+
+    worker: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
 @runtime_checkable
 class WindowStore(Protocol):
     """Admission leases, leader-written windows, the global queue, wake-ups, session records."""
@@ -134,14 +146,15 @@ class WindowStore(Protocol):
 
     async def admit_if_ranked(
         self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
-        score: float | None = None,
-    ) -> bool:
+        score: float | None = None, others: Sequence[str] = (),
+    ) -> bool | HeldElsewhere:
         """Admit a queued session iff its rank < ``free_slots`` and ``worker`` has room.
 
         The rank check, the admission and the removal from the queue are one atomic step, so
         the global order holds across replicas. An already admitted session gets True. With
         ``score``, a session neither waiting nor admitted joins the queue first (as
-        ``enqueue``), in the same step.
+        ``enqueue``), in the same step. ``others``: the pool's other workers; a session with a
+        live lease on one of them leaves the queue and gets :class:`HeldElsewhere`.
         """
 
     async def exchange_counters(self, charges: Mapping[str, float]) -> dict[str, float] | None:

@@ -20,7 +20,14 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marsproxy.aimd.stores.base import ClockMs, StoreMode, WakeupHub, WindowRecord, wall_clock_ms
+from marsproxy.aimd.stores.base import (
+    ClockMs,
+    HeldElsewhere,
+    StoreMode,
+    WakeupHub,
+    WindowRecord,
+    wall_clock_ms,
+)
 from marsproxy.aimd.stores.config import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -302,8 +309,13 @@ class MemoryStore:
 
     async def admit_if_ranked(
         self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
-        score: float | None = None,
-    ) -> bool:
+        score: float | None = None, others: Sequence[str] = (),
+    ) -> bool | HeldElsewhere:
+        if session not in self._reap(worker, now_ms):  # as admit_ranked.lua
+            for w in others:
+                if w != worker and session in self._reap(w, now_ms):
+                    self.dequeue_sync(session)
+                    return HeldElsewhere(w)
         return self.admit_ranked_sync(session, free_slots, worker, limit, now_ms, score)
 
     # -- wake-ups -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Cluster all keys a script touches live in one slot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -78,10 +79,14 @@ class Keys:
     def asked_prefix(self) -> str:
         return f"{self.base}asked:"
 
-    def ranked(self, worker: str, session: str) -> list[str]:
+    def worker_of(self, adm: str) -> str:
+        """The worker whose lease ZSET ``adm`` is."""
+        return adm.removeprefix(self.adm(""))
+
+    def ranked(self, worker: str, session: str, others: Sequence[str] = ()) -> list[str]:
         """The KEYS of ``admit_ranked.lua``."""
         return [self.adm(worker), self.own(worker), self.queue, self.tomb(session),
-                self.asked(session)]
+                self.asked(session), *(self.adm(w) for w in others if w != worker)]
 
     @property
     def channel(self) -> str:

@@ -11,9 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
-from marsproxy.aimd.stores.base import ClockMs, StoreMode, WindowRecord, wall_clock_ms
+from marsproxy.aimd.stores.base import (
+    ClockMs,
+    HeldElsewhere,
+    StoreMode,
+    WindowRecord,
+    wall_clock_ms,
+)
 from marsproxy.aimd.stores.config import StoreConfig
 from marsproxy.aimd.stores.memory import MemoryStore, new_replica_id
 from marsproxy.aimd.stores.redis_conn import StoreSetupError
@@ -21,6 +27,7 @@ from marsproxy.aimd.stores.redis_errors import StateLost
 from marsproxy.aimd.stores.redis_keys import Arg
 from marsproxy.aimd.stores.redis_link import FAILURES, RedisLink, raise_if_cancelled
 from marsproxy.aimd.stores.redis_records import RedisRecords
+from marsproxy.aimd.stores.redis_windows import RedisWindows
 from marsproxy.aimd.stores.resync import heartbeat, resync
 
 log = logging.getLogger(__name__)
@@ -29,7 +36,7 @@ log = logging.getLogger(__name__)
 _RENEW_CHUNK = 500
 
 
-class RedisStore(RedisRecords):
+class RedisStore(RedisRecords, RedisWindows):
     """``WindowStore`` over Redis, with the configured fallback while Redis is away."""
 
     def __init__(
@@ -299,72 +306,31 @@ class RedisStore(RedisRecords):
                 self.fail(exc)
         return sorted(self.local.own_leases().get(worker, []))
 
-    # -- leader and windows ---------------------------------------------------------------------
-    async def try_lead(self, now_ms: int) -> bool:
-        if self.link.up:
-            args: list[Arg] = [self._id, self._leader_ms]
-            try:
-                ok = bool(await self.io(self.scripts.lead(keys=[self.keys.leader], args=args)))
-            except FAILURES as exc:
-                self.fail(exc)
-            else:
-                # now_ms precedes the key's own start, so this belief ends before the key does.
-                self._lead_until = now_ms + self._leader_ms if ok else 0
-                return ok
-        self._lead_until = 0  # leadership cannot be proven: nobody adapts the windows
-        return False
-
-    async def publish_windows(self, windows: Mapping[str, WindowRecord]) -> bool:
-        if not self.link.up:
-            return False
-        args: list[Arg] = [self._id]
-        for worker, rec in windows.items():
-            args += [worker, rec.to_json()]
-        keys = [self.keys.leader, self.keys.windows]
-        try:
-            ok = bool(await self.io(self.scripts.publish_windows(keys=keys, args=args)))
-        except FAILURES as exc:
-            self.fail(exc)
-            return False
-        if ok:
-            self._windows = dict(windows)
-        return ok
-
-    async def read_windows(self) -> dict[str, WindowRecord]:
-        if self.link.up:
-            try:
-                raw = await self.io(self.redis.hgetall(self.keys.windows))
-            except FAILURES as exc:
-                self.fail(exc)
-            else:
-                # Empty after a Redis restart lost it: the last windows serve until the leader
-                # publishes again (a leader never publishes an empty set).
-                if raw:
-                    self._windows = {str(w): WindowRecord.from_json(v) for w, v in raw.items()}
-        return dict(self._windows)
-
     # -- global queue (enqueue, dequeue, rank, length: RedisRecords) ------------------------
     async def admit_if_ranked(
         self, session: str, free_slots: int, worker: str, limit: int, now_ms: int,
-        score: float | None = None,
-    ) -> bool:
+        score: float | None = None, others: Sequence[str] = (),
+    ) -> bool | HeldElsewhere:
         self.workers.add(worker)
         if score is not None:  # (re-)scored: the mirror, for resync and local mode
             self.local.enqueue_sync(session, score)
             self.q_gone.discard(session)
         if self.link.up:
-            keys = self.keys.ranked(worker, session)
+            keys = self.keys.ranked(worker, session, others)
             args: list[Arg] = [session, free_slots, self._open_limit(limit), now_ms,
                                now_ms + self.lease_ms, self._id, "" if score is None else score]
             try:
-                ok = bool(await self.link.batch.run(self.scripts.admit_ranked, keys, args))
+                got = await self.link.batch.run(self.scripts.admit_ranked, keys, args)
             except FAILURES as exc:
                 self.fail(exc)
             else:
-                if ok:
+                if isinstance(got, str):  # the lease key of the worker that holds it
+                    self.local.dequeue_sync(session)
+                    return HeldElsewhere(self.keys.worker_of(got))
+                if got:
                     self._granted(worker, session, now_ms)
                     self.local.dequeue_sync(session)
-                return ok
+                return bool(got)
         self.gen += 1
         mode = self.cfg.on_store_failure
         share = max(1, limit // max(1, self.replicas))

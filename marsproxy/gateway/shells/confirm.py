@@ -17,7 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore
-from marsproxy.aimd.stores import MemoryStore, WindowRecord, WindowStore, wall_clock_ms
+from marsproxy.aimd.stores import (
+    HeldElsewhere,
+    MemoryStore,
+    WindowRecord,
+    WindowStore,
+    wall_clock_ms,
+)
 from marsproxy.core.events import SessionAdmitted
 from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.shells.admission_types import Granted, Refused
@@ -146,13 +152,15 @@ class StoreConfirmations:
                 # ask, or after a Redis restart), in the same round trip.
                 ok = await store.admit_if_ranked(
                     skey, free + 1 if p.idle else free, p.worker, self.limit(p.worker, p.idle),
-                    now_ms, ranks[key].score(self._arrival_ms(p)))
+                    now_ms, ranks[key].score(self._arrival_ms(p)), others=list(self.urls))
                 if self.plane.pending_of(key) is not p:  # ended while we asked: undo
                     if ok:
                         await store.release(p.worker, skey)
                     await store.dequeue(skey)
                     continue
-                if ok:
+                if isinstance(ok, HeldElsewhere):
+                    await self._join(key, skey, ok.worker)
+                elif ok:
                     free -= 1
                     room[p.worker] -= 1
                     self._confirmed(key)
@@ -176,8 +184,17 @@ class StoreConfirmations:
             log.debug("pending session %s moves to %s", key, moved)
         return self.replicas.store_key(key)
 
-    def _confirmed(self, key: str) -> None:
-        p = self.plane.confirm(self.now(), key)
+    async def _join(self, key: str, skey: str, worker: str) -> None:
+        """Another replica admitted ``key`` on ``worker`` first (the session's first requests
+        reached both at once): claim that lease and serve it there, one lease in all. A claim
+        that fails (the lease ended meanwhile) leaves it pending for the next pass."""
+        if await self.store.claim(worker, skey, wall_clock_ms()):
+            log.debug("pending session %s joins its lease on %s", key, worker)
+            # (Ended while claiming: nothing confirmed; the lease, not renewed here, expires.)
+            self._confirmed(key, worker)
+
+    def _confirmed(self, key: str, worker: str | None = None) -> None:
+        p = self.plane.confirm(self.now(), key, worker)
         if p is None:
             return
         waited = max(0.0, self.now() - p.since)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 _Factory = Any
@@ -52,8 +51,6 @@ async def test_a_final_turn_on_the_replica_a_session_just_left_ends_it(
         await r.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason="known race, not fixed: the first requests of one new "
-                   "session on two replicas at once are admitted on both, one lease per worker")
 async def test_one_new_session_started_on_two_replicas_at_once_holds_one_lease(
     make_stack: _Factory, private_redis: Any
 ) -> None:

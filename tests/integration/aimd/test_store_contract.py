@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from marsproxy.aimd.stores import (
+    HeldElsewhere,
     MemoryState,
     MemoryStore,
     RedisStore,
@@ -301,3 +302,26 @@ async def test_ranked_admission_can_enqueue_in_the_same_step(replicas: Replicas)
     assert await b.admit_if_ranked("newer", 1, "w1", 10, now, score=2.0)
     assert await a.queue_len() == 0
     assert await a.admitted_counts(["w1", "w2"]) == {"w1": 2, "w2": 0}
+
+
+async def test_a_session_leased_on_another_worker_takes_no_second_lease(
+    replicas: Replicas,
+) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    now = replicas.clock()
+    assert await a.admit_if_ranked("t/id/x", 1, "w1", 10, now, score=1.0, others=["w0", "w1"])
+    # b asks for it on w0 with a free slot: it is held on w1 already, so b gets that worker
+    # and the session leaves the queue instead of taking a slot on w0.
+    got = await b.admit_if_ranked("t/id/x", 1, "w0", 10, now, score=2.0, others=["w0", "w1"])
+    assert got == HeldElsewhere("w1") and not got
+    assert await b.admitted_counts(["w0", "w1"]) == {"w0": 0, "w1": 1}
+    assert await b.queue_rank("t/id/x") is None
+    assert await b.claim("w1", "t/id/x", now)  # what the gateway does with the answer
+    # Without others, or once that lease expired, w0 admits it (nothing else knows of it).
+    assert await b.admit_if_ranked("t/id/x", 1, "w0", 10, now, score=2.0) is True
+    replicas.clock.advance(LEASE_MS + 1)
+    later = replicas.clock()
+    assert await a.admit_if_ranked("t/id/y", 1, "w1", 10, later, score=1.0, others=["w0"])
+    replicas.clock.advance(LEASE_MS + 1)
+    assert await b.admit_if_ranked("t/id/y", 1, "w0", 10, replicas.clock(), score=1.0,
+                                   others=["w0", "w1"]) is True

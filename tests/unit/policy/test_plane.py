@@ -67,6 +67,22 @@ def test_a_lost_lease_moves_the_session_out_without_a_release() -> None:
     assert [(e.reason, e.worker) for e in out.ended] == [(EndReason.MOVED, None)]
 
 
+def test_a_session_another_replica_admitted_first_is_confirmed_on_that_worker() -> None:
+    plane, log = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    ans = plane.request(0.1, "s", "t", chars=400)
+    other = "b" if ans.worker == "a" else "a"
+    p = plane.confirm(0.2, "s", other)  # the store: its lease is on the other worker
+    assert p is not None and p.worker == other and plane.held("s") == other
+    rec = plane.admission.sessions.get("s")
+    assert rec is not None and rec.worker == other
+    assert plane.admission.sessions.admitted_on(other) == 1
+    assert plane.admission.sessions.admitted_on(str(ans.worker)) == 0
+    out = plane.session_end(0.3, "s", EndReason.DELETED)
+    assert [e.worker for e in out.ended] == [other]
+    assert ("admit", "s", (other,)) in [(e.kind, e.session, e.detail) for e in log.entries]
+
+
 def test_admission_off_places_and_holds_at_once() -> None:
     plane, log = _plane(enabled=False)
     ans = plane.request(0.0, "s", "t", chars=400)
