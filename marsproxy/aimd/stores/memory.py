@@ -338,6 +338,9 @@ class MemoryStore:
         self._s.sessions[key] = (self._clock() + round(self._cfg.session_ttl_s * 1000), raw)
 
     async def save_session(self, key: str, record: Mapping[str, Any]) -> None:
+        lease = self._s.leases.get(str(record.get("worker")), {}).get(key)
+        if lease is not None and lease.owner != self._id:
+            return  # another replica holds it: its record stands (as save.lua)
         # Stored as JSON, like Redis does: the caller's dict can change without touching it.
         self.save_raw(key, json.dumps(record, separators=(",", ":")))
 

@@ -119,6 +119,7 @@ class Scripts:
         self.renew = lease_script("renew.lua")
         self.resync = lease_script("resync.lua")
         self.release = plain("release.lua")
+        self.save = plain("save.lua")
         self.heartbeat = plain("heartbeat.lua")
         self.lead = plain("lead.lua")
         self.publish_windows = plain("publish_windows.lua")

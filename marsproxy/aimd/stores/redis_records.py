@@ -12,7 +12,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from marsproxy.aimd.stores.memory import MemoryStore
-from marsproxy.aimd.stores.redis_keys import Keys
+from marsproxy.aimd.stores.redis_keys import Keys, Scripts
 from marsproxy.aimd.stores.redis_link import FAILURES, RedisLink
 
 
@@ -22,6 +22,8 @@ class RedisRecords:
     local: MemoryStore
     link: RedisLink
     keys: Keys
+    scripts: Scripts
+    _id: str
     redis: Redis
     gen: int
     q_gone: set[str]
@@ -92,8 +94,12 @@ class RedisRecords:
         self.local.save_raw(key, raw)  # the copy that serves this session while Redis is away
         self.deleted.discard(key)
         if self.link.up:
+            # Fenced: not over another replica's record of it, nor after its end (save.lua).
+            keys = [self.keys.session(key), self.keys.own(str(record.get("worker"))),
+                    self.keys.tomb(key)]
             try:
-                await self.link.io(self.redis.set(self.keys.session(key), raw, px=self.session_ms))
+                await self.link.io(self.scripts.save(keys=keys,
+                                                     args=[raw, self.session_ms, self._id, key]))
                 return
             except FAILURES as exc:
                 self.link.fail(exc)

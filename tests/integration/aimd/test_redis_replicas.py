@@ -150,6 +150,23 @@ async def test_a_session_record_and_its_lease_survive_the_replica_that_wrote_the
     assert await b.admitted_sessions("w1") == ["t:s"]
 
 
+async def test_a_record_written_after_its_session_ended_stays_deleted(
+    make_replica: MakeReplica,
+) -> None:
+    a, b = await make_replica(), await make_replica()
+    assert await a.try_admit("w1", "t:s", 4, wall_clock_ms())
+    await a.save_session("t:s", {"worker": "w1", "turns": 1})
+    assert await b.release("w1", "t:s", any_owner=True)  # DELETE on b
+    # a's write of its last response lands after the end: it must not bring the record back
+    # (another replica would read it and try to adopt an ended session).
+    await a.save_session("t:s", {"worker": "w1", "turns": 2})
+    assert await b.load_session("t:s") is None
+    # The same id as a new session (its admission clears the tombstone) is recorded again.
+    assert await b.try_admit("w1", "t:s", 4, wall_clock_ms())
+    await b.save_session("t:s", {"worker": "w1", "turns": 1})
+    assert await a.load_session("t:s") == {"worker": "w1", "turns": 1}
+
+
 async def test_a_burst_uses_at_most_max_connections(pool: str) -> None:
     """400 concurrent record loads and admissions share the bounded pool: Redis sees at most
     ``store.max_connections`` (+1 wake-up subscription) clients of this replica, all named, and

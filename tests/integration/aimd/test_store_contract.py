@@ -251,7 +251,10 @@ async def test_a_claimed_session_moves_and_its_old_replica_learns_once(
     # a's idle timeout must not end a session b serves now: fenced.
     assert await a.release("w1", "t/id/s") is False
     assert await b.admitted_sessions("w1") == ["t/id/s"]
-    assert await b.load_session("t/id/s") == {"worker": "w1", "turns": 3}
+    await b.save_session("t/id/s", {"worker": "w1", "turns": 4})
+    # Nor may a's older turns overwrite b's record before a's heartbeat: fenced too.
+    await a.save_session("t/id/s", {"worker": "w1", "turns": 3})
+    assert await b.load_session("t/id/s") == {"worker": "w1", "turns": 4}
     replicas.clock.advance(LEASE_MS - 1000)  # lease times follow the injected clock
     await b.renew(replicas.clock())  # b renews it now; a does not
     replicas.clock.advance(2000)
