@@ -29,7 +29,7 @@ from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.probes.cpu import CpuPressure, CpuProbe
 from marsproxy.probes.nvml import GpuPressure, NvmlProbe
-from marsproxy.probes.poller import Poller
+from marsproxy.probes.poller import Poller, daemon_call
 from marsproxy.probes.tool_signal import tool_plane
 from marsproxy.probes.vllm_scraper import VllmScraper, WorkerPressure
 from marsproxy.telemetry.bus import EventBus
@@ -119,7 +119,12 @@ class Telemetry:
             for name in self.worker_names
         ]
         await self.cpu.start()
-        if await asyncio.to_thread(self.nvml.start):
+        # NVML's start can block on a wedged driver as its reads can: nothing waits for it,
+        # the GPU readings begin when it returns.
+        self._tasks.append(asyncio.create_task(self._start_gpu(), name="nvml-start"))
+
+    async def _start_gpu(self) -> None:
+        if await daemon_call(self.nvml.start, "nvml-start")[1]:
             await self.gpu.start()
 
     async def stop(self) -> None:
@@ -129,7 +134,7 @@ class Telemetry:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.cpu.stop()
         await self.gpu.stop()
-        self.nvml.stop()
+        daemon_call(self.nvml.stop, "nvml-stop")  # not awaited: a wedged driver never returns
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -7,6 +7,7 @@ deadlines; no assertion is on wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -325,3 +326,47 @@ async def test_gpu_pressure_from_nvml_reaches_state_and_metrics(fake: Any) -> No
         assert 'marsproxy_worker_gpu_utilization_percent{worker="g0"} 50.0' in text
     finally:
         await proxy.stop()
+
+
+class _WedgingNvml(_FakeNvml):
+    """NVML whose calls block while ``ok`` is clear, as a hung driver's do."""
+
+    def __init__(self) -> None:
+        self.ok = threading.Event()
+
+    def nvmlInit(self) -> None:
+        self.ok.wait()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        self.ok.wait()
+        return super().nvmlDeviceGetMemoryInfo(handle)
+
+
+async def test_a_wedged_nvml_driver_stalls_neither_start_nor_requests_nor_stop(
+    fake: Any,
+) -> None:
+    cfg = load_config(None, environ={}, overrides={
+        "workers": [{"url": fake.url, "name": "g0"}],
+        "server": {"port": 0},
+        "probes": {"nvml": {"gpus_by_worker": {"g0": [0]}, "period_s": 0.05}},
+    })
+    app = create_gateway_app(cfg)
+    tel = app[GATEWAY_KEY].telemetry
+    nvml = _WedgingNvml()
+    tel.nvml = NvmlProbe.from_config(cfg.probes.nvml, nvml=nvml)
+    tel.gpu = Poller("nvml", tel.nvml.read_all, 0.05, in_thread=True)
+    proxy = await asyncio.wait_for(start(cfg, app), 10)  # NVML's init hangs meanwhile
+    try:
+        async with aiohttp.ClientSession() as http:
+            s = Stack(proxy, [], http)
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(s.url("/v1/chat/completions"), json=body) as r:
+                assert r.status == 200
+            assert not (await s.state())["workers"][0]["gpu"]["available"]
+            nvml.ok.set()  # the driver answers: readings begin
+            await _poll(s, lambda d: d["workers"][0]["gpu"]["available"])
+            nvml.ok.clear()  # and hangs again: the reading is not shown as current
+            await _poll(s, lambda d: not d["workers"][0]["gpu"]["available"])
+    finally:
+        await asyncio.wait_for(proxy.stop(), 10)
+        nvml.ok.set()

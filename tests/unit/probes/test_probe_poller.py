@@ -63,3 +63,29 @@ async def test_loop_polls_until_stopped() -> None:
     after = count
     await asyncio.sleep(0.05)
     assert count == after  # nothing runs after stop
+
+
+async def test_a_wedged_threaded_read_fails_at_its_period_and_blocks_no_exit() -> None:
+    """A read that does not return (a wedged GPU driver) is a failed read after one period:
+    the last reading is not current any more, no second read piles up behind it, and its
+    thread is a daemon (the interpreter's exit would join a pool thread for good)."""
+    release = threading.Event()
+    started: list[threading.Thread] = []
+
+    def read() -> int:
+        started.append(threading.current_thread())
+        if len(started) == 2:
+            release.wait()
+        return len(started)
+
+    p = Poller("wedge", read, 0.05, in_thread=True)
+    assert await p.poll_once() == 1 and p.latest == 1
+    assert await asyncio.wait_for(p.poll_once(), 5) is None  # the second read hangs
+    assert p.latest is None and p.errors == 1
+    assert await p.poll_once() is None  # still hanging: no new read started
+    assert len(started) == 2 and p.errors == 2
+    assert started[1].daemon and started[1].is_alive()
+    release.set()
+    started[1].join(5)
+    await asyncio.sleep(0.01)  # its answer reaches the loop
+    assert await p.poll_once() == 3 and p.latest == 3  # it came back: reads go on
