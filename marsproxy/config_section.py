@@ -1,4 +1,6 @@
-"""The base of every config section: strict (unknown keys are errors) and frozen.
+"""The base of every config section: strict (unknown keys are errors), frozen, numbers finite.
+
+YAML's ``.inf`` and ``.nan`` are errors: no key means "no limit" by an infinity.
 
 Also the checks of the root config's values that need more than a field's bounds."""
 
@@ -12,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def worker_url(v: str) -> str:

@@ -27,6 +27,7 @@ from marsproxy.core.canon import (
 Route = Literal["chat", "completions", "responses", "messages"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def _token_id(t: Any) -> bool:
@@ -193,8 +194,22 @@ def claude_code_session(metadata: Any) -> str | None:
     return tail if mark and tail else None
 
 
+class BadFinalFlag(ValueError):
+    """A final header holds no value we can read as true or false (→ 400 invalid_final_flag)."""
+
+
 def is_final(headers: Mapping[str, str], final_headers: Sequence[str]) -> bool:
-    return any((headers.get(h) or "").strip().lower() in _TRUE for h in final_headers)
+    """Whether a final header says true. Empty is absent; a value neither true nor false raises
+    :class:`BadFinalFlag` (guessing "not final" would hold the session's slot to its timeout)."""
+    final = False
+    for name in final_headers:
+        value = (headers.get(name) or "").strip()
+        if value.lower() in _TRUE:
+            final = True
+        elif value and value.lower() not in _FALSE:
+            raise BadFinalFlag(f"{name}: {value[:64]!r} is not a boolean; send true/false, 1/0,"
+                               " yes/no, on/off (any case)")
+    return final
 
 
 def history_of(route: Route, body: Mapping[str, Any]) -> History | None:

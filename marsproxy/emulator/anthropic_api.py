@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marsproxy.emulator.openai_api import ApiError, ParsedRequest
+from pydantic import ValidationError
+
+from marsproxy.emulator.openai_api import LAX_BOOL, ApiError, ParsedRequest
 from marsproxy.emulator.tokenizer import PromptError, encode_chat
 from marsproxy.emulator.tool_calls import ForcedTool, first_param
 
@@ -93,9 +95,11 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
             raise invalid("max_tokens", "Value error, max_tokens must be positive",
                           "value_error", raw_max)
         max_tokens = raw_max
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise invalid("stream", "Input should be a valid boolean", "bool_type", stream)
+    try:  # vLLM's model reads it in pydantic's lax mode: "true", 1 ... stream
+        stream = body.get("stream") is not None and LAX_BOOL.validate_python(body["stream"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise invalid("stream", err["msg"], err["type"], body["stream"]) from None
     tool = _forced_tool(body)
     chat = to_chat_messages(body.get("system"), messages)
     if model != served_model:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 from marsproxy.emulator.tokenizer import (
     PromptError,
     encode_chat,
@@ -83,13 +85,18 @@ def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
     return val
 
 
+LAX_BOOL = TypeAdapter(bool)
+"""A bool as vLLM's request models (pydantic, lax mode) read it: "true", "yes", 1, 1.0 too."""
+
+
 def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     val = body.get(key, default)
     if val is None:
         return default
-    if not isinstance(val, bool):
-        raise bad_request(f"'{key}' must be a boolean", key)
-    return val
+    try:
+        return LAX_BOOL.validate_python(val)
+    except ValidationError:
+        raise bad_request(f"'{key}' must be a boolean", key) from None
 
 
 def validation_error(message: str, parameter: str, value: Any = None) -> ApiError:
@@ -176,8 +183,8 @@ def parse_request(
     n = body.get("n", 1)
     if n not in (None, 1):
         raise bad_request("the emulator supports only n=1", "n")
-    include_usage = bool(opts and opts.get("include_usage"))
-    continuous = include_usage and bool(opts and opts.get("continuous_usage_stats"))
+    include_usage = _bool(opts or {}, "include_usage")
+    continuous = include_usage and _bool(opts or {}, "continuous_usage_stats")
     echo = kind == "completion" and _bool(body, "echo")
     echo_text = None  # a token-id prompt cannot be detokenized here: it echoes no text
     if echo and text:

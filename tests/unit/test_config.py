@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from marsproxy.config import ConfigError, MarsConfig, env_overrides, load_config
 
@@ -271,3 +276,40 @@ def test_the_docs_state_the_operator_and_tuning_key_counts() -> None:
         "probes.tuning", "tools.tuning", "admission.tuning", "scheduler.tuning"]
     for section, _ in tuning_sections():
         assert f"`{section}.*`" in doc
+
+
+def _float_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every key whose value is or holds a float, with an infinity in the value's shape."""
+    keys: list[tuple[str, Any]] = []
+    for name, f in model.model_fields.items():
+        kinds = [f.annotation, *typing.get_args(f.annotation)]
+        sub = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if sub:
+            keys += _float_keys(sub[0], f"{prefix}{name}.")
+        elif float not in kinds:
+            continue
+        elif typing.get_origin(f.annotation) is dict:
+            keys.append((prefix + name, {"k": math.inf}))
+        elif typing.get_origin(f.annotation) is tuple:
+            keys.append((prefix + name, (math.inf,) * (len(kinds) - 1)))
+        else:
+            keys.append((prefix + name, math.inf))
+    return keys
+
+
+def test_every_float_key_refuses_infinity_and_nan() -> None:
+    keys = _float_keys(MarsConfig)
+    assert len(keys) > 50  # the walk found the sections' keys
+    for key, inf in keys:
+        for bad in (inf, json.loads(json.dumps(inf).replace("Infinity", "NaN"))):
+            over: dict[str, Any] = {"workers": ["http://w:1"]}
+            *parents, leaf = key.split(".")
+            node = over
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = bad
+            with pytest.raises(ConfigError, match="finite number") as exc:
+                load_config(None, environ={}, overrides=over)
+            assert key in str(exc.value), (key, str(exc.value))
+    with pytest.raises(ConfigError, match="finite number"):  # from the environment too
+        load_config(None, environ={"MARSPROXY_SESSIONS__IDLE_TTL_S": "inf"})

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import TypeAdapter, ValidationError
 
 from marsproxy.core.identity import Route
 
@@ -17,6 +18,21 @@ SCHEDULED_ROUTES: dict[str, Route] = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
 }
+
+
+_LAX_BOOL = TypeAdapter(bool)
+
+
+def vllm_true(value: Any) -> bool:
+    """Whether vLLM reads ``value`` as true: its request models are pydantic models in lax
+    mode ("true", "yes", 1, 1.0, ...). What it cannot read as a bool is false here: the
+    worker answers it 400."""
+    if value is True or value is False or value is None:  # the common case: not validated
+        return value is True
+    try:
+        return _LAX_BOOL.validate_python(value)
+    except ValidationError:
+        return False
 
 
 class BodyError(Exception):
@@ -74,11 +90,11 @@ def parse_body(route: Route, raw: bytes) -> ParsedBody:
         raise BodyError(400, "invalid_json", "request body is nested too deeply") from exc
     if not isinstance(obj, dict):
         raise BodyError(400, "invalid_body", "request body must be a JSON object")
-    stream = obj.get("stream") is True
+    stream = vllm_true(obj.get("stream"))
     strip = False
     if stream and route in ("chat", "completions"):
         opts = obj.get("stream_options")
-        if not (isinstance(opts, dict) and opts.get("include_usage") is True):
+        if not (isinstance(opts, dict) and vllm_true(opts.get("include_usage"))):
             # Ask for usage on the client's behalf; the relay drops the extra chunk again.
             raw = _with_include_usage(raw, obj)
             strip = True

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 
 from marsproxy.config import WorkerConfig
 from marsproxy.core.identity import (
+    BadFinalFlag,
     Route,
     UnknownClass,
     explicit_session_id,
@@ -135,8 +136,11 @@ class Relay:
         try:
             cls = session_class(request.headers, order=classes.order, default=classes.default,
                                 tenant_class=classes.by_tenant.get(tenant))
+            final = is_final(request.headers, cfg.sessions.final_headers)
         except UnknownClass as exc:
             return error(clock, out, 400, "unknown_session_class", str(exc))
+        except BadFinalFlag as exc:  # before any session state or slot is taken
+            return error(clock, out, 400, "invalid_final_flag", str(exc))
         explicit = explicit_session_id(
             request.headers,
             body.obj,
@@ -147,7 +151,6 @@ class Relay:
             request.headers, explicit, subagent_headers=cfg.sessions.subagent_headers,
             parent_headers=cfg.sessions.parent_headers,
             live=lambda sid: gw.sessions.get(f"{tenant}/id/{sid}") is not None)
-        final = is_final(request.headers, cfg.sessions.final_headers)
         history = None
         if explicit is None and cfg.sessions.chain_matching:
             history = history_of(route, body.obj)

@@ -69,8 +69,7 @@ async def buffered(
         log.info("worker %s answered %d on %s", opened.worker.label, upstream.status, route)
         if upstream.status >= 500:  # e.g. vLLM's 503 "engine busy": overload, worth a graph
             gw.metrics.upstream_errors.labels(opened.worker.label, "http_5xx").inc()
-    headers = response_headers(upstream.headers)
-    headers.update(clock.header())
+    headers = response_headers(upstream.headers)  # the overhead header: as it leaves (relay.py)
     return web.Response(status=upstream.status, body=body, headers=headers)
 
 async def stream(

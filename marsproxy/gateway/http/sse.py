@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ log = logging.getLogger("marsproxy.gateway.http.sse")
 # A finish reason that is set (a string), as compact or spaced JSON writes it.
 _FINISH, _FINISH_SPACED = b'"finish_reason":"', b'"finish_reason": "'
 _HOLD_FROM = 1 << 16  # an event in progress this long: later reads are held, not joined
+_BLANK = re.compile(rb"\r\n\r\n|\n\n|[\r\n]\r\n?")  # two line ends: CR LF, LF or CR (SSE)
 UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)  # a worker's odd JSON
 
 
@@ -49,8 +51,7 @@ class SSESplitter:
         elif self._held or len(self._buf) >= _HOLD_FROM:
             tail = self._tail if self._held else self._buf[-3:]
             seam = tail + data[:3]  # a boundary across the cut
-            if not (b"\n\n" in data or b"\r\n\r\n" in data or b"\n\n" in seam
-                    or b"\r\n\r\n" in seam):
+            if not (_blank(data) or _blank(seam)):
                 self._held.append(data)
                 self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
                 return []
@@ -60,18 +61,14 @@ class SSESplitter:
             buf = self._buf + data
         events: list[bytes] = []
         start = 0
-        # The next boundary of each kind at or after ``start``; each is searched again only
-        # once passed (searching both anew per event was quadratic in a many-event chunk).
-        nl = buf.find(b"\n\n")
-        crnl = buf.find(b"\r\n\r\n")
-        while nl >= 0 or crnl >= 0:
-            end = crnl + 4 if crnl >= 0 and (nl < 0 or crnl < nl) else nl + 2
-            events.append(buf[start:end])
-            start = end
-            if 0 <= nl < start:
-                nl = buf.find(b"\n\n", start)
-            if 0 <= crnl < start:
-                crnl = buf.find(b"\r\n\r\n", start)
+        if b"\r" in buf:  # CR LF or lone CR line ends; a CR last may yet start a CR LF
+            for m in _BLANK.finditer(buf, 0, len(buf) - buf.endswith(b"\r")):
+                events.append(buf[start:m.end()])
+                start = m.end()
+        else:  # vLLM's framing: LF only
+            while (end := buf.find(b"\n\n", start)) >= 0:
+                events.append(buf[start:end + 2])
+                start = end + 2
         self._buf = buf[start:]
         return events
 
@@ -84,6 +81,10 @@ class SSESplitter:
         rest = b"".join((self._buf, *self._held)) if self._held else self._buf
         self._buf, self._held = b"", []
         return rest
+
+
+def _blank(data: bytes) -> bool:  # holds a blank line (or a CR last: feed's cut looks again)
+    return b"\n\n" in data or (b"\r" in data and _BLANK.search(data) is not None)
 
 
 class SSEFilter:
@@ -141,9 +142,8 @@ class Usage:
         completion = obj.get("completion_tokens", obj.get("output_tokens"))
         details = obj.get("prompt_tokens_details") or obj.get("input_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if cached is None and (
-            "cache_read_input_tokens" in obj or "cache_creation_input_tokens" in obj
-        ):
+        if cached is None and ("cache_read_input_tokens" in obj
+                               or "cache_creation_input_tokens" in obj):
             cached = _int(obj.get("cache_read_input_tokens"))
             prompt += cached + _int(obj.get("cache_creation_input_tokens"))
         return Usage(prompt, _int(completion), _int(cached))

@@ -123,7 +123,7 @@ async def test_errors_in_both_of_vllms_shapes(
                         "body.messages.0.role"),
                        ({**BODY, "messages": [{"role": "user", "content": [{"type": "x"}]}]},
                         "body.messages.0.content.0.type"),
-                       ({**BODY, "stream": "yes"}, "body.stream")):
+                       ({**BODY, "stream": "maybe"}, "body.stream")):
         status, _, text = await _post(http, server, bad)
         assert (status, json.loads(text)["error"]["param"]) == (400, param)
     status, _, text = await _post(http, server, {**BODY, "model": "nope", "stream": True})

@@ -209,3 +209,29 @@ async def test_completions_echo(
                                                         filler_text(1, 1)]
     assert chunks[0]["choices"][0]["prompt_token_ids"] == encode_text("hi")
     assert chunks[1]["choices"][0]["prompt_token_ids"] is None
+
+
+async def test_booleans_are_read_as_pydantic_lax_mode_reads_them(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    # Not an observed answer: vLLM's request models are pydantic models in lax mode, so a
+    # bool field takes "true"/"yes"/"on"/"t"/"y"/"1" (any case), 1 and 1.0 (false alike); any
+    # other value is a 400 naming the field.
+    server = await start_emulator()
+    for flag in ("true", "YES", "on", "t", "y", "1", 1, 1.0):
+        status, chunks = await post(http, server, "/v1/chat/completions", {
+            "messages": MESSAGES, "max_tokens": 2, "stream": flag,
+            "stream_options": {"include_usage": flag}})
+        assert status == 200 and chunks[-1]["usage"]["completion_tokens"] == 2, flag
+    status, body = await post(http, server, "/v1/completions", {
+        "prompt": "hi", "max_tokens": 2, "stream": "off", "echo": "True", "ignore_eos": "1"})
+    assert status == 200 and body["choices"][0]["text"] == "hi" + filler_text(0, 2)
+    for flag in ("maybe", " true", "", 2, 0.5, [], {}):
+        status, err = await post(http, server, "/v1/chat/completions", {
+            "messages": MESSAGES, "max_tokens": 2, "stream": flag})
+        assert status == 400 and err["error"]["param"] == "stream", flag
+    async with http.post(server.make_url("/v1/messages"), json={
+            "model": "tiny-emulated", "max_tokens": 2, "messages": MESSAGES,
+            "stream": "true"}) as r:
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        assert "event: message_stop" in await r.text()

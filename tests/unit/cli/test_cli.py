@@ -50,6 +50,21 @@ def test_config_check_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "sessions.max_sesions" in err and "unknown key" in err
 
 
+@pytest.mark.parametrize(("yaml_text", "key"), [
+    ("sessions:\n  idle_ttl_s: .inf\n", "sessions.idle_ttl_s"),
+    ("upstream:\n  idle_timeout_s: .nan\n", "upstream.idle_timeout_s"),
+    ("admission:\n  tenant_weights: {t1: .inf}\n", "admission.tenant_weights.t1"),
+])
+def test_config_check_refuses_a_number_that_is_not_finite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, key: str
+) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("workers: [http://w:1]\n" + yaml_text)
+    assert main(["config", "check", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "finite number" in err
+
+
 def test_serve_without_workers_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve"]) == 2
     assert "no workers configured" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from multidict import CIMultiDict
 
 from marsproxy.config import DEFAULT_SESSION_HEADERS
 from marsproxy.core.identity import (
+    BadFinalFlag,
     ExplicitId,
     UnknownClass,
     explicit_session_id,
@@ -71,6 +72,20 @@ def test_final_flag() -> None:
     assert is_final(CIMultiDict({"x-dynamo-session-final": "1"}), names)
     assert not is_final(CIMultiDict({"x-session-final": "false"}), names)
     assert not is_final(CIMultiDict(), names)
+    for yes in ("TRUE", " yes ", "On", "1"):
+        assert is_final(CIMultiDict({"x-session-final": yes}), names)
+    for no in ("False", "0", "NO", "off", "", "  "):  # empty: as if absent
+        assert not is_final(CIMultiDict({"x-session-final": no}), names)
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "truee", "y"])
+def test_an_unrecognised_final_flag_is_an_error_naming_the_header(value: str) -> None:
+    names = ("x-session-final", "x-dynamo-session-final")
+    with pytest.raises(BadFinalFlag) as exc:
+        # Even beside a header that says true: a value we cannot read is never guessed.
+        is_final(CIMultiDict({"x-session-final": "true", "x-dynamo-session-final": value}), names)
+    assert "x-dynamo-session-final" in str(exc.value) and repr(value) in str(exc.value)
+    assert "true/false, 1/0, yes/no, on/off" in str(exc.value)
 
 
 def test_chat_history_ignores_what_clients_rewrite() -> None:

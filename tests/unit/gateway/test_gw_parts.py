@@ -56,6 +56,22 @@ def test_body_bytes_untouched_unless_usage_is_added() -> None:
     assert parse_body("messages", raw).raw is raw
 
 
+@pytest.mark.parametrize(("flag", "stream"), [
+    ("true", True), ("YES", True), ("On", True), ("t", True), ("Y", True), ("1", True),
+    (1, True), (1.0, True), (True, True),
+    ("false", False), ("off", False), ("0", False), ("n", False), (0, False), (0.0, False),
+    (None, False),
+    # Not a bool to vLLM (it answers 400): left alone, for the worker to refuse.
+    ("maybe", False), (" true", False), ("", False), (2, False), (0.5, False), ([], False),
+    ({}, False),
+])
+def test_stream_is_read_as_vllm_reads_it(flag: object, stream: bool) -> None:
+    raw = json.dumps({"stream": flag, "messages": []}).encode()
+    p = parse_body("chat", raw)
+    assert p.stream is stream and p.strip_usage_chunk is stream
+    assert (p.raw is raw) is not stream
+
+
 def test_health_counters_eject_and_readmit() -> None:
     h = WorkerHealth(["a", "b"], unhealthy_after=2, healthy_after=2)
     assert h.healthy() == ["a", "b"]

@@ -13,6 +13,7 @@ from marsproxy.gateway.http.sse import (
     SSEFilter,
     SSESplitter,
     StreamTap,
+    Usage,
     body_usage_and_reply,
     event_data,
 )
@@ -296,16 +297,38 @@ def test_non_streaming_body_usage_and_reply() -> None:
 
 
 def _reference_split(data: bytes) -> tuple[list[bytes], bytes]:
-    """The splitter's rule spelled out: the earliest blank line (LF LF or CR LF CR LF) ends
-    an event, searched from each event's start."""
-    events, start = [], 0
-    while True:
-        ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.find(sep, start)) >= 0]
-        if not ends:
-            return events, data[start:]
-        end = min(ends, key=lambda e: (e - (4 if data[e - 4:e] == b"\r\n\r\n" else 2), e))
-        events.append(data[start:end])
-        start = end
+    """The SSE spec's rule spelled out: lines end in CR LF, LF or CR; a line terminator right
+    after another one (a blank line) ends the event. A CR last in the data may be the start
+    of a CR LF: no boundary yet."""
+    events, start, line, i = [], 0, 0, 0
+    while i < len(data):
+        if data[i] not in b"\r\n":
+            i += 1
+            continue
+        if data[i:] == b"\r":
+            break
+        end = i + 2 if data[i:i + 2] == b"\r\n" else i + 1
+        if i == line and line != start:  # the event's first terminator ends a line, not it
+            events.append(data[start:end])
+            start = end
+        line = i = end
+    return events, data[start:]
+
+
+def test_bare_cr_line_ends_split_events() -> None:
+    """The SSE spec allows a lone CR as a line end: such a stream is cut into its events
+    (a CR last in a read waits for the next byte: it may start a CR LF)."""
+    s = SSESplitter()
+    assert s.feed(b"data: a\r\rdata: b\r\r") == [b"data: a\r\r"]
+    assert s.feed(b"data: c\n\r\n") == [b"data: b\r\r", b"data: c\n\r\n"]
+    assert s.feed(b"data: [DONE]\r\r") == []
+    assert s.flush() == b"data: [DONE]\r\r"
+    tap = StreamTap("chat", strip_usage_chunk=True, capture=False)
+    flt = SSEFilter(tap)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\r\r'
+    out = flt.feed(b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\r\r' + usage)
+    out += flt.feed(b"data: [DONE]\r\r") + flt.flush()
+    assert tap.usage == Usage(3, 2, 0) and b"usage" not in out and out.endswith(b"[DONE]\r\r")
 
 
 @settings(max_examples=300, deadline=None)
