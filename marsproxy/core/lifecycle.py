@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Iterator
 
 from marsproxy.core.returns import ReturnTally
@@ -50,6 +51,7 @@ class SessionLifecycle:
         # finds the timed-out ones without scanning every session.
         self._idle: list[tuple[float, str]] = []
         self._placed: dict[str, int] = {}  # worker → sessions placed there so far
+        self._incarnations = itertools.count(1)  # SessionRecord.incarnation
 
     # -- queries ----------------------------------------------------------------------------
     def get(self, key: str) -> SessionRecord | None:
@@ -122,7 +124,8 @@ class SessionLifecycle:
         if key in self._records:
             raise LifecycleError(f"session {key!r} already exists")
         rec = SessionRecord(key, tenant, SessionState.QUEUED, now, est_tokens, long,
-                            last_active=now, in_flight=1, final=final)
+                            last_active=now, in_flight=1, final=final,
+                            incarnation=next(self._incarnations))
         self._records[key] = rec
         return rec
 
@@ -160,7 +163,8 @@ class SessionLifecycle:
             raise LifecycleError(f"session {key!r} already exists")
         rec = SessionRecord(key, tenant, SessionState.ADMITTED, now, est_tokens, long,
                             worker=worker, admitted_at=now, last_active=now, in_flight=1,
-                            final=final, turns=turns + 1)
+                            final=final, turns=turns + 1,
+                            incarnation=next(self._incarnations))
         self._records[key] = rec
         self._count(rec, +1)
         self._place(worker)

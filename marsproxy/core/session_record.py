@@ -79,6 +79,9 @@ class SessionRecord:
     watched: bool = False
     """It holds a slot but no KV room: a first gap of a tenant whose sessions seldom come back,
     or a parent waiting on its children."""
+    incarnation: int = 0
+    """Which session of its key this is (a key names a new one after its session ended): a
+    call is charged to the incarnation it started in (``ControlPlane.call_end``)."""
 
     def idle_deadline(self) -> float | None:
         """When an idle session times out; ``None`` while a request is in flight."""

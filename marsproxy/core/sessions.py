@@ -40,6 +40,7 @@ class Session:
     last_seen: float
     in_flight: int = 0
     latest: int = 0  # sequence number of the session's newest request
+    first: int = 0  # of its first: an older request's session was forgotten (its key reused)
     index_key: _IndexKey | None = None
     index_mode: Literal["continue", "retry"] = "continue"
     ephemeral: bool = False  # no id and no history: nothing to remember after the request
@@ -92,6 +93,12 @@ class SessionTable:
     def get(self, key: str) -> Session | None:
         return self._sessions.get(key)
 
+    def of(self, turn: Turn) -> Session | None:
+        """The session ``turn`` belongs to; ``None`` once it was forgotten, even where a new
+        session took its key since (that one's count is not the turn's)."""
+        sess = self._sessions.get(turn.session)
+        return sess if sess is not None and sess.first <= turn.seq else None
+
     def keys(self) -> list[str]:
         return list(self._sessions)
 
@@ -134,13 +141,14 @@ class SessionTable:
         sess.in_flight += 1
         sess.turns += 1
         sess.latest = next(self._ids)
+        sess.first = sess.first or sess.latest
         sess.last_seen = now
         self._sessions.move_to_end(sess.key)
         return Turn(sess.key, source, hist, final, sess.latest)
 
     def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
         """A request ended; ``ok`` with its ``reply`` (chain sessions) or failed."""
-        sess = self._sessions.get(turn.session)
+        sess = self.of(turn)
         if sess is None:
             return
         sess.in_flight = max(0, sess.in_flight - 1)

@@ -86,6 +86,9 @@ class Answer:
     retry_after_s: int | None = None
     reason: str = ""
     outcome: Outcome = field(default_factory=Outcome)
+    incarnation: int | None = None
+    """The session the request joined (``SessionRecord.incarnation``), for the call's end
+    (``ControlPlane.call_end``); ``None``: refused."""
 
 
 @dataclass(frozen=True, slots=True)

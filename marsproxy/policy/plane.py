@@ -45,11 +45,9 @@ __all__ = ["Answer", "CallEnd", "ControlPlane", "Ended", "Outcome", "Pending", "
 
 
 class ControlPlane:
-    def __init__(
-        self, cfg: MarsConfig, workers: Sequence[str], *, tool_cpus: float,
-        tools: tuple[ToolPhaseTracker, ToolCpuSignal] | None = None,
-        log: DecisionLog | None = None,
-    ) -> None:
+    def __init__(self, cfg: MarsConfig, workers: Sequence[str], *, tool_cpus: float,
+                 tools: tuple[ToolPhaseTracker, ToolCpuSignal] | None = None,
+                 log: DecisionLog | None = None) -> None:
         self.cfg = cfg
         self.workers = tuple(workers)
         self.admission = AdmissionCore(cfg.admission, self.workers, cfg.placement)
@@ -86,6 +84,10 @@ class ControlPlane:
         if key in self._pending:
             return Phase.PENDING
         return Phase.IN_CALL if rec.in_flight > 0 else Phase.DORMANT
+
+    def incarnation(self, key: str) -> int | None:
+        """Which session of ``key`` lives now (``Answer.incarnation``); ``None``: none."""
+        return None if (rec := self.admission.sessions.get(key)) is None else rec.incarnation
 
     def held(self, key: str) -> str | None:
         """The worker whose confirmed slot ``key`` holds (``None``: none)."""
@@ -152,12 +154,11 @@ class ControlPlane:
         elif d.worker is not None and d.reason == "admitted":
             self._arrival.setdefault(key, now)
             self._propose(key, d.worker, d.idle, out, d.entry)
-        return Answer(d.kind, d.worker, d.status, d.retry_after_s, d.reason, out)
+        return Answer(d.kind, d.worker, d.status, d.retry_after_s, d.reason, out,
+                      None if d.kind is DecisionKind.REJECT else self.incarnation(key))
 
-    def adopt(
-        self, now: float, key: str, tenant: str, worker: str, *, chars: int, final: bool,
-        turns: int, correction: float | None,
-    ) -> None:
+    def adopt(self, now: float, key: str, tenant: str, worker: str, *, chars: int,
+              final: bool, turns: int, correction: float | None) -> None:
         """A session another replica admitted on ``worker``; its lease is ours now."""
         if correction is not None:
             self.estimator.restore(key, correction)
@@ -193,8 +194,7 @@ class ControlPlane:
         if self._held.get(key) != worker:
             return Outcome()
         del self._held[key]  # not ours to release any more
-        self.tracker.session_ended(key)  # its tool phases run elsewhere now
-        return self._ending(now, key, EndReason.MOVED)
+        return self.session_end(now, key, EndReason.MOVED)  # its tools, its KV: elsewhere now
 
     def relocate(self, now: float, key: str, room: Mapping[str, int]) -> str | None:
         """``key``'s worker is full across replicas: move it to a worker with room, if it
@@ -240,16 +240,19 @@ class ControlPlane:
         return self.scheduler.release(now, [ticket.worker])
 
     def call_end(
-        self, now: float, key: str, ticket: Ticket | None, *, ok: bool, admitted: bool,
-        prompt_tokens: int | None, completion_tokens: int = 0, cached_tokens: int = 0,
-        chars: int = 0, engine_s: float = 0.0, continues: bool = True,
+        self, now: float, key: str, ticket: Ticket | None, *, incarnation: int | None,
+        ok: bool, admitted: bool, prompt_tokens: int | None, completion_tokens: int = 0,
+        cached_tokens: int = 0, chars: int = 0, engine_s: float = 0.0, continues: bool = True,
         usual_tool_s: float | None = None, reply: ReplyKind | None = None,
     ) -> CallEnd:
         """A call ended (well or not). The scheduler hears it first (its retention decision),
-        then admission (whose end of a final call may end the session). ``usual_tool_s``:
-        the session's usual tool time when the tracker has none (carried from a replica);
-        ``reply``: its kind, where read (an answer may end the session: ``core/answers.py``)."""
+        then admission (whose end of a final call may end the session). ``incarnation``: its
+        request's session (``Answer.incarnation``); ``usual_tool_s``: the session's usual tool
+        time when the tracker has none (carried from a replica); ``reply``: its kind, where
+        read (an answer may end the session: ``core/answers.py``)."""
         rec = self.admission.sessions.get(key)
+        if orphan := (rec is not None and incarnation not in (None, rec.incarnation)):
+            rec, admitted, continues = None, False, False  # its session ended: not the new one's
         # Its answer, with no other call of it running: its task is done.
         answered = (rec is not None and self.answers.ends_task(rec.tenant, reply)
                     and continues and rec.in_flight == 1)
@@ -260,15 +263,14 @@ class ControlPlane:
         predicted = self.tracker.predicted_duration(key)  # once: both planes read it
         if ticket is not None:
             result = self.scheduler.end(
-                now, ticket.call, ok=ok, prompt_tokens=prompt_tokens or 0,
+                now, ticket.call, ok=ok, prompt_tokens=prompt_tokens or 0, engine_s=engine_s,
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                engine_s=engine_s, predicted_tool_s=predicted,
-                session_continues=continues)
+                predicted_tool_s=predicted, session_continues=continues, charged=not orphan)
             if result.retention is not None and self.cfg.scheduler.retention_policy != "off":
                 self._note(now, "retain", key, result.retention.retain, result.retention.blocks)
             released = self.scheduler.release(now, [ticket.worker])
         out = Outcome()
-        if ticket is not None and rec is None:  # its session ended first: forget it again
+        if ticket is not None and rec is None and not orphan:  # ended first: forget it again
             out.returned += filter(None, [self.scheduler.session_ended(key)])
         if admitted:
             self._absorb(now, self.admission.on_response_end(
@@ -277,7 +279,7 @@ class ControlPlane:
                 completion_tokens=completion_tokens, cached_tokens=cached_tokens), out)
         if answered:
             out.extend(self.session_end(now, key, EndReason.ANSWERED))
-        elif self.trees.has_children(key):
+        elif self.trees.has_children(key) and not orphan:
             self._parent_waits(now, key)
         return CallEnd(result, released, out, answered=answered)
 
@@ -290,10 +292,8 @@ class ControlPlane:
         return out
 
     # -- time -----------------------------------------------------------------------------------
-    def tick(
-        self, now: float, observed: Mapping[str, WorkerObservation], *, at: float,
-        cpu: CpuPressure | None, elsewhere: Mapping[str, int] | None = None,
-    ) -> Outcome:
+    def tick(self, now: float, observed: Mapping[str, WorkerObservation], *, at: float,
+             cpu: CpuPressure | None, elsewhere: Mapping[str, int] | None = None) -> Outcome:
         """The control step: the signals built from what was observed, the admission core's
         tick, then the pending sessions' deadlines. ``at``: the tool clock now; ``cpu``: the
         tools' host as last read; ``elsewhere``: sessions other replicas hold per worker."""

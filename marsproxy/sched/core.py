@@ -219,16 +219,19 @@ class SchedulerCore(DispatchGate):
         engine_s: float,
         predicted_tool_s: float | None,
         session_continues: bool,
+        charged: bool = True,
     ) -> EndResult:
-        """The call finished (``ok``: a full response with usage); decide retention."""
+        """The call finished (``ok``: a full response with usage); decide retention.
+        ``charged``: False when its session ended since (its key may name a new one): the
+        call leaves, nothing of it counts for the session of its key."""
         t = self.cancel(call)
         session = t.session if t is not None else None
         if t is None or session is None:
             return EndResult(None, None, 0, None, None)
-        if self.cfg.priority_policy == "las":  # attained service orders las alone
+        if self.cfg.priority_policy == "las" and charged:  # attained service orders las alone
             self.service.add(
                 session, service_of(self.cfg, prompt_tokens, completion_tokens, engine_s))
-        sess = self._sessions.get(session)
+        sess = self._sessions.get(session) if charged else None
         resume: Literal["warm", "cold"] | None = None
         if sess is not None and ok and prompt_tokens > 0:
             if sess.context_tokens > 0:

@@ -33,6 +33,7 @@ class Agent:
     worker: str | None = None
     context: int = 0  # tokens in KV after the previous call: its prompt and reply
     call: int | None = None  # the scheduler core's ticket of the call in the gate or running
+    incarnation: int | None = None  # its session as the plane's answer to its request named it
     tokens: list[int] = field(default_factory=list)
     prompted: int = -1  # the turn whose prompt ``tokens`` holds (-1: none yet)
     sent_s: float = 0.0

@@ -162,6 +162,7 @@ class Simulation:
         ans = self.proxy.request(now, sid, max(prompt, agent.context + 1), final,
                                  lambda: self.prompts.next(agent), agent.plan.parent,
                                  agent.plan.tenant or TENANT, agent.plan.cls)
+        agent.incarnation = ans.incarnation  # its call's end is charged to this session
         if ans.kind is DecisionKind.REJECT:
             self._carry(now, ans.outcome)
             self._fail(now, agent, ans.status or 429, ans.reason)
@@ -278,7 +279,7 @@ class Simulation:
                 now, sid, t, prompt_tokens=fin.prompt_tokens,
                 completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
                 engine_s=fin.e2e_latency * self.setup.time_scale, continues=not final,
-                last=last)
+                last=last, incarnation=agent.incarnation)
             answered = end.answered
             res = end.result
             if res is not None and res.retention is not None and not self.proxy.plane.passive \

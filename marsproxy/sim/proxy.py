@@ -96,20 +96,22 @@ class SimProxy:
 
     def call_end(self, now: float, key: str, ticket: Ticket | None, *, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, engine_s: float,
-                 continues: bool, last: bool = False) -> CallEnd:
+                 continues: bool, last: bool = False, incarnation: int | None) -> CallEnd:
         """``last``: the session's last call. Agents acting through tool calls
         (``SimSetup.tool_calls``) answer there and call a tool everywhere else, and the plane
         hears the reply's kind as the gateway reads it (``CallEnd.answered``: it ended the
-        session on the answer)."""
+        session on the answer). ``incarnation``: the session its request joined
+        (``Answer.incarnation``)."""
         reply = None if not self.setup.tool_calls else (
             ReplyKind.ANSWER if last else ReplyKind.TOOL_CALL)
         self._in("call_end", now, key=key, prompt_tokens=prompt_tokens,
                  completion_tokens=completion_tokens, cached_tokens=cached_tokens,
                  engine_s=engine_s, continues=continues, reply=reply)
         return self.plane.call_end(
-            now, key, ticket, ok=True, admitted=True, prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-            chars=4 * prompt_tokens, engine_s=engine_s, continues=continues, reply=reply)
+            now, key, ticket, incarnation=incarnation, ok=True, admitted=True,
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens, chars=4 * prompt_tokens, engine_s=engine_s,
+            continues=continues, reply=reply)
 
     def cancel(self, now: float, ticket: Ticket) -> list[Ticket]:
         return self.plane.cancel(now, ticket)

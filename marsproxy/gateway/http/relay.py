@@ -241,7 +241,7 @@ class Relay:
         if isinstance(verdict, Refused):
             return error(clock, out, verdict.status, verdict.code, verdict.message,
                          verdict.retry_after_s)
-        out.admitted, out.prompt_chars = True, chars
+        out.admitted, out.prompt_chars, out.incarnation = True, chars, verdict.incarnation
         gw.admitted_to(turn.session, verdict.worker)
         return None
 
@@ -254,7 +254,7 @@ class Relay:
         answered = False
         if out.prepared is not None or out.admitted:
             # A one-shot request (no session to come back) gets no retention decision.
-            sess = gw.sessions.get(turn.session)
+            sess = gw.sessions.of(turn)  # None: ended, its id maybe a new session's now
             goes_on = not turn.final and sess is not None and not sess.ephemeral
             engine_s = time.perf_counter() - clock.t0 - clock.held_s
             # Before the table may forget the session: the plane hears the end of the call
@@ -262,7 +262,7 @@ class Relay:
             answered = gw.call_ended(
                 turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
                 continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
-                reply=out.reply_kind)
+                incarnation=out.incarnation, reply=out.reply_kind)
         # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
         # it, so a client that goes on after the answer continues the same session.
         gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())

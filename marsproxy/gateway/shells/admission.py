@@ -199,7 +199,7 @@ class AdmissionShell(StoreConfirmations):
         if core.sessions.get(key) is None:
             adopted = await self.replicas.adopt(key, tenant, chars, final)
             if adopted is not None:
-                return Granted(adopted, 0.0)
+                return Granted(adopted, 0.0, self.plane.incarnation(key))
             if body is not None and self.acfg.tokenize:
                 http = None if self._http is None else self._http()
                 healthy = [u for u in self.urls.values() if self.health.is_healthy(u)]
@@ -220,55 +220,57 @@ class AdmissionShell(StoreConfirmations):
         try:
             await self._carry(ans.outcome)
         except asyncio.CancelledError:
-            self._abandon(key, None)  # the client left before its request could wait
+            self._abandon(key, None, ans.incarnation)  # it left before its request could wait
             raise
         finally:
             self.held.arrived(key)
         early = self.held.unclaimed(key)
         worker = self.plane.held(key)
         if worker is not None:  # confirmed, now or long ago (it may have waited a pass above)
-            return Granted(worker, 0.0)
+            return Granted(worker, 0.0, ans.incarnation)
         if early is None and core.sessions.get(key) is None:
             # Ended while this request was on its way (another request took the refusal).
             early = Refused(503, "session_ended", 1, "the session ended before it was admitted")
         if early is not None:
             self.metrics.rejections.labels(early.code).inc()
             return early
-        return await self._hold(key)
+        return await self._hold(key, ans.incarnation)
 
-    async def _hold(self, key: str) -> Verdict:
+    async def _hold(self, key: str, incarnation: int | None) -> Verdict:
         if self._closing:
             return Refused(503, "shutting_down", 1, "the proxy is shutting down")
         fut = self.held.future(key)
         try:
             return await fut
         except asyncio.CancelledError:
-            self._abandon(key, fut)
+            self._abandon(key, fut, incarnation)
             raise
 
-    def _abandon(self, key: str, fut: asyncio.Future[Verdict] | None) -> None:
-        """A held client went away; the session ends if nobody else waits for it."""
+    def _abandon(self, key: str, fut: asyncio.Future[Verdict] | None,
+                 incarnation: int | None) -> None:
+        """A held client went away; the session ends if nobody else waits for it.
+        ``incarnation``: the session its request joined."""
         if fut is not None and fut.done() and not fut.cancelled() and isinstance(
             fut.result(), Granted
         ):
             # Admitted just before the client left: the request counts as served.
-            self.served_nothing(key)
+            self.served_nothing(key, incarnation)
             return
         if self.held.others(key, fut):  # the session waits on for them; this one goes
             self.plane.waiter_left(key)
             return
         if self.plane.held(key) is not None:
             if fut is None:  # it was counted in flight and will not be served: uncount it
-                self.served_nothing(key)
+                self.served_nothing(key, incarnation)
             return
         if self.core.sessions.get(key) is None:
             return
         self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
 
-    def served_nothing(self, key: str) -> None:
+    def served_nothing(self, key: str, incarnation: int | None) -> None:
         """An admitted request that never went upstream: it ends as served, without usage."""
-        end = self.plane.call_end(self.now(), key, None, ok=False, admitted=True,
-                                  prompt_tokens=None)
+        end = self.plane.call_end(self.now(), key, None, incarnation=incarnation, ok=False,
+                                  admitted=True, prompt_tokens=None)
         self.call_ended(key, end.outcome, 0)
 
     def call_ended(self, key: str, out: Outcome, served_tokens: int) -> None:

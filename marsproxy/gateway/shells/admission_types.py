@@ -31,6 +31,8 @@ class Granted:
     worker: str
     """Worker label."""
     waited_s: float
+    incarnation: int | None
+    """The session the request joined (``Answer.incarnation``): its call's end goes there."""
 
 
 @dataclass(frozen=True, slots=True)

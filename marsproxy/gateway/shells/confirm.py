@@ -205,7 +205,7 @@ class StoreConfirmations:
                                                    worker=p.worker, wait_s=waited))
         else:
             bus.skip()  # nobody to read it: not built
-        self.held.grant(key, Granted(p.worker, waited))
+        self.held.grant(key, Granted(p.worker, waited, self.plane.incarnation(key)))
         self.replicas.save(key)
 
     def _store_closed(self, key: str) -> None:

@@ -102,6 +102,7 @@ class Outcome:
         self.ttft_s: float | None = None
         self.admitted = False  # admission let it through (its end is reported to the core)
         self.prompt_chars = 0
+        self.incarnation: int | None = None  # the plane's session it was admitted into
         self.prepared: Prepared | None = None  # how the scheduler sent it (level, hint)
         self.kv_prediction: Prediction | None = None  # its cached tokens as the index predicted
 

@@ -199,22 +199,23 @@ class Gateway:
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
                                  final=final, cls=cls, prefix=prefix, parent=parent)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
-            return Granted(ans.worker, 0.0)
+            return Granted(ans.worker, 0.0, ans.incarnation)
         return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")
 
     def call_ended(self, key: str, prepared: Prepared | None, *, ok: bool,
                    usage: Usage | None, engine_s: float, continues: bool, admitted: bool,
-                   chars: int, reply: ReplyKind | None = None) -> bool:
+                   chars: int, incarnation: int | None, reply: ReplyKind | None = None) -> bool:
         """A call is over (well or not): the plane decides retention, then (for an admitted
         request) what its end means for admission; the shells carry it out. True: its reply
-        answered and ended the session (``core/answers.py``)."""
+        answered and ended the session (``core/answers.py``). ``incarnation``: the session its
+        request was admitted into (``Granted.incarnation``; ``None``: not admitted)."""
         u = usage or Usage()
         ticket = None if prepared is None else prepared.ticket
         # The plane asks the tracker first; an adopted session's carried estimate is the fallback.
         usual = None if self.admission is None else self.admission.replicas.carried_tool_s(key)
         end = self.plane.call_end(
-            self.now(), key, ticket, ok=ok and usage is not None, admitted=admitted,
-            prompt_tokens=None if usage is None else u.prompt_tokens,
+            self.now(), key, ticket, incarnation=incarnation, ok=ok and usage is not None,
+            admitted=admitted, prompt_tokens=None if usage is None else u.prompt_tokens,
             completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens, chars=chars,
             engine_s=engine_s, continues=continues, usual_tool_s=usual, reply=reply)
         self.scheduler.finished(prepared, end, usage)
@@ -236,9 +237,9 @@ class Gateway:
 
     def response_ended(self, turn: Turn) -> None:
         """A response ended well and the session goes on: its tool phase begins (inferred)."""
-        sess = self.sessions.get(turn.session)
+        sess = self.sessions.of(turn)
         if sess is None or sess.ephemeral or sess.in_flight:
-            return  # ended (final turn), one-shot, or another request of it still runs
+            return  # ended (final turn, or a new one of its id), one-shot, or another runs
         tel = self.telemetry
         tel.publish_tools(tel.tracker.response_ended(turn.session, tel.wall()))
 

@@ -171,13 +171,13 @@ class ObservedSessions(SessionTable):
     def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
         # finish only forgets a session on its last turn (final flag, or a one-shot request).
         self._now, self._reason = now, "final"
-        if ok and turn.session in self._born:  # not one forgotten while this request ran
+        if ok and self.of(turn) is not None:  # not one forgotten while this request ran
             self._answered[turn.session] = now
         try:
             super().finish(turn, ok=ok, reply=reply, now=now)
         finally:
             self._reason = None
-        sess = self.get(turn.session)
+        sess = self.of(turn)
         if sess is not None:  # seen now: the last of its tenant's to evict
             self._recent[sess.tenant].move_to_end(turn.session)
 

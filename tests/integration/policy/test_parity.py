@@ -87,6 +87,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
     url = {w.label: w.url for w in cfg.workers}
     admits: dict[str, asyncio.Task[Any]] = {}
     prepared: dict[str, asyncio.Task[Prepared]] = {}
+    incarnations: dict[str, int | None] = {}  # each call's session, as the gateway granted it
     try:
         for inp in inputs:
             clock.t = inp.now
@@ -101,6 +102,7 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 assert verdict.done(), f"{a['key']} not admitted by the gateway at {inp.now}"
                 v = verdict.result()
                 assert isinstance(v, Granted) and v.worker == a["worker"], (inp, v)
+                incarnations[a["key"]] = v.incarnation
                 prepared[a["key"]] = asyncio.ensure_future(gw.scheduler.prepare(
                     a["key"], url[a["worker"]], {}, b"{}",
                     tokens=a["tokens"], resident_tokens=a["resident_tokens"]))  # gated: waits
@@ -110,7 +112,8 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 gw.call_ended(a["key"], call.result(), ok=True, usage=Usage(
                     a["prompt_tokens"], a["completion_tokens"], a["cached_tokens"]),
                     engine_s=a["engine_s"], continues=a["continues"], admitted=True,
-                    chars=4 * a["prompt_tokens"], reply=a["reply"])
+                    chars=4 * a["prompt_tokens"], reply=a["reply"],
+                    incarnation=incarnations.pop(a["key"]))
             elif inp.kind == "tool":
                 tracker = tel.tracker
                 if a["kind"] == "response_ended":

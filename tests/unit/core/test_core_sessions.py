@@ -214,3 +214,15 @@ def test_key_after_reply_equals_the_hash_of_the_echoed_history() -> None:
     assert (
         k.key_after(Reply(text="x")) == k.key() == (2, History.of_tokens([1, 2, 3]).prefix_hash(2))
     )
+
+
+def test_a_request_of_a_forgotten_session_ends_as_its_own_not_as_a_new_sessions_of_its_id(
+) -> None:
+    t = table()
+    old = start(t, None, sid="x", final=True)
+    t.forget("t/id/x")  # DELETE while its (final) request runs
+    new = start(t, None, 1.0, sid="x")  # the id reused at once
+    t.finish(old, ok=True, reply=None, now=2.0)  # the old request ends, well
+    sess = t.get("t/id/x")  # the new session neither ended by its flag nor out of its call
+    assert sess is not None and sess.in_flight == 1
+    assert t.of(new) is sess and t.of(old) is None

@@ -37,9 +37,11 @@ async def test_a_waiter_that_leaves_beside_another_stops_counting() -> None:
         seen["w0"] = WorkerObservation(healthy=True, stale=False, kv_usage=0.0,
                                        total_blocks=1000, block_size=16, sampled_at=0.0)
         await shell.tick()
-        assert isinstance(await asyncio.wait_for(stays, 1.0), Granted)
+        granted = await asyncio.wait_for(stays, 1.0)
+        assert isinstance(granted, Granted)
         gw.call_ended(key, None, ok=True, usage=Usage(100, 10, 0), engine_s=0.1,
-                      continues=True, admitted=True, chars=400, reply=ReplyKind.TOOL_CALL)
+                      continues=True, admitted=True, chars=400, reply=ReplyKind.TOOL_CALL,
+                      incarnation=granted.incarnation)
         assert gw.plane.phase(key) is Phase.DORMANT
     finally:
         await shell.store.close()

@@ -44,7 +44,7 @@ async def _run(ops: list[tuple[str, str]]) -> None:
         elif op == "wait":
             futures.append((key, h.future(key)))
         elif op == "grant":
-            h.grant(key, Granted("w0", 0.0))
+            h.grant(key, Granted("w0", 0.0, 1))
         elif op == "cancel":
             for k, f in futures:
                 if k == key and not f.done():

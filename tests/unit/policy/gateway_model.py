@@ -18,7 +18,9 @@ each request's path as ``gateway/http/relay.py`` walks it:
   dispatch gate (``plane.cancel``, then the call's end with no ticket);
 - ``tick``: time passes: the admission tick, the scheduler's tick, a held call's release timer,
   the table's idle expiry;
-- ``delete``: ``DELETE /mars/v1/sessions/{id}`` at any moment.
+- ``delete``: ``DELETE /mars/v1/sessions/{id}`` at any moment (its id may be reused at once,
+  while calls of the ended session still run: they end as that session's, not the new one's);
+- ``lost``: the store lost a session's lease (``AdmissionShell.tick``: another replica took it).
 
 Pure test code: it only calls the plane and the table, in virtual time.
 """
@@ -51,6 +53,7 @@ class Req:
     state: str = "held"  # held, granted, gated, running, done
     ticket: Ticket | None = None
     admitted: bool = False
+    incarnation: int | None = None  # the plane's (Answer.incarnation, as Granted carries it)
 
 
 @dataclass
@@ -120,7 +123,7 @@ class GatewayModel:
     def _done(self, r: Req, *, ok: bool, answered: bool = False) -> None:
         r.state = "done"
         self.table.finish(r.turn, ok=ok, reply=None, now=self.now)
-        sess = self.table.get(r.key)
+        sess = self.table.of(r.turn)
         if ok and not answered and sess is not None and not sess.in_flight:
             self.plane.tracker.response_ended(r.key, self.now)  # Gateway.response_ended
 
@@ -136,12 +139,6 @@ class GatewayModel:
                 r.state = "running"
 
     # -- a request arrives -------------------------------------------------------------------
-    def orphaned(self, key: str) -> bool:
-        """Calls of an ended session of ``key`` still run: a new session of the key now would
-        have them end as its own (the plane counts calls by key: a known limit, left out)."""
-        return self.plane.phase(key) is Phase.ENDED and any(
-            r.key == key and r.state in ("granted", "gated", "running") for r in self.reqs)
-
     def request(self, key: str, *, final: bool, chars: int, parent: str | None) -> Req:
         turn = self.table.start(tenant=TENANT, explicit_id=key.split("/id/")[1],
                                 history=None, final=final, now=self.now)
@@ -156,6 +153,7 @@ class GatewayModel:
         p = self.plane
         if not p.cfg.admission.enabled:
             ans = p.request(self.now, key, TENANT, chars=chars, final=final, parent=parent)
+            r.incarnation = ans.incarnation
             if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
                 self._granted(r, ans.worker)
             else:
@@ -164,6 +162,7 @@ class GatewayModel:
         if p.wants_tick(key):
             self.carry(p.tick(self.now, self.observed(), at=self.now, cpu=None))
         ans = p.request(self.now, key, TENANT, chars=chars, final=final, parent=parent)
+        r.incarnation = ans.incarnation
         if ans.kind is DecisionKind.REJECT:
             self.carry(ans.outcome)
             self._done(r, ok=False)
@@ -186,18 +185,19 @@ class GatewayModel:
             self.placed[r.key] = worker
 
     def _no_worker(self, r: Req) -> None:
-        self.plane.call_end(self.now, r.key, None, ok=False, admitted=r.admitted,
-                            prompt_tokens=None, continues=self._goes_on(r))
+        self.plane.call_end(self.now, r.key, None, incarnation=r.incarnation, ok=False,
+                            admitted=r.admitted, prompt_tokens=None, continues=self._goes_on(r))
         self._done(r, ok=False)
 
     def _goes_on(self, r: Req) -> bool:
-        return not r.final and self.table.get(r.key) is not None
+        return not r.final and self.table.of(r.turn) is not None
 
     # -- the admitted request goes (SchedulerShell.prepare) ----------------------------------
     def proceed(self, r: Req, *, leave: bool, chars: int, gate: bool) -> None:
         p = self.plane
         if leave:  # AdmissionShell._abandon: admitted as its client left, served nothing
-            end = p.call_end(self.now, r.key, None, ok=False, admitted=True, prompt_tokens=None)
+            end = p.call_end(self.now, r.key, None, incarnation=r.incarnation, ok=False,
+                             admitted=True, prompt_tokens=None)
             self.carry(end.outcome)
             self._done(r, ok=False)
             return
@@ -240,7 +240,7 @@ class GatewayModel:
 
     def _finish(self, r: Req, t: Ticket | None, *, ok: bool, reply: ReplyKind | None) -> None:
         end = self.plane.call_end(
-            self.now, r.key, t, ok=ok, admitted=r.admitted,
+            self.now, r.key, t, incarnation=r.incarnation, ok=ok, admitted=r.admitted,
             prompt_tokens=300 if ok else None, completion_tokens=40 if ok else 0,
             cached_tokens=100 if ok else 0, chars=1200, engine_s=0.5,
             continues=self._goes_on(r), reply=reply if ok else None)
@@ -262,6 +262,11 @@ class GatewayModel:
 
     def delete(self, key: str) -> None:
         self.table.end(key, self.now)
+
+    def lost(self, key: str) -> None:
+        worker = self.plane.held(key)
+        if worker is not None:
+            self.carry(self.plane.lost(self.now, key, worker))
 
     def live(self, state: str) -> list[Req]:
         return [r for r in self.reqs if r.state == state]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import load_config
 from marsproxy.core.session_record import EndReason
 from marsproxy.policy.log import DecisionLog
 from marsproxy.policy.observe import WorkerObservation
 from marsproxy.policy.plane import ControlPlane, Phase
+from marsproxy.sched.tickets import Ticket
 
 FRESH = WorkerObservation(healthy=True, stale=False, kv_usage=0.0, total_blocks=1000,
                           block_size=16, running=0, sampled_at=0.0)
@@ -33,8 +36,8 @@ def test_a_session_goes_through_its_phases() -> None:
     assert plane.phase("s") is Phase.IN_CALL
     t = plane.call_start(0.2, "s", p.worker, chars=400, max_new_tokens=10)
     assert t is not None  # the mars preset schedules every call
-    end = plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
-                         completion_tokens=10, chars=400, continues=True)
+    end = plane.call_end(0.5, "s", t, incarnation=ans.incarnation, ok=True, admitted=True,
+                         prompt_tokens=100, completion_tokens=10, chars=400, continues=True)
     assert end.result is not None and plane.phase("s") is Phase.DORMANT
     out = plane.session_end(0.6, "s", EndReason.DELETED)
     assert [e.worker for e in out.ended] == [p.worker]  # its slot to release
@@ -151,13 +154,13 @@ def test_a_call_that_starts_after_its_session_ended_leaves_nothing_in_the_schedu
     # before the other's task resumes and starts its call: the scheduler forgets it again.
     plane, _ = _plane()
     plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
-    plane.request(0.1, "s", "t", chars=400)
+    gen = plane.request(0.1, "s", "t", chars=400).incarnation
     p = plane.confirm(0.1, "s")
     assert p is not None
     plane.session_end(0.2, "s", EndReason.DELETED)
     t = plane.call_start(0.3, "s", p.worker, chars=400)
-    end = plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
-                         completion_tokens=10, continues=False)
+    end = plane.call_end(0.5, "s", t, incarnation=gen, ok=True, admitted=True,
+                         prompt_tokens=100, completion_tokens=10, continues=False)
     assert end.result is not None and end.result.ticket is t
     assert "s" not in plane.scheduler._sessions and plane.scheduler.in_flight(p.worker) == 0
 
@@ -165,12 +168,67 @@ def test_a_call_that_starts_after_its_session_ended_leaves_nothing_in_the_schedu
 def test_a_waiting_request_whose_client_left_stops_counting_while_another_waits() -> None:
     plane, _ = _plane()  # nothing observed yet: every request waits
     for _ in range(2):
-        assert plane.request(0.1, "s", "t", chars=400).kind is DecisionKind.WAIT
+        ans = plane.request(0.1, "s", "t", chars=400)
+        assert ans.kind is DecisionKind.WAIT
     plane.waiter_left("s")  # one client left, the other waits
     assert plane.phase("s") is Phase.WAITING
     out = plane.tick(0.3, {"a": FRESH, "b": FRESH}, at=0.3, cpu=None)
     assert out.proposed == ["s"] and plane.confirm(0.3, "s") is not None
     t = plane.call_start(0.3, "s", plane.held("s") or "", chars=400)
-    plane.call_end(0.5, "s", t, ok=True, admitted=True, prompt_tokens=100,
-                   completion_tokens=10, continues=True)
+    plane.call_end(0.5, "s", t, incarnation=ans.incarnation, ok=True, admitted=True,
+                   prompt_tokens=100, completion_tokens=10, continues=True)
     assert plane.phase("s") is Phase.DORMANT  # its one request is over: not in a call for ever
+
+
+def _in_call(plane: ControlPlane, now: float, key: str) -> tuple[int | None, Ticket]:
+    """A request of ``key`` admitted and confirmed, its call started: (its incarnation,
+    its ticket)."""
+    ans = plane.request(now, key, "t", chars=400)
+    plane.confirm(now, key)
+    assert ans.worker is not None
+    t = plane.call_start(now, key, ans.worker, chars=400)
+    assert t is not None
+    return ans.incarnation, t
+
+
+def test_a_call_that_outlives_its_session_ends_as_its_own_not_the_next_sessions_of_its_key(
+) -> None:
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    old, t_old = _in_call(plane, 0.1, "s")
+    plane.session_end(0.2, "s", EndReason.DELETED)  # DELETE while its call runs
+    new, t_new = _in_call(plane, 0.3, "s")  # the client reuses the id at once
+    assert new != old
+    # The old call ends (its driver may think the key's session goes on: it is a new one).
+    plane.call_end(0.4, "s", t_old, incarnation=old, ok=True, admitted=True,
+                   prompt_tokens=100, completion_tokens=10, chars=400, continues=True)
+    assert plane.phase("s") is Phase.IN_CALL  # the new session's own call still runs
+    rec = plane.admission.sessions.get("s")
+    assert rec is not None and rec.in_flight == 1
+    assert plane.scheduler.ledger.reservation("s") is None  # nothing retained for the old one
+    plane.call_end(0.5, "s", t_new, incarnation=new, ok=True, admitted=True,
+                   prompt_tokens=100, completion_tokens=10, chars=400, continues=True)
+    assert plane.phase("s") is Phase.DORMANT and rec.in_flight == 0
+
+
+def test_a_lost_lease_gives_back_the_sessions_kv_reservation() -> None:
+    plane, _ = _plane()
+    measured = dataclasses.replace(FRESH, prefill_tokens_per_s=1000.0)
+    plane.tick(0.0, {"a": measured, "b": measured}, at=0.0, cpu=None)
+    plane.sched_tick(0.0, {"a": measured, "b": measured})  # the workers' prefill speed
+    gen, t = _in_call(plane, 0.1, "s")
+    for now in (0.5, 3.0):  # two calls with a 2 s tool phase between: its tool time is known
+        plane.call_end(now, "s", t, incarnation=gen, ok=True, admitted=True, prompt_tokens=4000,
+                       completion_tokens=10, chars=8000, continues=True)
+        plane.tracker.response_ended("s", now)
+        plane.tracker.request_started("s", now + 2.0)
+        plane.request(now + 2.0, "s", "t", chars=8000)
+        t = plane.call_start(now + 2.0, "s", t.worker, chars=8000) or t
+    plane.call_end(5.5, "s", t, incarnation=gen, ok=True, admitted=True, prompt_tokens=4000,
+                   completion_tokens=10, chars=8000, continues=True)
+    held = plane.scheduler.ledger.reservation("s")  # re-prefill 4 s > its 2 s tool: retained
+    assert held is not None and plane.scheduler.retained_blocks(t.worker) > 0
+    out = plane.lost(6.0, "s", t.worker)  # another replica took the session over
+    assert out.returned == [held]
+    assert plane.scheduler.ledger.reservation("s") is None
+    assert plane.scheduler.retained_blocks(t.worker) == 0

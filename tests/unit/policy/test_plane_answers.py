@@ -24,11 +24,12 @@ def _plane() -> tuple[ControlPlane, DecisionLog]:
 
 def _call(plane: ControlPlane, now: float, key: str, reply: ReplyKind | None, *,
           tenant: str = "t", final: bool = False) -> CallEnd:
-    plane.request(now, key, tenant, chars=400, final=final)
+    gen = plane.request(now, key, tenant, chars=400, final=final).incarnation
     plane.confirm(now, key)
     t = plane.call_start(now, key, "a", chars=400)
-    return plane.call_end(now + 0.5, key, t, ok=True, admitted=True, prompt_tokens=100,
-                          completion_tokens=10, chars=400, continues=not final, reply=reply)
+    return plane.call_end(now + 0.5, key, t, incarnation=gen, ok=True, admitted=True,
+                          prompt_tokens=100, completion_tokens=10, chars=400,
+                          continues=not final, reply=reply)
 
 
 def test_the_answer_of_a_tool_calling_tenant_ends_its_session() -> None:
@@ -69,15 +70,15 @@ def test_replies_of_unknown_kind_and_final_turns_end_as_before() -> None:
 def test_an_answer_while_another_call_of_the_session_runs_ends_nothing() -> None:
     plane, _ = _plane()
     _call(plane, 1.0, "s", ReplyKind.TOOL_CALL)
-    plane.request(2.0, "s", "t", chars=400)
+    gen = plane.request(2.0, "s", "t", chars=400).incarnation
     t1 = plane.call_start(2.0, "s", "a", chars=400)
     plane.request(2.1, "s", "t", chars=400)
     t2 = plane.call_start(2.1, "s", "a", chars=400)
-    end = plane.call_end(2.5, "s", t1, ok=True, admitted=True, prompt_tokens=100, chars=400,
-                         reply=ReplyKind.ANSWER)
+    end = plane.call_end(2.5, "s", t1, incarnation=gen, ok=True, admitted=True,
+                         prompt_tokens=100, chars=400, reply=ReplyKind.ANSWER)
     assert not end.answered and plane.phase("s") is Phase.IN_CALL
-    end = plane.call_end(2.6, "s", t2, ok=True, admitted=True, prompt_tokens=100, chars=400,
-                         reply=ReplyKind.ANSWER)
+    end = plane.call_end(2.6, "s", t2, incarnation=gen, ok=True, admitted=True,
+                         prompt_tokens=100, chars=400, reply=ReplyKind.ANSWER)
     assert end.answered and plane.phase("s") is Phase.ENDED
 
 

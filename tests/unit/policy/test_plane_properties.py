@@ -4,13 +4,16 @@ Hypothesis draws a run (sessions reusing five ids; requests, final or not, of ch
 calls that end well, fail, answer or move; clients that leave while held for admission, in
 the dispatch gate or just as they were admitted; ticks after any event, with time jumps past
 holds, idle timeouts and the queue deadline; workers that go unhealthy or stale and come back;
-``DELETE`` at any moment) against one and two workers, the ``mars`` and ``fcfs`` presets.
+``DELETE`` at any moment, the id reused while calls of the ended session run; leases lost to
+another replica) against one and two workers, the ``mars`` and ``fcfs`` presets.
 After every step the plane agrees with the gateway: each session the plane knows is in the
 table, each confirmed slot is an admitted session's, each worker's in-flight and gated counts
 are the calls the gateway has there, each session's count of requests in flight is the
-gateway's, a dormant session holds no reservation past its session. At the end (every call
-over, every client gone, time past every hold) nothing is held anywhere, and no map keeps an
-entry for a session that ended.
+gateway's (its own calls only, not those of an ended session of its id), a dormant session
+holds no reservation past its session, the scheduler forgets a session once it and its last
+call are over. At the end (every call over, every client gone, some dormant sessions' leases
+lost, time past every hold) nothing is held anywhere, and no map keeps an entry for a session
+that ended.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 
 from marsproxy.core.answers import ReplyKind
 from marsproxy.core.session_record import SessionState
+from marsproxy.policy.plane import Phase
 from marsproxy.sim.invariants import check_drained
 from tests.unit.policy.gateway_model import GatewayModel, Req
 
@@ -31,7 +35,7 @@ CHARS = [400, 1600, 4000, 8000, 12000]
 DTS = [0.05, 0.2, 1.0, 5.0, 30.0, 70.0, 200.0, 400.0]
 REPLIES = [ReplyKind.TOOL_CALL, ReplyKind.ANSWER, None]
 
-STEP = st.tuples(st.integers(0, 9), st.integers(0, 7), st.integers(0, 7))
+STEP = st.tuples(st.integers(0, 10), st.integers(0, 7), st.integers(0, 7))
 
 
 def _pick(reqs: list[Req], a: int) -> Req | None:
@@ -45,8 +49,7 @@ def step(gw: GatewayModel, op: int, a: int, b: int) -> None:
         parent = KEYS[(a + 1) % len(KEYS)] if b == 7 else None
         if parent is not None and gw.table.get(parent) is None:
             parent = None  # tree_identity: a parent is named only while live
-        if not gw.orphaned(key):
-            gw.request(key, final=b == 0, chars=CHARS[b % len(CHARS)], parent=parent)
+        gw.request(key, final=b == 0, chars=CHARS[b % len(CHARS)], parent=parent)
     elif op == 3 and (r := _pick(gw.live("granted"), a)) is not None:
         gw.proceed(r, leave=b == 0, chars=CHARS[(a + b) % len(CHARS)], gate=b == 6)
     elif op in (4, 5) and (r := _pick(gw.live("running"), a)) is not None:
@@ -65,6 +68,8 @@ def step(gw: GatewayModel, op: int, a: int, b: int) -> None:
         w.healthy, w.stale = b % 4 != 1, b % 4 == 2
         w.kv_usage = [0.0, 0.3, 0.6, 0.95][b // 2]
         gw.tick(0.2)
+    elif op == 10:
+        gw.lost(KEYS[a % len(KEYS)])
 
 
 def check(gw: GatewayModel) -> None:
@@ -92,6 +97,9 @@ def check(gw: GatewayModel) -> None:
     for r in sched.ledger.reservations():
         assert p.phase(r.session).value in ("dormant", "in_call"), (
             f"reservation of {r.session} ({p.phase(r.session)})")
+    calls = {t.session for t in sched._by_call.values()}
+    for key in sched._sessions:  # forgotten with its session (its last call's end, if later)
+        assert p.phase(key) is not Phase.ENDED or key in calls, f"scheduler keeps {key}"
 
 
 def drain(gw: GatewayModel) -> None:
@@ -116,6 +124,9 @@ def drain(gw: GatewayModel) -> None:
         else:
             break
         check(gw)
+    for key in KEYS[::2]:  # some dormant sessions move to another replica: nothing stays here
+        gw.lost(key)
+    check(gw)
     for key in KEYS:  # the clients are done: the table lets every session go
         gw.delete(key)
     for dt in (1.0, 100.0, 2000.0, 2000.0):

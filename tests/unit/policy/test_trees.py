@@ -106,8 +106,8 @@ def _serve(plane: ControlPlane, now: float, key: str, parent: str | None = None)
     assert ans.kind is DecisionKind.ADMITTED
     plane.confirm(now, key)
     t = plane.call_start(now, key, "a", tokens=200, max_new_tokens=10)
-    plane.call_end(now + 1, key, t, ok=True, admitted=True, prompt_tokens=2000,
-                   completion_tokens=10, continues=True)
+    plane.call_end(now + 1, key, t, incarnation=ans.incarnation, ok=True, admitted=True,
+                   prompt_tokens=2000, completion_tokens=10, continues=True)
 
 
 def test_a_dormant_parent_waits_on_its_child_without_holding_kv() -> None:
