@@ -25,7 +25,7 @@ Live = Any
 
 def _err(r: httpx.Response) -> dict[str, Any]:
     body = r.json()
-    assert set(body["error"]) >= {"message", "type", "code"}, body
+    assert set(body["error"]) >= {"message", "type", "param", "code"}, body
     return body["error"]  # type: ignore[no-any-return]
 
 

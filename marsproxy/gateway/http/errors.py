@@ -1,4 +1,5 @@
-"""The one error shape of the proxy: OpenAI's ``{"error": {"message", "type", "code"}}``."""
+"""The one error shape of the proxy: OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+(``param`` is null: the proxy's errors are about the request as a whole or its headers)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ _TYPES = {
 
 
 def error_body(message: str, *, status: int, code: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
+                      "param": None, "code": code}}
 
 
 def error_response(

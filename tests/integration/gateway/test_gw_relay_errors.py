@@ -19,7 +19,7 @@ from .relay_client import CHAT, config, gateway, url
 
 async def error_of(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     body = await resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     assert OVERHEAD_HEADER in resp.headers
     return body["error"]  # type: ignore[no-any-return]
 

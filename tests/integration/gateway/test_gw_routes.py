@@ -35,7 +35,7 @@ async def openai_error(resp: aiohttp.ClientResponse, status: int, code: str) -> 
     assert resp.status == status, await resp.text()
     assert resp.content_type == "application/json"
     body = await resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["code"] == code
     return str(body["error"]["message"])
 

@@ -22,6 +22,7 @@ def test_error_shape() -> None:
         "error": {
             "message": "no healthy worker",
             "type": "service_unavailable",
+            "param": None,
             "code": "no_healthy_worker",
         }
     }
