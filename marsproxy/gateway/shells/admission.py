@@ -40,14 +40,14 @@ from marsproxy.core.session_record import EndReason
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict
-from marsproxy.gateway.shells.confirm import UNFENCED_ENDS, StoreConfirmations
+from marsproxy.gateway.shells.confirm import StoreConfirmations
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.replicas import Replicas
 from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.policy.observe import WorkerObservation
-from marsproxy.policy.plane import ControlPlane, Ended, Outcome
+from marsproxy.policy.plane import ControlPlane, Outcome
 
 log = logging.getLogger("marsproxy.gateway.shells.admission")
 
@@ -153,15 +153,18 @@ class AdmissionShell(StoreConfirmations):
                                elsewhere={w: self.sessions_elsewhere(w) for w in self.urls})
 
     async def tick(self) -> None:
-        """One control step: leases lost, the plane's tick, windows, then carry out."""
+        """One control step: leases lost, the plane's tick, windows, then carry out. Held
+        requests are answered as each decision is made (``_answer``), not after the store
+        calls between: an id reused meanwhile is a new session's."""
         out = Outcome()
         for worker, skey in self.store.drain_lost():
-            out.extend(self.plane.lost(self.now(), self.replicas.core_key(skey), worker))
+            out.extend(self._decided(self.plane.lost(self.now(), self.replicas.core_key(skey),
+                                                     worker)))
         store = self.store  # fresh counts first: the plane counts other replicas' from them
         self._store_admitted = await store.admitted_counts(list(self.urls))
         if self.replicas.on:  # the tenants' shared counters, before the queue's next passes
             await self.replicas.exchange_counters()
-        out.extend(self._plane_tick())
+        out.extend(self._decided(self._plane_tick()))
         now_ms = wall_clock_ms()
         if await store.try_lead(now_ms):
             # Not for a worker not seen yet: its floor would bind every replica until the next
@@ -173,7 +176,11 @@ class AdmissionShell(StoreConfirmations):
             if records:  # an empty set reads as "keep the last" (read_windows)
                 await store.publish_windows(records)
         self._windows = await store.read_windows()
-        await self._carry(out)
+        await self._carry_answered(out)
+
+    def _decided(self, out: Outcome) -> Outcome:
+        self._answer(out)
+        return out
 
     async def end_elsewhere(self, key: str) -> bool:
         """``DELETE`` of a session this replica does not hold: end it in the store, wherever
@@ -216,21 +223,22 @@ class AdmissionShell(StoreConfirmations):
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)
-        self.held.arriving(key)
+        self.held.arriving(key, ans.incarnation)
         try:
             await self._carry(ans.outcome)
         except asyncio.CancelledError:
             self._abandon(key, None, ans.incarnation)  # it left before its request could wait
             raise
         finally:
-            self.held.arrived(key)
-        early = self.held.unclaimed(key)
-        worker = self.plane.held(key)
-        if worker is not None:  # confirmed, now or long ago (it may have waited a pass above)
+            early = self.held.arrived(key, ans.incarnation)
+        if self.plane.incarnation(key) != ans.incarnation:
+            # Its session ended while this request was on its way (the id may name a new one
+            # by now, whose slot is not this request's).
+            early = early or Refused(503, "session_ended", 1,
+                                     "the session ended before it was admitted")
+        elif (worker := self.plane.held(key)) is not None:
+            # Confirmed, now or long ago (it may have waited a pass above).
             return Granted(worker, 0.0, ans.incarnation)
-        if early is None and core.sessions.get(key) is None:
-            # Ended while this request was on its way (another request took the refusal).
-            early = Refused(503, "session_ended", 1, "the session ended before it was admitted")
         if early is not None:
             self.metrics.rejections.labels(early.code).inc()
             return early
@@ -256,16 +264,16 @@ class AdmissionShell(StoreConfirmations):
             # Admitted just before the client left: the request counts as served.
             self.served_nothing(key, incarnation)
             return
-        if self.held.others(key, fut):  # the session waits on for them; this one goes
+        if self.plane.incarnation(key) != incarnation:
+            return  # its session ended: the id's next session is not this request's to end
+        if self.held.others(key, fut, incarnation):  # the session waits on for them
             self.plane.waiter_left(key)
             return
         if self.plane.held(key) is not None:
             if fut is None:  # it was counted in flight and will not be served: uncount it
                 self.served_nothing(key, incarnation)
             return
-        if self.core.sessions.get(key) is None:
-            return
-        self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
+        self._carry_soon(self.plane.withdraw(self.now(), key))
 
     def served_nothing(self, key: str, incarnation: int | None) -> None:
         """An admitted request that never went upstream: it ends as served, without usage."""
@@ -295,42 +303,10 @@ class AdmissionShell(StoreConfirmations):
         return out
 
     # -- carrying out ---------------------------------------------------------------------
-    async def _carry(self, out: Outcome) -> None:
-        if self._memory is not None:
-            self._carry_now(out, self._memory)
-            return
-        self._refuse_expired(out)
-        for ended in out.ended:
-            await self._ended(ended)
-        # Before the confirmations: session_queued comes first.
-        self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
-        if self.plane.pending_count:
-            await self._confirm_pending()
-
-    async def _ended(self, e: Ended) -> None:
-        skey = self._ending(e)
-        if e.pending is not None:
-            self._spawn(self.store.dequeue(skey))
-            # The store may have granted it while the answer was lost (a confirmation pass
-            # cancelled with its client's request): hand the slot back now, not a TTL later.
-            self._spawn(self.store.release(e.pending.worker, skey))
-        elif e.worker is not None:
-            # Fenced: a session another replica took over meanwhile is not ended by a timeout
-            # here; its final turn or a DELETE ends it wherever it is.
-            await self.store.release(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)
-
     def _rejected(self, reason: str, retry: int | None) -> Refused:
         self.metrics.rejections.labels(reason).inc()
         message = QUEUE_REFUSALS.get(reason, QUEUE_REFUSALS["queue_full"])
         return Refused(429, reason, retry or 1, message)
-
-    def _carry_soon(self, out: Outcome) -> None:
-        """Carry out ``out`` from synchronous code: at once on the in-memory store, else in a
-        task."""
-        if self._memory is not None:
-            self._carry_now(out, self._memory)
-        else:
-            self._spawn(self._carry(out))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

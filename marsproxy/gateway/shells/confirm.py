@@ -96,14 +96,58 @@ class StoreConfirmations:
                 "no admission slot within the queue deadline" if e.reason == "queue_deadline"
                 else "no healthy worker to admit the session"))
 
-    def _carry_now(self, out: Outcome, store: MemoryStore) -> None:
-        """``_carry`` on the in-memory store: the same steps in the same order, at once. What
-        the awaiting path leaves to tasks (a pending session's dequeue and release) follows
-        the confirmation pass, as those tasks would."""
+    def _answer(self, out: Outcome) -> None:
+        """What ``out`` means for held requests, carried out where the plane decided it,
+        before any await: a request of a reused id arriving meanwhile is a new session's, and
+        neither takes this session's refusal nor hands its grant to this one's requests."""
         self._refuse_expired(out)
+        for e in out.ended:
+            self._ending(e)
+
+    def _carry_soon(self, out: Outcome) -> None:
+        """Carry out ``out`` from synchronous code: at once on the in-memory store, else the
+        store's part in a task (held requests are answered at once, :meth:`_answer`)."""
+        self._answer(out)
+        if self._memory is not None:
+            self._carry_now(out, self._memory)
+        else:
+            self._spawn(self._carry_answered(out))
+
+    async def _carry(self, out: Outcome) -> None:
+        self._answer(out)
+        await self._carry_answered(out)
+
+    async def _carry_answered(self, out: Outcome) -> None:
+        """The rest of ``out`` once :meth:`_answer` ran: the store, events, confirmations."""
+        if self._memory is not None:
+            self._carry_now(out, self._memory)
+            return
+        for ended in out.ended:
+            await self._ended(ended)
+        # Before the confirmations: session_queued comes first.
+        self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
+        if self.plane.pending_count:
+            await self._confirm_pending()
+
+    async def _ended(self, e: Ended) -> None:
+        skey = self.replicas.store_key(e.session)
+        if e.pending is not None:
+            self._spawn(self.store.dequeue(skey))
+            # The store may have granted it while the answer was lost (a confirmation pass
+            # cancelled with its client's request): hand the slot back now, not a TTL later.
+            self._spawn(self.store.release(e.pending.worker, skey))
+        elif e.worker is not None:
+            # Fenced: a session another replica took over meanwhile is not ended by a timeout
+            # here; its final turn or a DELETE ends it wherever it is.
+            await self.store.release(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)
+
+    def _carry_now(self, out: Outcome, store: MemoryStore) -> None:
+        """``_carry_answered`` on the in-memory store: the same steps in the same order, at
+        once. What the awaiting path leaves to tasks (a pending session's dequeue and release)
+        follows the confirmation pass, as those tasks would."""
         later: list[tuple[str, str]] = []
         for e in out.ended:
-            skey = self._ending(e)
+            skey = self.replicas.store_key(e.session)
             if e.pending is not None:
                 later.append((e.pending.worker, skey))
             elif e.worker is not None:
@@ -116,13 +160,12 @@ class StoreConfirmations:
             store.dequeue_sync(skey)
             store.release_sync(worker, skey)
 
-    def _ending(self, e: Ended) -> str:
-        """What a session's end means here before the store hears of it; its store key."""
+    def _ending(self, e: Ended) -> None:
+        """What a session's end means here before the store hears of it."""
         if self.held.expects(e.session):  # else no request to answer: no refusal built
             self._refuse(e.session, Refused(503, "session_ended", 1,
                                             f"the session ended ({e.reason})"))
         self.replicas.forget(e.session)
-        return self.replicas.store_key(e.session)
 
     # -- confirmations --------------------------------------------------------------------
     def _arrival_ms(self, p: Pending) -> int:
@@ -159,7 +202,7 @@ class StoreConfirmations:
                     await store.dequeue(skey)
                     continue
                 if isinstance(ok, HeldElsewhere):
-                    await self._join(key, skey, ok.worker)
+                    await self._join(key, p, skey, ok.worker)
                 elif ok:
                     free -= 1
                     room[p.worker] -= 1
@@ -184,14 +227,16 @@ class StoreConfirmations:
             log.debug("pending session %s moves to %s", key, moved)
         return self.replicas.store_key(key)
 
-    async def _join(self, key: str, skey: str, worker: str) -> None:
+    async def _join(self, key: str, p: Pending, skey: str, worker: str) -> None:
         """Another replica admitted ``key`` on ``worker`` first (the session's first requests
         reached both at once): claim that lease and serve it there, one lease in all. A claim
         that fails (the lease ended meanwhile) leaves it pending for the next pass."""
         if await self.store.claim(worker, skey, wall_clock_ms()):
             log.debug("pending session %s joins its lease on %s", key, worker)
-            # (Ended while claiming: nothing confirmed; the lease, not renewed here, expires.)
-            self._confirmed(key, worker)
+            # Ended while claiming (its id maybe a new session's): nothing is confirmed; the
+            # lease, not renewed here, expires, or the new session's next ask joins it.
+            if self.plane.pending_of(key) is p:
+                self._confirmed(key, worker)
 
     def _confirmed(self, key: str, worker: str | None = None) -> None:
         p = self.plane.confirm(self.now(), key, worker)
@@ -212,7 +257,4 @@ class StoreConfirmations:
         # on_store_failure: closed — the shared state is unreachable, admit nothing new.
         self._refuse(key, Refused(503, "store_unavailable", 1,
                                   "admission state store unreachable (on_store_failure: closed)"))
-        self._spawn(self._carry(self.plane.withdraw(self.now(), key)))
-
-    async def _carry(self, out: Outcome) -> None:
-        raise NotImplementedError
+        self._carry_soon(self.plane.withdraw(self.now(), key))

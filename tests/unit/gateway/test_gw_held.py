@@ -36,10 +36,10 @@ async def _run(ops: list[tuple[str, str]]) -> None:
     futures: list[tuple[str, asyncio.Future[Verdict]]] = []
     for op, key in ops:
         if op == "arriving":
-            h.arriving(key)
+            h.arriving(key, 1)
             arriving[key] += 1
         elif op == "arrived" and arriving[key]:
-            h.arrived(key)
+            h.arrived(key, 1)
             arriving[key] -= 1
         elif op == "wait":
             futures.append((key, h.future(key)))
@@ -53,7 +53,7 @@ async def _run(ops: list[tuple[str, str]]) -> None:
         elif op == "refuse":
             h.refuse(key, REFUSED)
         elif op == "claim":
-            h.unclaimed(key)
+            h.others(key, None, 1)
         assert (key in h._arriving) == (arriving[key] > 0)  # the pair counts like the old mark
         _check_refusals(h)
 
