@@ -19,11 +19,20 @@ goes on from the oldest held batch, so it under-counts rather than believes in b
 be gone. A live batch numbered below the expected one means the worker restarted (its counter
 began again): the index is reset and replays the new process's history from 0.
 
+Bounds: an engine whose removals never arrive (a publisher that drops them, a report mode
+that re-stores blocks) must not grow the index without bound. A medium holds at most
+``engine_blocks`` (the worker's ``num_gpu_blocks``, for GPU, when the caller knows it) or
+``max_blocks``; beyond that the oldest stored block is dropped (``dropped_blocks_total``): the
+engine cannot hold more, so some of them are gone, and the oldest are the likeliest. At most
+``MAX_MEDIA`` media are kept. Events the decoder could not read are counted
+(``bad_events_total``); one that may have removed blocks makes the index forget them all.
+
 Pure code: the caller passes the wall clock (seconds) it read at each step.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,11 +43,14 @@ from marsproxy.probes.kv_wire import (
     BlockRemoved,
     BlockStored,
     EventBatch,
+    Unreadable,
 )
 
 MEDIUM_GPU = "GPU"  # vLLM's medium for its own block pool; also used when an event names none
 _ROOT = 0  # the parent key of a prompt's first block
 _UNMATCHABLE = -1  # parent key marker of blocks that must never match a prompt
+MAX_BLOCKS = 1_000_000  # per medium, where the engine's size is unknown (~300 MB of index)
+MAX_MEDIA = 4  # vLLM names GPU and CPU; offloading connectors may add one or two
 
 
 def chain_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -82,12 +94,15 @@ class _Block:
 class KVIndex:
     """One worker's resident blocks, per medium and per session, from its event stream."""
 
-    def __init__(self, *, replay: bool, max_pending: int, rate_window_s: float = 10.0) -> None:
-        if max_pending < 1 or rate_window_s <= 0:
-            raise ValueError("max_pending must be >= 1 and rate_window_s > 0")
+    def __init__(self, *, replay: bool, max_pending: int, rate_window_s: float = 10.0,
+                 max_blocks: int = MAX_BLOCKS) -> None:
+        if max_pending < 1 or rate_window_s <= 0 or max_blocks < 1:
+            raise ValueError("max_pending and max_blocks must be >= 1 and rate_window_s > 0")
         self.replay = replay
         self.max_pending = max_pending
         self.rate_window_s = rate_window_s
+        self.max_blocks = max_blocks
+        self.engine_blocks: int | None = None  # GPU blocks the worker has (its num_gpu_blocks)
         self.block_size: int | None = None
         self._blocks: dict[str, dict[BlockHash, _Block]] = {}
         self._resident: dict[str, Counter[int]] = {}  # medium -> content key -> holders
@@ -102,6 +117,8 @@ class KVIndex:
         self.resyncs_total = 0
         self.duplicates_total = 0
         self.unknown_removals_total = 0
+        self.dropped_blocks_total = 0  # blocks let go beyond what the engine can hold
+        self.bad_events_total = 0  # events the decoder could not read
         self.last_seq: int | None = None
         self.last_lag_s: float | None = None
         self._rate: deque[tuple[float, int]] = deque()
@@ -181,11 +198,17 @@ class KVIndex:
                 self._removed(ev)
             elif isinstance(ev, AllBlocksCleared):
                 self._clear()
+            elif isinstance(ev, Unreadable):
+                self.bad_events_total += 1
+                if ev.removes:
+                    self.resyncs_total += 1
+                    self._clear()
         self.expected = seq + 1
         self.last_seq = seq
         self.batches_total += 1
         self.events_total += len(batch.events)
-        self.last_lag_s = max(0.0, now - batch.ts)
+        lag = now - batch.ts
+        self.last_lag_s = max(0.0, lag) if math.isfinite(lag) else None
         self._rate.append((now, len(batch.events)))
         self._trim_rate(now)
 
@@ -205,6 +228,9 @@ class KVIndex:
     def _stored(self, ev: BlockStored) -> None:
         medium = ev.medium or MEDIUM_GPU
         n, bs = len(ev.block_hashes), ev.block_size
+        if medium not in self._blocks and len(self._blocks) >= MAX_MEDIA:
+            self.dropped_blocks_total += n
+            return
         parent = _UNMATCHABLE if ev.salted else self._parent_key(ev)
         keys: list[int | None]
         if parent is None or parent == _UNMATCHABLE or len(ev.token_ids) != n * bs:
@@ -215,9 +241,11 @@ class KVIndex:
             for i in range(n):
                 parent = hash((parent, ev.token_ids[i * bs : (i + 1) * bs]))
                 keys.append(parent)
-        blocks = self._blocks.setdefault(medium, {})
-        resident = self._resident.setdefault(medium, Counter())
-        sessions = self._sessions.setdefault(medium, Counter())
+        blocks = self._blocks.get(medium)
+        if blocks is None:
+            blocks = self._blocks[medium] = {}
+            self._resident[medium], self._sessions[medium] = Counter(), Counter()
+        resident, sessions = self._resident[medium], self._sessions[medium]
         for h, key in zip(ev.block_hashes, keys, strict=True):
             old = blocks.get(h)
             if old is not None:  # another holder; the latest session owns it
@@ -231,26 +259,33 @@ class KVIndex:
             if key is not None:
                 resident[key] += 1
             self._count_session(sessions, ev.session_id, 1)
+        limit = self.max_blocks
+        if medium == MEDIUM_GPU and self.engine_blocks:
+            limit = min(limit, self.engine_blocks)
+        while len(blocks) > limit:  # removals were lost: let the oldest go
+            self._forget(medium, next(iter(blocks)))
+            self.dropped_blocks_total += 1
 
     def _removed(self, ev: BlockRemoved) -> None:
         medium = ev.medium or MEDIUM_GPU
         blocks = self._blocks.get(medium, {})
-        resident = self._resident.get(medium, Counter())
-        sessions = self._sessions.get(medium, Counter())
         for h in ev.block_hashes:
             gone = blocks.get(h)
             if gone is None:
                 self.unknown_removals_total += 1
                 continue
             gone.holders -= 1
-            if gone.holders > 0:
-                continue
-            del blocks[h]
-            if gone.key is not None:
-                resident[gone.key] -= 1
-                if resident[gone.key] <= 0:
-                    del resident[gone.key]
-            self._count_session(sessions, gone.session, -1)
+            if gone.holders <= 0:
+                self._forget(medium, h)
+
+    def _forget(self, medium: str, h: BlockHash) -> None:
+        gone = self._blocks[medium].pop(h)
+        resident = self._resident[medium]
+        if gone.key is not None:
+            resident[gone.key] -= 1
+            if resident[gone.key] <= 0:
+                del resident[gone.key]
+        self._count_session(self._sessions[medium], gone.session, -1)
 
     @staticmethod
     def _count_session(sessions: Counter[str], session: str | None, delta: int) -> None:

@@ -34,6 +34,9 @@ class KVIndexWorkerState(TypedDict):
     connects_total: int
     bad_frames_total: int
     unknown_removals_total: int  # removals of blocks the index never saw stored
+    engine_blocks: int | None  # the worker's GPU blocks (num_gpu_blocks): the GPU index's cap
+    dropped_blocks_total: int  # blocks let go beyond what the engine can hold (lost removals)
+    bad_events_total: int  # events that could not be read (skipped, or the index forgot all)
 
 
 def kv_index_metrics(workers: Mapping[str, KVIndexWorkerState]) -> Iterator[Metric]:
@@ -55,6 +58,14 @@ def kv_index_metrics(workers: Mapping[str, KVIndexWorkerState]) -> Iterator[Metr
         "marsproxy_kv_index_resyncs",
         "Times the worker's KV index started over (unfillable gap, restart).",
         labels=["worker"])
+    dropped = CounterMetricFamily(
+        "marsproxy_kv_index_dropped_blocks",
+        "Blocks the worker's KV index let go beyond what the engine can hold (lost removals).",
+        labels=["worker"])
+    bad = CounterMetricFamily(
+        "marsproxy_kv_events_unreadable",
+        "KV event frames and events the proxy could not read (skipped or forgotten).",
+        labels=["worker"])
     for w, s in workers.items():
         for medium, n in s["blocks"].items():
             blocks.add_metric([w, medium], n)
@@ -64,4 +75,6 @@ def kv_index_metrics(workers: Mapping[str, KVIndexWorkerState]) -> Iterator[Metr
             lag.add_metric([w], s["lag_s"])
         events.add_metric([w], s["events_total"])
         resyncs.add_metric([w], s["resyncs_total"])
-    yield from (blocks, sessions, usable, lag, events, resyncs)
+        dropped.add_metric([w], s["dropped_blocks_total"])
+        bad.add_metric([w], s["bad_frames_total"] + s["bad_events_total"])
+    yield from (blocks, sessions, usable, lag, events, resyncs, dropped, bad)

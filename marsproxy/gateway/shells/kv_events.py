@@ -10,6 +10,9 @@ A publisher that is down, never answers or sends garbage leaves its worker witho
 :meth:`KVEventsShell.resident_prefix_tokens` and :meth:`session_blocks` answer None, and the
 proxy behaves exactly as without ``kv_events``. ZMQ reconnects by itself; each new connection
 starts the index over from the publisher's replay buffer (the worker may have restarted).
+A frame it cannot read is counted and skipped; a batch whose number is readable and whose
+payload is not counts as one that may have removed any block. An error of the index itself
+starts that worker's index over rather than ending its task.
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ from zmq.utils.monitor import parse_monitor_message
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.probes.config import KVEventsSourceConfig, KVEventsTuning
 from marsproxy.probes.kv_index import MEDIUM_GPU, KVIndex
-from marsproxy.probes.kv_wire import WireError, decode_batch, replay_request, seq_of
+from marsproxy.probes.kv_wire import (
+    END_SEQ,
+    EventBatch,
+    WireError,
+    batch_seq,
+    decode_batch,
+    replay_request,
+    unreadable_batch,
+)
 from marsproxy.telemetry.kv_index import KVIndexWorkerState
 
 log = logging.getLogger("marsproxy.gateway.shells.kv_events")
@@ -62,10 +73,12 @@ class _Source:
 
 
 class KVEventsShell:
-    def __init__(self, cfg: MarsConfig, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: MarsConfig, wall: Callable[[], float] = time.time,
+                 engine_blocks: Callable[[str], int | None] = lambda _: None) -> None:
         self.cfg = cfg.probes.kv_events
         self.tuning = cfg.probes.tuning.kv_events
         self.wall = wall
+        self._engine_blocks = engine_blocks  # the worker's num_gpu_blocks, as scraped
         self.sources: dict[str, _Source] = {
             w.label: _Source(w, w.kv_events, self.tuning) for w in cfg.workers if w.kv_events
         }
@@ -133,6 +146,9 @@ class KVEventsShell:
                 "resyncs_total": ix.resyncs_total, "replays_total": s.replays_total,
                 "connects_total": s.connects_total, "bad_frames_total": s.bad_frames_total,
                 "unknown_removals_total": ix.unknown_removals_total,
+                "engine_blocks": ix.engine_blocks,
+                "dropped_blocks_total": ix.dropped_blocks_total,
+                "bad_events_total": ix.bad_events_total,
             }
         return out
 
@@ -149,6 +165,9 @@ class KVEventsShell:
         try:
             while True:
                 self._on_frames(s, await sub.recv_multipart())
+                # A frame already queued is read without a pause: without this, a burst (a
+                # backlog after a stall) would be applied in one go while requests wait.
+                await asyncio.sleep(0)
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -174,12 +193,30 @@ class KVEventsShell:
             s.bad_frames_total += 1  # a longer topic with ours as prefix, or not vLLM's framing
             return
         try:
-            seq, batch = seq_of(frames[1]), decode_batch(frames[2])
-        except WireError as exc:
+            seq = batch_seq(frames[1])
+        except WireError as exc:  # its place in the stream is unknown: as if never sent
             s.bad_frames_total += 1
             log.debug("KV events of %s: bad frame: %s", s.label, exc)
             return
-        self._ask_replay(s, s.index.on_batch(seq, batch, self.wall()).replay_from)
+        self._feed(s, seq, self._decode(s, frames[2]))
+
+    def _decode(self, s: _Source, payload: bytes) -> EventBatch:
+        try:
+            return decode_batch(payload)
+        except WireError as exc:  # counted by the index, as one unreadable event
+            log.debug("KV events of %s: bad payload: %s", s.label, exc)
+            return unreadable_batch(self.wall(), str(exc))
+
+    def _feed(self, s: _Source, seq: int, batch: EventBatch, *, replayed: bool = False) -> None:
+        s.index.engine_blocks = self._engine_blocks(s.label)
+        try:
+            step = s.index.on_batch(seq, batch, self.wall(), replayed=replayed)
+        except Exception:  # a defect of the index: never believe it, never end the task
+            log.exception("KV events of %s: the index failed on batch %d; starting over",
+                          s.label, seq)
+            step = s.index.begin()
+        if not replayed:
+            self._ask_replay(s, step.replay_from)
 
     @staticmethod
     def _ask_replay(s: _Source, start: int | None) -> None:
@@ -203,6 +240,8 @@ class KVEventsShell:
                 await self._replay(s, s.src.replay_endpoint, start)
             except (zmq.ZMQError, WireError) as exc:
                 log.warning("KV events of %s: replay from %d failed: %s", s.label, start, exc)
+            except Exception:  # a defect: the gap stays open (resync), the task goes on
+                log.exception("KV events of %s: replay from %d failed", s.label, start)
             s.index.replay_done(self.wall())
 
     async def _replay(self, s: _Source, endpoint: str, start: int) -> None:
@@ -220,9 +259,9 @@ class KVEventsShell:
                     return
                 if len(frames) != 4:
                     raise WireError(f"replay answer has {len(frames)} frames, not 4")
-                seq = seq_of(frames[2])
-                if seq < 0:  # the end marker
+                if frames[2] == END_SEQ:
                     return
-                s.index.on_batch(seq, decode_batch(frames[3]), self.wall(), replayed=True)
+                self._feed(s, batch_seq(frames[2]), self._decode(s, frames[3]), replayed=True)
+                await asyncio.sleep(0)  # as in _subscribe: a replay is a burst
         finally:
             dealer.close(linger=0)

@@ -93,7 +93,9 @@ class Gateway:
                                         observe=lambda: self.observe(), clock=clock)
         # The workers' KV indexes from their KV events; None: no worker publishes them.
         self.kv_events = (
-            KVEventsShell(cfg) if any(w.kv_events for w in cfg.workers) else None
+            KVEventsShell(cfg, engine_blocks=lambda label: getattr(
+                self.plane.observed.get(label), "total_blocks", None))
+            if any(w.kv_events for w in cfg.workers) else None
         )
         self.kv_use = (None if self.kv_events is None else
                        KVUse(cfg, self.kv_events, self.metrics, lambda: self.upstream.session,
