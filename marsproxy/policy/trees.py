@@ -14,6 +14,8 @@ sessions). Pure code: no I/O.
 
 from __future__ import annotations
 
+import heapq
+
 __all__ = ["Trees"]
 
 
@@ -63,9 +65,13 @@ class Trees:
         for child in self._children.pop(key, ()):
             self._parent.pop(child, None)
 
-    def forest(self) -> dict[str, list[str]]:
-        """Parent → live children, for the state document."""
-        return {p: sorted(c) for p, c in sorted(self._children.items()) if c}
+    def forest(self, limit: int | None = None) -> dict[str, list[str]]:
+        """Parent → live children, for the state document: the first ``limit`` parents by id,
+        each with its first ``limit`` children (None: all), without sorting what is not shown."""
+        if limit is None:
+            return {p: sorted(c) for p, c in sorted(self._children.items()) if c}
+        parents = heapq.nsmallest(limit, (p for p, c in self._children.items() if c))
+        return {p: heapq.nsmallest(limit, self._children[p]) for p in parents}
 
     def __len__(self) -> int:
         return len(self._parent)

@@ -137,7 +137,10 @@ class _SessionsBase(TypedDict):
     total: int
     by_state: dict[str, int]
     trees: dict[str, list[str]]
-    """Agent trees: each parent with live children → those children (ids)."""
+    """Agent trees: each parent with live children → those children (ids); the first 50
+    parents by id, 50 children each."""
+    linked: int
+    """Sessions with a live parent (all of them, shown in ``trees`` or not)."""
 
 
 class SessionsState(_SessionsBase, total=False):

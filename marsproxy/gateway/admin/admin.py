@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Awaitable
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from marsproxy.core.events import Event
 from marsproxy.core.identity import tenant_of
-from marsproxy.gateway.admin.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin.admin_models import (
+    EVENTS_QUERY,
+    MAX_FLUSH_MS,
+    MAX_OFFSET,
+    MAX_PAGE,
+    STATE_QUERY,
+    ToolEventBody,
+)
 from marsproxy.gateway.admin.openapi import build_openapi
+from marsproxy.gateway.admin.query import QueryError, check_names, flag, integer, shown
 from marsproxy.gateway.admin.state import build_state
 from marsproxy.gateway.http.bodies import BodyError, read_limited
 from marsproxy.gateway.http.errors import error_response
@@ -39,9 +49,24 @@ from marsproxy.telemetry.sse import (
     parse_types,
 )
 
+log = logging.getLogger("marsproxy.gateway.admin")
 
-def _bad(message: str, code: str = "invalid_request") -> web.Response:
-    return error_response(400, message, code=code)
+
+def _bad(message: str, code: str = "invalid_request", param: str | None = None) -> web.Response:
+    return error_response(400, message, code=code, param=param)
+
+
+def _bad_query(exc: QueryError) -> web.Response:
+    return _bad(str(exc), param=exc.param)
+
+
+def _query_names(request: web.Request, allowed: frozenset[str]) -> web.Response | None:
+    """The 400 for a query parameter the route does not take (or one given twice)."""
+    try:
+        check_names((k for k, _ in request.query.items()), allowed)
+    except QueryError as exc:
+        return _bad_query(exc)
+    return None
 
 
 def _tenant(request: web.Request) -> str:
@@ -53,6 +78,7 @@ class Admin:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._closing = asyncio.Event()
+        self._writes: set[asyncio.Timeout] = set()  # event-stream writes under way
         lim = gw.cfg.limits
         self._rate = EventRate(lim.session_events_per_s, lim.session_events_burst)
         self._openapi = build_openapi(auth=bool(gw.cfg.auth.admin_token.get_secret_value()))
@@ -75,6 +101,9 @@ class Admin:
     async def _shutdown(self, _: web.Application) -> None:
         # Live event streams never end by themselves; end them so shutdown need not wait.
         self._closing.set()
+        for write in self._writes:  # blocked on a reader that takes nothing: end them now
+            if not write.expired():
+                write.reschedule(0)
 
     async def unknown(self, request: web.Request) -> web.Response:
         allowed = await allowed_methods(request)
@@ -85,6 +114,7 @@ class Admin:
         )
 
     def _find(self, request: web.Request) -> tuple[str, str | None]:
+        """The session's id and key (None: not one of this API key's sessions)."""
         sid = request.match_info["id"]
         tenant = _tenant(request)
         for key in keys_for(tenant, sid):
@@ -94,14 +124,18 @@ class Admin:
 
     @staticmethod
     def _not_found(sid: str) -> web.Response:
+        # The id is the client's: bounded in the message and its log line.
         return error_response(
-            404, f"no session {sid!r} for this API key", code="session_not_found"
+            404, f"no session {shown(sid, 100)} for this API key", code="session_not_found"
         )
 
-    async def openapi(self, _: web.Request) -> web.Response:
-        return web.json_response(self._openapi)
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _query_names(request, frozenset()) or web.json_response(self._openapi)
 
     async def tool_event(self, request: web.Request) -> web.Response:
+        refused = _query_names(request, frozenset())
+        if refused is not None:
+            return refused
         sid, key = self._find(request)
         if key is None:
             return self._not_found(sid)
@@ -110,8 +144,9 @@ class Admin:
             lim = self.gw.cfg.limits
             return error_response(
                 429,
-                f"session {sid!r} posts tool events faster than limits.session_events_per_s"
-                f" ({lim.session_events_per_s:g}/s, burst {lim.session_events_burst})",
+                f"session {shown(sid, 100)} posts tool events faster than"
+                f" limits.session_events_per_s ({lim.session_events_per_s:g}/s,"
+                f" burst {lim.session_events_burst})",
                 code="session_event_rate",
                 headers={"Retry-After": str(EventRate.retry_after_s(wait_s))},
             )
@@ -148,6 +183,9 @@ class Admin:
         )
 
     async def delete_session(self, request: web.Request) -> web.Response:
+        refused = _query_names(request, frozenset())
+        if refused is not None:
+            return refused
         sid, key = self._find(request)
         if key is None or not self.gw.sessions.end(key, self.gw.now()):
             # Not known here: it may live on another replica sharing the admission store.
@@ -158,36 +196,32 @@ class Admin:
 
     async def state(self, request: web.Request) -> web.Response:
         q = request.query
-        details = q.get("sessions", "0").lower() in ("1", "true", "yes")
         try:
-            limit = int(q.get("limit", "100"))
-            offset = int(q.get("offset", "0"))
-        except ValueError:
-            return _bad("limit, offset: must be integers")
-        if not 1 <= limit <= MAX_PAGE:
-            return _bad(f"limit: must be 1..{MAX_PAGE}, got {limit}")
-        if offset < 0:
-            return _bad(f"offset: must be >= 0, got {offset}")
+            check_names((k for k, _ in q.items()), STATE_QUERY)
+            details = flag(q, "sessions")
+            limit = integer(q, "limit", 100, 1, MAX_PAGE)
+            offset = integer(q, "offset", 0, 0, MAX_OFFSET)
+        except QueryError as exc:
+            return _bad_query(exc)
         doc = build_state(self.gw, details=details, limit=limit, offset=offset)
         return web.json_response(doc, headers={"Cache-Control": "no-store"})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         q = request.query
+        try:
+            check_names((k for k, _ in q.items()), EVENTS_QUERY)
+            flush_ms = integer(q, "flush_ms", 0, 0, MAX_FLUSH_MS)
+        except QueryError as exc:
+            return _bad_query(exc)
         fmt_raw = q.get("format", "sse")
         if fmt_raw not in ("sse", "ndjson"):
-            return _bad(f"format: must be sse or ndjson, got {fmt_raw!r}")
+            return _bad(f"format: must be sse or ndjson, got {shown(fmt_raw)}", param="format")
         fmt: StreamFormat = "ndjson" if fmt_raw == "ndjson" else "sse"
         try:
             types = parse_types(q.get("type"))
         except FilterError as exc:
-            return _bad(f"{exc.param}: {exc}")
+            return _bad(f"{exc.param}: {exc}", param=exc.param)
         session = q.get("session") or None
-        try:
-            flush_ms = int(q.get("flush_ms", "0"))
-        except ValueError:
-            return _bad("flush_ms: must be an integer")
-        if not 0 <= flush_ms <= MAX_FLUSH_MS:
-            return _bad(f"flush_ms: must be 0..{MAX_FLUSH_MS}, got {flush_ms}")
         resp = web.StreamResponse(
             headers={
                 "Content-Type": CONTENT_TYPE[fmt],
@@ -196,24 +230,57 @@ class Admin:
             }
         )
         sub = self.gw.telemetry.bus.subscribe(event_filter(types, session, unscoped_id))
+        keepalive = self.gw.cfg.telemetry.sse_keepalive_s
         try:
             await resp.prepare(request)
-            await resp.write(KEEPALIVE[fmt])  # headers and a first byte out at once
-            keepalive = self.gw.cfg.telemetry.sse_keepalive_s
-            while not self._closing.is_set():
-                batch = await self._next(sub, keepalive)
-                await resp.write(self._encoder.encode(batch, fmt) if batch else KEEPALIVE[fmt])
-                if batch and flush_ms:
-                    # Let events gather: one write per interval instead of one per event.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._closing.wait(), flush_ms / 1000)
-            with contextlib.suppress(ConnectionError):
-                await resp.write_eof()
+            delivered = await self._pump(resp, sub, fmt, flush_ms, keepalive)
+            if delivered:  # shutdown: end the stream cleanly
+                delivered = await self._write(resp.write_eof(), keepalive)
+            if not delivered:
+                # What is queued for a reader that takes nothing cannot leave: drop its
+                # connection rather than hold it (and the proxy's shutdown) for it.
+                log.warning("event stream to %s cut off: its reader took nothing %s",
+                            request.remote, "at shutdown" if self._closing.is_set()
+                            else f"for telemetry.sse_keepalive_s ({keepalive:g} s)")
+                if request.transport is not None:
+                    request.transport.abort()
         except ConnectionError:
             pass  # the client went away; the subscription closes below
         finally:
             sub.close()
         return resp
+
+    async def _pump(self, resp: web.StreamResponse, sub: Subscription, fmt: StreamFormat,
+                    flush_ms: int, keepalive: float) -> bool:
+        """Events and keep-alives to the reader until shutdown (True), or until a write waits
+        longer than a keep-alive interval (False)."""
+        # headers and a first byte out at once
+        if not await self._write(resp.write(KEEPALIVE[fmt]), keepalive):
+            return False
+        while not self._closing.is_set():
+            batch = await self._next(sub, keepalive)
+            data = self._encoder.encode(batch, fmt) if batch else KEEPALIVE[fmt]
+            if not await self._write(resp.write(data), keepalive):
+                return False
+            if batch and flush_ms:
+                # Let events gather: one write per interval instead of one per event.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), flush_ms / 1000)
+        return True
+
+    async def _write(self, write: Awaitable[None], within_s: float) -> bool:
+        """Await one write to an event stream; False when it took longer than ``within_s``
+        (it blocks only while the reader takes nothing) or the proxy began to stop."""
+        try:
+            async with asyncio.timeout(0 if self._closing.is_set() else within_s) as t:
+                self._writes.add(t)
+                try:
+                    await write
+                finally:
+                    self._writes.discard(t)
+        except TimeoutError:
+            return False
+        return True
 
     async def _next(self, sub: Subscription, wait_s: float) -> list[Event]:
         """The next batch, or [] after ``wait_s`` (time for a keep-alive) or at shutdown."""

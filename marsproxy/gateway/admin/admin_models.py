@@ -7,7 +7,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_PAGE = 1000  # most sessions one /mars/v1/state?sessions=1 page lists
+MAX_OFFSET = 10**9  # beyond any session table: an empty page
 MAX_FLUSH_MS = 5000  # longest /mars/v1/events?flush_ms= (the bus ring must hold what gathers)
+# The query parameters each operator endpoint takes (any other is a 400, query.py).
+STATE_QUERY = frozenset({"sessions", "limit", "offset"})
+EVENTS_QUERY = frozenset({"format", "type", "session", "flush_ms"})
 
 
 class ToolEventBody(BaseModel):

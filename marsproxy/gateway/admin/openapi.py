@@ -12,7 +12,7 @@ from typing import Any
 
 import marsproxy
 from marsproxy.core.events import EVENT_TYPES
-from marsproxy.gateway.admin.admin_models import MAX_FLUSH_MS, MAX_PAGE, ToolEventBody
+from marsproxy.gateway.admin.admin_models import MAX_FLUSH_MS, MAX_OFFSET, MAX_PAGE, ToolEventBody
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -33,6 +33,9 @@ _SESSION_ID = {
     " ...), or chain/<n> as shown by /mars/v1/state. Percent-encode it.",
     "schema": {"type": "string", "minLength": 1},
 }
+
+# Every operation answers 400 to a query parameter it does not take, or one given twice.
+_UNKNOWN_PARAM = "; or a query parameter this endpoint does not take, or one given twice."
 
 _TENANT = (
     "Tenant-scoped: the caller's Authorization (or x-api-key) must be the one the session's"
@@ -72,7 +75,7 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             },
                         },
                     ),
-                    "400": _error("Invalid event (type, field or timestamp)."),
+                    "400": _error("Invalid event (type, field or timestamp)" + _UNKNOWN_PARAM),
                     "404": _error("No such session for this API key."),
                     "408": _error("The body did not arrive within limits.body_timeout_s."),
                     "413": _error("The body exceeds server.max_body_bytes."),
@@ -99,6 +102,7 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             },
                         },
                     ),
+                    "400": _error("A query parameter" + _UNKNOWN_PARAM),
                     "404": _error("No such session for this API key."),
                 },
             }
@@ -112,15 +116,21 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                     {
                         "name": "sessions",
                         "in": "query",
-                        "description": "1/true/yes: list sessions (a page of them).",
-                        "schema": {"type": "string"},
+                        "description": "1/true/yes (any case): list sessions (a page of"
+                        " them); 0/false/no: do not.",
+                        "schema": {"type": "string",
+                                   "enum": ["1", "true", "yes", "0", "false", "no"]},
                     },
                     {
                         "name": "limit",
                         "in": "query",
                         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
                     },
-                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET},
+                    },
                 ],
                 "responses": {
                     "200": _json(
@@ -144,7 +154,7 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             },
                         },
                     ),
-                    "400": _error("A bad limit or offset."),
+                    "400": _error("A bad sessions, limit or offset" + _UNKNOWN_PARAM),
                     **unauthorized,
                 },
             }
@@ -189,7 +199,9 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             "application/x-ndjson": {"schema": {"type": "string"}},
                         },
                     },
-                    "400": _error("Bad format, unknown event type or flush_ms out of range."),
+                    "400": _error(
+                        "Bad format, unknown event type or flush_ms out of range" + _UNKNOWN_PARAM
+                    ),
                     **unauthorized,
                 },
             }
@@ -201,6 +213,7 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                 "security": operator,
                 "responses": {
                     "200": _json("The OpenAPI document.", {"type": "object"}),
+                    "400": _error("A query parameter" + _UNKNOWN_PARAM),
                     **unauthorized,
                 },
             }
@@ -228,6 +241,8 @@ def build_openapi(*, auth: bool) -> dict[str, Any]:
                             "properties": {
                                 "message": {"type": "string"},
                                 "type": {"type": "string"},
+                                # the query parameter at fault; null: none in particular
+                                "param": {"type": "string", "nullable": True},
                                 "code": {"type": "string"},
                             },
                         }

@@ -261,9 +261,11 @@ def _sessions(gw: Gateway, *, details: bool, limit: int, offset: int) -> Session
                     "parent": _unscoped(trees.parent_of(key)),
                 }
             )
+    # Bounded like the other id lists: the document is built at every poll and scrape.
     forest = {unscoped_id(p): [unscoped_id(c) for c in kids]
-              for p, kids in trees.forest().items()}
-    out: SessionsState = {"total": len(keys), "by_state": counts, "trees": forest}
+              for p, kids in trees.forest(SHOWN_IDS).items()}
+    out: SessionsState = {"total": len(keys), "by_state": counts, "trees": forest,
+                          "linked": len(trees)}
     if details:
         out["details"] = rows
     return out

@@ -1,5 +1,6 @@
 """The one error shape of the proxy: OpenAI's ``{"error": {"message", "type", "param", "code"}}``
-(``param`` is null: the proxy's errors are about the request as a whole or its headers)."""
+(``param`` names the query parameter at fault where there is one; null otherwise: the error is
+about the request as a whole or its headers)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ _TYPES = {
 }
 
 
-def error_body(message: str, *, status: int, code: str) -> dict[str, Any]:
+def error_body(
+    message: str, *, status: int, code: str, param: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
-                      "param": None, "code": code}}
+                      "param": param, "code": code}}
 
 
 def error_response(
@@ -44,13 +47,14 @@ def error_response(
     *,
     code: str,
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> web.Response:
     """An OpenAI-shaped error, its code also in ``x-marsproxy-reason``; every one is logged
     once, saying what was wrong."""
     log.warning("%d %s: %s", status, code, message)
     return web.Response(
         status=status,
-        body=json.dumps(error_body(message, status=status, code=code)).encode(),
+        body=json.dumps(error_body(message, status=status, code=code, param=param)).encode(),
         content_type="application/json",
         headers={REASON_HEADER: code, **(headers or {})},
     )

@@ -282,3 +282,26 @@ def test_a_thousand_sessions_stay_paged(browser: Any, tmp_path: Path) -> None:
         assert _severe(browser) == []
     finally:
         stop_stack(s)
+
+
+def test_client_strings_are_shown_as_text_never_as_markup(browser: Any, tmp_path: Path) -> None:
+    # Session ids are the clients' strings, shown in the sessions table and the event list.
+    sid = '<img src=x onerror="window.__xss=1"><b id=xss-b>bold</b>'
+    s = start_stack(tmp_path / "stack", "admission: {enabled: false}\n", profile="zero")
+    try:
+        browser.get(s.url + "/mars/ui")
+        _live_events_on(browser, s)
+        assert s.chat(sid, max_tokens=1) == 200
+        _wait(browser, lambda d: sid in _rows(d, "sessions"), 10, "the session listed")
+        _wait(browser, lambda d: sid in _attrs(d, "#events tbody tr", "data-session"), 10,
+              "its events listed")
+        assert sid in _texts(browser, "#sessions tbody td")
+        assert sid in _texts(browser, "#events tbody td")
+        # Nothing of it became an element (the CSP would block the handler; the DOM must not
+        # even hold the tags), and nothing ran.
+        assert browser.execute_script(
+            "return document.querySelectorAll('main img, #xss-b').length") == 0
+        assert browser.execute_script("return window.__xss === undefined")
+        assert _severe(browser) == []
+    finally:
+        stop_stack(s)

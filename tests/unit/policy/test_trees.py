@@ -84,6 +84,16 @@ def test_the_forest() -> None:
     assert t.forest() == {} and not t.has_children("p")
 
 
+def test_a_bounded_forest_shows_the_first_parents_and_children_by_id() -> None:
+    t = Trees()
+    for p in ("p3", "p1", "p2"):
+        for c in ("c9", "c1", "c5"):
+            assert t.link(f"{p}-{c}", p)
+    assert t.forest(2) == {"p1": ["p1-c1", "p1-c5"], "p2": ["p2-c1", "p2-c5"]}
+    assert t.forest(2) == {p: kids[:2] for p, kids in list(t.forest().items())[:2]}
+    assert len(t) == 9  # every link is still counted
+
+
 FRESH = WorkerObservation(healthy=True, stale=False, kv_usage=0.0, total_blocks=1000,
                           block_size=16, running=0, sampled_at=0.0)
 
