@@ -43,12 +43,12 @@ class _Run:
 
     def session(self, key: str, final: bool) -> None:
         p = self.plane
-        p.request(self.now, key, "anon", chars=400, final=final)
+        ans = p.request(self.now, key, "anon", chars=400, final=final)
         p.confirm(self.now, key)
         ticket = p.call_start(self.now, key, WORKER, chars=400)
         self.now += 0.001
-        p.call_end(self.now, key, ticket, ok=True, admitted=True, prompt_tokens=100,
-                   completion_tokens=10, continues=not final)
+        p.call_end(self.now, key, ticket, incarnation=ans.incarnation, ok=True, admitted=True,
+                   prompt_tokens=100, completion_tokens=10, continues=not final)
         if final:
             p.session_end(self.now, key, EndReason.FINAL)
 
