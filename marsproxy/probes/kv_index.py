@@ -233,8 +233,8 @@ class KVIndex:
             return
         parent = _UNMATCHABLE if ev.salted else self._parent_key(ev)
         keys: list[int | None]
-        if parent is None or parent == _UNMATCHABLE or len(ev.token_ids) != n * bs:
-            keys = [None] * n
+        if parent is None or parent == _UNMATCHABLE or not n or len(ev.token_ids) != n * bs:
+            keys = [None] * n  # (no block: nothing said of their size either)
         else:
             self.block_size = bs
             keys = []

@@ -60,6 +60,15 @@ def test_prefix_residency_by_token_chain() -> None:
     assert chain_keys(prompt, BS)[0] == chain_keys(prompt[:4], BS)[0]
 
 
+def test_an_event_storing_no_block_does_not_change_the_block_size() -> None:
+    ix = index()
+    prompt = tokens(8)
+    ix.on_batch(0, batch(stored(prompt, [11, 12], session="a")), 101.0)
+    empty = BlockStored((), None, (), 16, "GPU", None)  # no block: says nothing of their size
+    ix.on_batch(1, batch(empty), 101.0)
+    assert ix.block_size == BS and ix.predicted_cached_tokens([*prompt, 99]) == 8
+
+
 def test_hash_values_do_not_matter_only_tokens() -> None:
     """Another process's hashes (bytes, other algorithm) give the same residency."""
     ix = index()
