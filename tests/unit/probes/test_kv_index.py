@@ -12,26 +12,10 @@ from marsproxy.probes.kv_wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EventBatch,
-    KVEvent,
     WireError,
     decode_batch,
 )
-
-BS = 4
-
-
-def tokens(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
-
-def stored(toks: list[int], hashes: list[int], parent: int | None = None,
-           session: str | None = None, medium: str = "GPU") -> BlockStored:
-    return BlockStored(tuple(hashes), parent, tuple(toks), BS, medium, session)
-
-
-def batch(*events: KVEvent, ts: float = 100.0) -> EventBatch:
-    return EventBatch(ts, tuple(events), 0)
+from tests.unit.probes.kv_events_helpers import BS, batch, stored, tokens
 
 
 def index(replay: bool = True, max_pending: int = 8) -> KVIndex:

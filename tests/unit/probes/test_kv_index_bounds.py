@@ -8,22 +8,8 @@ import math
 import msgpack
 
 from marsproxy.probes.kv_index import KVIndex
-from marsproxy.probes.kv_wire import BlockStored, EventBatch, KVEvent, decode_batch
-
-BS = 4
-
-
-def tokens(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
-
-def stored(toks: list[int], hashes: list[int], parent: int | None = None,
-           session: str | None = None, medium: str = "GPU") -> BlockStored:
-    return BlockStored(tuple(hashes), parent, tuple(toks), BS, medium, session)
-
-
-def batch(*events: KVEvent, ts: float = 100.0) -> EventBatch:
-    return EventBatch(ts, tuple(events), 0)
+from marsproxy.probes.kv_wire import decode_batch
+from tests.unit.probes.kv_events_helpers import BS, batch, stored, tokens
 
 
 def index(**kw: int) -> KVIndex:
