@@ -84,6 +84,7 @@ class AdmissionShell(StoreConfirmations):
         self._confirm_lock = asyncio.Lock()
         self._memory = self.store if isinstance(self.store, MemoryStore) else None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._store_ends: dict[str, asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         self.replicas = Replicas(plane, self.store, telemetry.tracker, self._spawn, self.now)
         self.observe: Callable[[], dict[str, WorkerObservation]] = lambda: observations(
@@ -204,6 +205,8 @@ class AdmissionShell(StoreConfirmations):
         """
         core = self.core
         if core.sessions.get(key) is None:
+            if self._store_ends:  # the id's ended session leaves the store before it is read
+                await self._end_settled(self.replicas.store_key(key))
             adopted = await self.replicas.adopt(key, tenant, chars, final)
             if adopted is not None:
                 return Granted(adopted, 0.0, self.plane.incarnation(key))

@@ -7,6 +7,11 @@ replica, whose plane is the only arbiter (as in the simulator): its proposals ar
 where it makes them, without a lock, a task or a ranking, and the store records their leases;
 an outcome is carried out where the plane decided it (a final call's lease goes back before
 its response leaves, not in a task that runs after it).
+
+With Redis, an ended session's store calls (release, dequeue) start where the plane decides
+its end, one task per store key, and every later call of this replica on that key (a new
+session of the id asking, claiming, adopting) waits for them: issued later, an old session's
+release dropped the lease of the id's next session (the same replica owns both).
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class StoreConfirmations:
     _wall_ms_at_zero: int
     _memory: MemoryStore | None
     """The store, when it answers at once (carried out inline, see the module doc)."""
+    _tasks: set[asyncio.Task[Any]]
+    _store_ends: dict[str, asyncio.Task[None]]
+    """Store key -> the store calls of its last ended session, while they run."""
 
     @property
     def core(self) -> AdmissionCore:
@@ -103,6 +111,8 @@ class StoreConfirmations:
         self._refuse_expired(out)
         for e in out.ended:
             self._ending(e)
+            if self._memory is None:
+                self._end_in_store(e)
 
     def _carry_soon(self, out: Outcome) -> None:
         """Carry out ``out`` from synchronous code: at once on the in-memory store, else the
@@ -122,24 +132,54 @@ class StoreConfirmations:
         if self._memory is not None:
             self._carry_now(out, self._memory)
             return
-        for ended in out.ended:
-            await self._ended(ended)
+        if out.ended:  # issued by _answer; they come before what follows
+            ends = [t for e in out.ended if (t := self._store_ends.get(
+                self.replicas.store_key(e.session))) is not None]
+            if ends:
+                await asyncio.wait(ends)
         # Before the confirmations: session_queued comes first.
         self.telemetry.publish_decided(out.events, self.telemetry.wall() - self.now())
         if self.plane.pending_count:
             await self._confirm_pending()
 
-    async def _ended(self, e: Ended) -> None:
+    def _end_in_store(self, e: Ended) -> None:
+        """Starts ``e``'s store calls now, after those of an earlier end of its store key."""
+        if e.pending is None and e.worker is None:
+            return  # it waited in the local queue only: nothing in the store
         skey = self.replicas.store_key(e.session)
+        task = asyncio.ensure_future(self._ended(e, skey, self._store_ends.get(skey)))
+        self._store_ends[skey] = task
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._store_ends.get(skey) is t:
+                del self._store_ends[skey]
+
+        task.add_done_callback(done)
+
+    async def _end_settled(self, skey: str) -> None:
+        """Waits for the store calls of an ended session of ``skey`` still on their way (a
+        cancelled waiter leaves them running)."""
+        task = self._store_ends.get(skey)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def _ended(self, e: Ended, skey: str, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await asyncio.wait([before])
         if e.pending is not None:
-            self._spawn(self.store.dequeue(skey))
             # The store may have granted it while the answer was lost (a confirmation pass
             # cancelled with its client's request): hand the slot back now, not a TTL later.
-            self._spawn(self.store.release(e.pending.worker, skey))
-        elif e.worker is not None:
+            calls = [self.store.dequeue(skey), self.store.release(e.pending.worker, skey)]
+        else:
+            assert e.worker is not None
             # Fenced: a session another replica took over meanwhile is not ended by a timeout
             # here; its final turn or a DELETE ends it wherever it is.
-            await self.store.release(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)
+            calls = [self.store.release(e.worker, skey, any_owner=e.reason in UNFENCED_ENDS)]
+        for got in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(got, Exception):
+                log.error("ending session %s in the store failed", e.session, exc_info=got)
 
     def _carry_now(self, out: Outcome, store: MemoryStore) -> None:
         """``_carry_answered`` on the in-memory store: the same steps in the same order, at
@@ -189,6 +229,10 @@ class StoreConfirmations:
             ranks = self.plane.rank_keys(self.replicas.counters())
             for key, p in self.plane.pending():
                 skey = self._relocated(key, room)
+                if skey in self._store_ends:  # an ended session of the id leaves first
+                    await self._end_settled(skey)
+                    if self.plane.pending_of(key) is not p:
+                        continue  # it ended meanwhile: its own end withdraws it
                 # An idle admission is one slot past the limit, on its idle worker: checked
                 # against the idle limit, with one more rank than the free slots allow.
                 # The ask also puts it in the global queue when it is not there yet (its first
