@@ -258,9 +258,11 @@ class AdmissionCore(WorkerFit):
             self._admit_pass(now, actions)
         elif not rec.kv_held:  # a first call whose kind of session seldom returns
             self.peaks.release(session)
-            if not rec.watched:  # its key's never do: as good as ended, let in who waits
+            if not rec.watched:  # its key's never do: as good as ended
                 self.yields.away(session)
-                self._admit_pass(now, actions)
+            # Its room is free now, slot kept or not: waiting for the tick let a burst of
+            # plain one-shot tasks in once per tick while the engine sat idle between.
+            self._admit_pass(now, actions)
         return actions
 
     def on_session_end(self, now: float, session: str, reason: EndReason) -> Actions:

@@ -156,8 +156,9 @@ def test_kv_fit_uses_budget_and_pending_promises() -> None:
     assert c.on_request(1.0, "a", "t", 160 * 16).kind is DecisionKind.ADMITTED  # 160 blocks
     assert c.budget("w0") == 90  # promised until the worker has served its prompt
     assert c.on_request(1.0, "b", "t", 100 * 16).kind is DecisionKind.WAIT
-    c.on_response_end(2.0, "a")
-    assert c.budget("w0") == 250
+    acts = c.on_response_end(2.0, "a")  # served: its promise is settled, b fits now
+    assert [x.entry.session for x in acts.admitted] == ["b"]
+    assert c.budget("w0") == 250 - 100  # b's promise
 
 
 def test_stale_worker_gets_no_new_sessions() -> None:

@@ -193,11 +193,12 @@ def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_pa
                                         block_size=16)})
     first = [core.on_request(0.1, f"s{i}", "t", 640).kind for i in range(5)]
     assert first == [DecisionKind.ADMITTED] * 4 + [DecisionKind.WAIT]
-    for i in range(3):
+    acts = core.on_response_end(0.5, "s0", prompt_tokens=640)
+    assert [a.entry.session for a in acts.admitted] == ["s4"]  # s0 holds no room
+    for i in range(1, 3):
         core.on_response_end(0.5, f"s{i}", prompt_tokens=640)
     assert not core.sessions.returns.one_shot("t")  # 3 in their first gap: not yet
-    acts = core.on_response_end(0.6, "s3", prompt_tokens=640)
-    assert [a.entry.session for a in acts.admitted] == ["s4"]
+    core.on_response_end(0.6, "s3", prompt_tokens=640)
     assert core.sessions.returns.one_shot("t")
     kinds = [core.on_request(0.7, f"n{i}", "t", 640).kind for i in range(9)]
     # s4 was forecast at 2 × 640 when it arrived; the next are not fitted (at 640 each, 7
@@ -276,3 +277,19 @@ def test_equally_loaded_workers_take_new_sessions_in_turn(enabled: bool) -> None
         placed.append(d.worker)
         core.on_response_end(i + 0.5, f"s{i}", prompt_tokens=640)
     assert placed == ["w0", "w1", "w2"] * 2
+
+
+def test_a_first_call_that_holds_no_room_lets_in_who_waits_at_its_end() -> None:
+    # Nothing yet says whether the tenant's sessions come back, so one dormant after its first
+    # call holds no room (its slot is kept, to see). Two in a call fill the fit (2 × 2 × 40 of
+    # 180 usable blocks); when the first call ends, the room it freed goes to the one waiting
+    # then, not at the next control tick: a burst of one-shot tasks went in once per tick.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    core = AdmissionCore(cfg, ["w0"])
+    core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200,
+                                        block_size=16)})
+    kinds = [core.on_request(0.0, f"s{i}", "t", 640).kind for i in range(3)]
+    assert kinds == [DecisionKind.ADMITTED] * 2 + [DecisionKind.WAIT]
+    acts = core.on_response_end(0.05, "s0", prompt_tokens=640)
+    assert [a.entry.session for a in acts.admitted] == ["s2"]
