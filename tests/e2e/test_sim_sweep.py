@@ -38,7 +38,8 @@ def swept() -> Sweep:
 def test_the_sweep_covers_its_workloads_and_exits_by_its_findings(swept: Sweep) -> None:
     assert f"workloads: {N}," in swept.out
     waits = re.search(r"control ticks with a session waiting: (\d+)", swept.out)
-    assert waits and int(waits.group(1)) > 100  # (a) had sessions waiting to check
+    # (a) had sessions waiting to check (100 on 6 Dec: freed room admits at a call's end)
+    assert waits and int(waits.group(1)) >= 50
     light = re.search(r"light load: (\d+) workloads; worst ratio to direct ([\d.]+)x", swept.out)
     assert light and int(light.group(1)) >= 10
     assert swept.rc == (1 if sum(swept.counts.values()) else 0), swept.out[-3000:]
