@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
+from marsproxy.core.lax_bool import LAX_BOOL
 from marsproxy.emulator.tokenizer import (
     PromptError,
     encode_chat,
@@ -83,10 +84,6 @@ def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
     if isinstance(val, bool) or not isinstance(val, int):
         raise bad_request(f"'{key}' must be an integer", key)
     return val
-
-
-LAX_BOOL = TypeAdapter(bool)
-"""A bool as vLLM's request models (pydantic, lax mode) read it: "true", "yes", 1, 1.0 too."""
 
 
 def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:

@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from pydantic import TypeAdapter, ValidationError
 
 from marsproxy.core.identity import Route
+from marsproxy.core.lax_bool import vllm_true
 
 SCHEDULED_ROUTES: dict[str, Route] = {
     "/v1/chat/completions": "chat",
@@ -18,21 +18,6 @@ SCHEDULED_ROUTES: dict[str, Route] = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
 }
-
-
-_LAX_BOOL = TypeAdapter(bool)
-
-
-def vllm_true(value: Any) -> bool:
-    """Whether vLLM reads ``value`` as true: its request models are pydantic models in lax
-    mode ("true", "yes", 1, 1.0, ...). What it cannot read as a bool is false here: the
-    worker answers it 400."""
-    if value is True or value is False or value is None:  # the common case: not validated
-        return value is True
-    try:
-        return _LAX_BOOL.validate_python(value)
-    except ValidationError:
-        return False
 
 
 class BodyError(Exception):
