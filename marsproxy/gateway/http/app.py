@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from marsproxy.config import MarsConfig
 from marsproxy.core.identity import Route
@@ -157,10 +158,7 @@ def create_app(cfg: MarsConfig) -> web.Application:
         )
 
     async def metrics(_: web.Request) -> web.Response:  # behind the token if auth.protect_metrics
-        resp = web.Response(body=gw.metrics.render())
-        resp.content_type = "text/plain"
-        resp.charset = "utf-8"
-        return resp
+        return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def scheduled(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:

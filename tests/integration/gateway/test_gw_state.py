@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from marsproxy.config import load_config
@@ -256,6 +257,8 @@ async def test_metrics_families_and_no_session_ids(stack: Stack) -> None:
         assert r.status == 202
     async with stack.http.get(stack.url("/metrics")) as r:
         text = await r.text()
+        # The exposition format's version, as prometheus_client (and vLLM) announce it.
+        assert r.headers["Content-Type"] == CONTENT_TYPE_LATEST
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     for name, kind in EXPECTED_TYPES.items():
         assert name in fams, name
