@@ -122,10 +122,12 @@ def chat_body(session: str, *, tokens: int, stream: bool) -> dict[str, Any]:
     }
 
 
-def headers(session: str, final: bool = False) -> dict[str, str]:
+def headers(session: str, final: bool = False, cls: str | None = None) -> dict[str, str]:
     h = {"x-session-id": session}
     if final:
         h["x-session-final"] = "true"
+    if cls is not None:
+        h["x-session-class"] = cls
     return h
 
 
@@ -141,11 +143,11 @@ class Reply:
 
 async def call(
     http: aiohttp.ClientSession, base: str, session: str, *, tokens: int = 4,
-    stream: bool = False, final: bool = False,
+    stream: bool = False, final: bool = False, cls: str | None = None,
 ) -> Reply:
     async with http.post(
         f"{base}/v1/chat/completions", json=chat_body(session, tokens=tokens, stream=stream),
-        headers=headers(session, final),
+        headers=headers(session, final, cls),
     ) as r:
         return Reply(r.status, await r.text(), dict(r.headers))
 

@@ -62,6 +62,10 @@ class Keys:
     def session(self, key: str) -> str:
         return f"{self.base}sess:{key}"
 
+    def saved(self, key: str, worker: str) -> list[str]:
+        """The KEYS of ``save.lua``: the record, its worker's lease owners, its tombstone."""
+        return [self.session(key), self.own(worker), self.tomb(key)]
+
     def tomb(self, key: str) -> str:
         """Tombstone of an ended session (resync must not write its lease back)."""
         return f"{self.tomb_prefix}{key}"
@@ -120,6 +124,7 @@ class Scripts:
         self.resync = lease_script("resync.lua")
         self.release = plain("release.lua")
         self.save = plain("save.lua")
+        self.forget = plain("forget.lua")
         self.heartbeat = plain("heartbeat.lua")
         self.lead = plain("lead.lua")
         self.publish_windows = plain("publish_windows.lua")

@@ -95,8 +95,7 @@ class RedisRecords:
         self.deleted.discard(key)
         if self.link.up:
             # Fenced: not over another replica's record of it, nor after its end (save.lua).
-            keys = [self.keys.session(key), self.keys.own(str(record.get("worker"))),
-                    self.keys.tomb(key)]
+            keys = self.keys.saved(key, str(record.get("worker")))
             try:
                 await self.link.io(self.scripts.save(keys=keys,
                                                      args=[raw, self.session_ms, self._id, key]))

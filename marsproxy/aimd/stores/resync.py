@@ -4,12 +4,15 @@ nothing is counted twice.
 The replica's mirror is the truth for what *it* admitted: its leases are re-added (ZADD of an
 existing member only re-scores it) and its own leases that Redis still holds but it released
 are dropped, per worker, inside ``resync.lua``. Queue entries and session records changed while
-Redis was away are written back in the same pipeline. Every step is idempotent, so a pass that
-fails half-way is simply repeated by the reconnect loop.
+Redis was away are written back in the same pipeline, records fenced as every save is
+(``save.lua``: not over another replica's lease, not after the session's end), deletions
+fenced alike (``forget.lua``). Every step is idempotent, so a pass that fails half-way is
+simply repeated by the reconnect loop.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import TYPE_CHECKING
 
@@ -67,9 +70,15 @@ async def _one_pass(store: RedisStore) -> int:
             for s, _ in queued:
                 pipe.set(keys.asked(s), 1, px=store.lease_ms)
         for k, raw in dirty.items():
-            pipe.set(keys.session(k), raw, px=store.session_ms)
-        if deleted:
-            pipe.delete(*(keys.session(k) for k in deleted))
+            # Fenced as any save (save.lua): after the leases above, so a session that moved
+            # to another replica or ended there meanwhile keeps its holder's record, or none.
+            worker = str(json.loads(raw).get("worker"))
+            await store.scripts.save(keys=keys.saved(k, worker),
+                                     args=[raw, store.session_ms, store.replica_id, k],
+                                     client=pipe)
+        for k in sorted(deleted):  # fenced too (forget.lua)
+            await store.scripts.forget(keys=[keys.session(k), *map(keys.own, workers)],
+                                       args=[store.replica_id, k], client=pipe)
         results = await store.io(pipe.execute())
     # A session queued at the snapshot may have been admitted or dequeued since (ops go on
     # meanwhile; once the link is up they go straight to Redis, before this pipeline): the

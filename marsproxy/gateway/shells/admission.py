@@ -84,9 +84,10 @@ class AdmissionShell(StoreConfirmations):
         self._confirm_lock = asyncio.Lock()
         self._memory = self.store if isinstance(self.store, MemoryStore) else None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._store_ends: dict[str, asyncio.Task[None]] = {}
+        self._store_calls: dict[str, asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self.replicas = Replicas(plane, self.store, telemetry.tracker, self._spawn, self.now)
+        self.replicas = Replicas(plane, self.store, telemetry.tracker, self._in_key_order,
+                                 self.now)
         self.observe: Callable[[], dict[str, WorkerObservation]] = lambda: observations(
             cfg.workers, telemetry, health)
         """What the plane hears about the workers at a tick (the probes; a test may script it)."""
@@ -205,8 +206,8 @@ class AdmissionShell(StoreConfirmations):
         """
         core = self.core
         if core.sessions.get(key) is None:
-            if self._store_ends:  # the id's ended session leaves the store before it is read
-                await self._end_settled(self.replicas.store_key(key))
+            if self._store_calls:  # the id's ended session leaves the store before it is read
+                await self._key_settled(self.replicas.store_key(key))
             adopted = await self.replicas.adopt(key, tenant, chars, final)
             if adopted is not None:
                 return Granted(adopted, 0.0, self.plane.incarnation(key))

@@ -9,16 +9,18 @@ an outcome is carried out where the plane decided it (a final call's lease goes 
 its response leaves, not in a task that runs after it).
 
 With Redis, an ended session's store calls (release, dequeue) start where the plane decides
-its end, one task per store key, and every later call of this replica on that key (a new
-session of the id asking, claiming, adopting) waits for them: issued later, an old session's
-release dropped the lease of the id's next session (the same replica owns both).
+its end, and the saves of session records where they are decided, in tasks that run one after
+another per store key; every later call of this replica on that key (a new session of the id
+asking, claiming, adopting) waits for them: issued later, an old session's release dropped the
+lease of the id's next session (the same replica owns both), and an old record landing after
+the id's next admission was written over the new session's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from marsproxy.aimd.admission import AdmissionCore
@@ -66,8 +68,9 @@ class StoreConfirmations:
     _memory: MemoryStore | None
     """The store, when it answers at once (carried out inline, see the module doc)."""
     _tasks: set[asyncio.Task[Any]]
-    _store_ends: dict[str, asyncio.Task[None]]
-    """Store key -> the store calls of its last ended session, while they run."""
+    _store_calls: dict[str, asyncio.Task[None]]
+    """Store key -> the last of this replica's store calls on it (an end's, a save), while it
+    runs: each starts when the one before is done."""
 
     @property
     def core(self) -> AdmissionCore:
@@ -133,7 +136,7 @@ class StoreConfirmations:
             self._carry_now(out, self._memory)
             return
         if out.ended:  # issued by _answer; they come before what follows
-            ends = [t for e in out.ended if (t := self._store_ends.get(
+            ends = [t for e in out.ended if (t := self._store_calls.get(
                 self.replicas.store_key(e.session))) is not None]
             if ends:
                 await asyncio.wait(ends)
@@ -142,32 +145,35 @@ class StoreConfirmations:
         if self.plane.pending_count:
             await self._confirm_pending()
 
-    def _end_in_store(self, e: Ended) -> None:
-        """Starts ``e``'s store calls now, after those of an earlier end of its store key."""
-        if e.pending is None and e.worker is None:
-            return  # it waited in the local queue only: nothing in the store
-        skey = self.replicas.store_key(e.session)
-        task = asyncio.ensure_future(self._ended(e, skey, self._store_ends.get(skey)))
-        self._store_ends[skey] = task
+    def _in_key_order(self, skey: str, calls: Callable[[], Awaitable[None]]) -> None:
+        """Runs ``calls()`` in a task once this replica's earlier store calls on ``skey`` are
+        done (connections and the script batcher do not keep the order they were issued in)."""
+        task = asyncio.ensure_future(_after(self._store_calls.get(skey), calls))
+        self._store_calls[skey] = task
         self._tasks.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
             self._tasks.discard(t)
-            if self._store_ends.get(skey) is t:
-                del self._store_ends[skey]
+            if self._store_calls.get(skey) is t:
+                del self._store_calls[skey]
 
         task.add_done_callback(done)
 
-    async def _end_settled(self, skey: str) -> None:
-        """Waits for the store calls of an ended session of ``skey`` still on their way (a
-        cancelled waiter leaves them running)."""
-        task = self._store_ends.get(skey)
+    def _end_in_store(self, e: Ended) -> None:
+        """Starts ``e``'s store calls now, after the earlier calls on its store key."""
+        if e.pending is None and e.worker is None:
+            return  # it waited in the local queue only: nothing in the store
+        skey = self.replicas.store_key(e.session)
+        self._in_key_order(skey, lambda: self._ended(e, skey))
+
+    async def _key_settled(self, skey: str) -> None:
+        """Waits for this replica's store calls on ``skey`` still on their way (a cancelled
+        waiter leaves them running)."""
+        task = self._store_calls.get(skey)
         if task is not None:
             await asyncio.wait([task])
 
-    async def _ended(self, e: Ended, skey: str, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            await asyncio.wait([before])
+    async def _ended(self, e: Ended, skey: str) -> None:
         if e.pending is not None:
             # The store may have granted it while the answer was lost (a confirmation pass
             # cancelled with its client's request): hand the slot back now, not a TTL later.
@@ -229,8 +235,8 @@ class StoreConfirmations:
             ranks = self.plane.rank_keys(self.replicas.counters())
             for key, p in self.plane.pending():
                 skey = self._relocated(key, room)
-                if skey in self._store_ends:  # an ended session of the id leaves first
-                    await self._end_settled(skey)
+                if skey in self._store_calls:  # an ended session of the id leaves first
+                    await self._key_settled(skey)
                     if self.plane.pending_of(key) is not p:
                         continue  # it ended meanwhile: its own end withdraws it
                 # An idle admission is one slot past the limit, on its idle worker: checked
@@ -302,3 +308,9 @@ class StoreConfirmations:
         self._refuse(key, Refused(503, "store_unavailable", 1,
                                   "admission state store unreachable (on_store_failure: closed)"))
         self._carry_soon(self.plane.withdraw(self.now(), key))
+
+
+async def _after(before: asyncio.Task[None] | None, calls: Callable[[], Awaitable[None]]) -> None:
+    if before is not None:
+        await asyncio.wait([before])
+    await calls()

@@ -12,7 +12,7 @@ never adopted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from marsproxy.aimd.stores import WindowStore, wall_clock_ms
@@ -24,9 +24,12 @@ log = logging.getLogger("marsproxy.gateway.shells.admission")
 
 class Replicas:
     def __init__(self, plane: ControlPlane, store: WindowStore, tracker: ToolPhaseTracker,
-                 spawn: Callable[[Any], None], now: Callable[[], float]) -> None:
+                 in_key_order: Callable[[str, Callable[[], Awaitable[None]]], None],
+                 now: Callable[[], float]) -> None:
         self.plane, self.store, self.tracker = plane, store, tracker
-        self._spawn, self._now = spawn, now
+        self._in_key_order, self._now = in_key_order, now
+        # Store key -> the newest record of it not sent yet (its save waits its turn).
+        self._unsent: dict[str, dict[str, Any]] = {}
         # Carried in the session record: tokens served (attained service) and the tool-time
         # estimate of a session adopted from another replica (this one has no history of it).
         self.attained: dict[str, int] = {}
@@ -111,7 +114,19 @@ class Replicas:
             "idle_timeout_s": rec.idle_timeout_s,
             "replica": self.store.replica_id,
         }
-        self._spawn(self.store.save_session(self.store_key(key), record))
+        # After the key's earlier store calls, as the shell orders them: an ended session's
+        # record lands before its end deletes it, so before the id's next session is granted,
+        # and no record lands over a newer one. Saves issued while one waits keep the newest.
+        skey = self.store_key(key)
+        waiting = skey in self._unsent
+        self._unsent[skey] = record
+        if not waiting:
+            self._in_key_order(skey, lambda: self._send(skey))
+
+    async def _send(self, skey: str) -> None:
+        record = self._unsent.pop(skey, None)
+        if record is not None:
+            await self.store.save_session(skey, record)
 
     async def adopt(self, key: str, tenant: str, chars: int, final: bool) -> str | None:
         """A session another replica admitted: claim its lease, serve it on its worker;

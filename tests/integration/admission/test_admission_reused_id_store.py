@@ -10,6 +10,7 @@ queue deadline while the slot is x's, served at once when the store lost x's lea
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -184,6 +185,53 @@ async def test_the_old_release_sent_during_the_new_sessions_claim_leaves_it_held
     await a.until(two_heartbeats)
     await _ticks(a, 2)  # the second began after the beats: it drained what they found lost
     assert plane.phase(KEY) is Phase.DORMANT
+
+
+async def test_a_record_saved_before_the_end_lands_before_the_reused_ids_admission(
+    make_stack: _Factory, private_redis: Any,
+) -> None:
+    """x's second turn ends on a; the save of its record is held at the store; x is deleted
+    and a new session of x asks meanwhile. The old record must land before the old end (which
+    deletes it) and so before the new session is admitted: landing after, it was written over
+    the new session's (a owns the lease of both) and another replica adopted x as it was."""
+    store = {"backend": "redis", "redis_url": private_redis.url, "pool": "save-end"} | STORE
+    a = await make_stack(window=1, store=store)
+    adm, plane = a.proxy.gateway.admission, a.proxy.gateway.plane
+    assert (await a.chat("x", content="old"))[0] == 200
+    st, go, held = adm.store, asyncio.Event(), asyncio.Event()
+    real_save, saved = st.save_session, []
+
+    async def save_session(key: str, record: dict[str, Any]) -> None:
+        if key == KEY and not held.is_set():
+            held.set()
+            await go.wait()
+        await real_save(key, record)
+        saved.append(record)
+
+    st.save_session = save_session
+    assert (await a.chat("x", content="old again"))[0] == 200
+    await asyncio.wait_for(held.wait(), 10)  # the old session's record, on its way
+    async with a.http.delete(a.url("/mars/v1/sessions/x")) as resp:
+        assert resp.status == 200
+    new = asyncio.create_task(a.chat("x", content="new"))
+    await asyncio.wait({new}, timeout=1.0)  # admitted meanwhile, if it does not wait
+    go.set()
+    status, _, body = await asyncio.wait_for(new, 10)
+    assert status == 200, body
+    assert plane.phase(KEY) is Phase.DORMANT
+
+    async def settled() -> bool:
+        return not adm._store_calls
+
+    await a.until(settled)
+    r = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+    try:
+        raw = await r.get("mars:{save-end}:sess:" + KEY)
+    finally:
+        await r.aclose()
+    assert raw is not None and json.loads(raw) == saved[-1], (
+        "the record in the store is not the new session's latest")
+    assert json.loads(raw)["turns"] == 1, "the old session's record (2 turns) came back"
 
 
 async def _ticks(s: Any, n: int) -> None:

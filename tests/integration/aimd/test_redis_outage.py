@@ -210,3 +210,55 @@ async def test_redis_restarted_empty_between_two_ops_is_an_outage_not_every_leas
     members, owners = await _members(private_redis.url, a)
     assert sorted(members) == ["a0", "a1"]
     assert set(owners.values()) == {a.replica_id}
+
+
+def _record(store: RedisStore, turns: int) -> dict[str, Any]:
+    return {"worker": "w1", "turns": turns, "replica": store.replica_id}
+
+
+async def test_a_record_written_back_after_an_outage_keeps_off_a_moved_session(
+    make_replica: MakeReplica, private_redis: Any, eventually: Any
+) -> None:
+    """x moved from a to b; a, cut off before its heartbeat told it so, still saved x's record
+    (one of its turns ending): the write-back leaves the new holder's record standing."""
+    a, b = await make_replica("local"), await make_replica("local")
+    assert await a.try_admit("w1", "t/id/x", LIMIT, wall_clock_ms())
+    await a.save_session("t/id/x", _record(a, 1))
+    assert await b.claim("w1", "t/id/x", wall_clock_ms())  # x's next request went to b
+    await b.save_session("t/id/x", _record(b, 2))
+    a.fail(ConnectionError("cut off"))  # a alone loses Redis (a partition, not a dead Redis)
+    await a.save_session("t/id/x", _record(a, 1))  # kept locally, to be written back
+    assert not a.up and a.dirty == {"t/id/x"}
+    await eventually(lambda: a.up and not a.dirty, 5.0)
+    assert await b.load_session("t/id/x") == _record(b, 2)
+
+
+async def test_a_record_written_back_after_an_outage_does_not_revive_an_ended_session(
+    make_replica: MakeReplica, private_redis: Any, eventually: Any
+) -> None:
+    a, b = await make_replica("local"), await make_replica("local")
+    assert await a.try_admit("w1", "t/id/x", LIMIT, wall_clock_ms())
+    await a.save_session("t/id/x", _record(a, 1))
+    assert await b.release("w1", "t/id/x", any_owner=True)  # a DELETE on b ends x
+    a.fail(ConnectionError("cut off"))
+    await a.save_session("t/id/x", _record(a, 2))
+    assert not a.up and a.dirty == {"t/id/x"}
+    await eventually(lambda: a.up and not a.dirty, 5.0)
+    assert await b.load_session("t/id/x") is None
+    assert a.drain_lost() == [("w1", "t/id/x")]
+
+
+async def test_a_record_deleted_during_an_outage_stays_with_the_session_that_moved(
+    make_replica: MakeReplica, private_redis: Any, eventually: Any
+) -> None:
+    """x moved from a to b; a, cut off, ends x (its idle timeout: a believes it still holds
+    it): the deletion written back on resync leaves b's record of x standing."""
+    a, b = await make_replica("local"), await make_replica("local")
+    assert await a.try_admit("w1", "t/id/x", LIMIT, wall_clock_ms())
+    assert await b.claim("w1", "t/id/x", wall_clock_ms())
+    await b.save_session("t/id/x", _record(b, 2))
+    a.fail(ConnectionError("cut off"))
+    await a.release("w1", "t/id/x")  # kept locally, written back on resync
+    assert not a.up and a.deleted == {"t/id/x"}
+    await eventually(lambda: a.up and not a.deleted, 5.0)
+    assert await b.load_session("t/id/x") == _record(b, 2)
