@@ -134,7 +134,21 @@ class KVEventsTuning(_Section):
     )
     max_pending_batches: int = Field(
         10_000, ge=1,
-        description="Live batches held while a gap is replayed; more: resync at once.",
+        description="Live batches held while a gap is replayed; more: resync at once. A replay"
+        " may send this many batches past the held one it must reach (at a connection before"
+        " any live batch: in all); more: it is cut off as if it had ended (a gap left open"
+        " resyncs). Keep it at or above the workers' buffer_steps.",
+    )
+    max_pending_bytes: int = Field(
+        32 * 2**20, ge=1,
+        description="Payload bytes of the batches held while a gap is replayed; more: resync"
+        " at once (decoded, they take a few times that).",
+    )
+    max_message_bytes: int = Field(
+        16 * 2**20, ge=1,
+        description="Largest frame taken from a publisher's event or replay socket"
+        " (ZMQ_MAXMSGSIZE): one larger drops that connection (the index starts over, or the"
+        " replay is given up).",
     )
     reconnect_s: float = Field(
         1.0, gt=0, description="ZMQ reconnect interval to a publisher that went away."

@@ -14,10 +14,11 @@ multimodal input) is counted as resident but never matches a prompt.
 Sequencing: batches carry consecutive numbers. A batch ahead of the next expected one is held
 back and the caller is asked to replay from the missing number; replayed batches fill the gap
 and the held ones follow. A gap the replay cannot fill (the publisher's buffer no longer holds
-it, no replay socket, too many batches held) resynchronises: the index forgets everything and
-goes on from the oldest held batch, so it under-counts rather than believes in blocks that may
-be gone. A live batch numbered below the expected one means the worker restarted (its counter
-began again): the index is reset and replays the new process's history from 0.
+it, no replay socket, too many batches or bytes held) resynchronises: the index forgets all and
+goes on from the oldest held batch (it under-counts rather than believes in blocks that may be
+gone). A live batch numbered below the expected one means the worker restarted: the index is
+reset and replays the new process's history from 0. A replay that a later one superseded feeds
+nothing; one sending over ``max_pending`` batches past the held one it must reach is cut off.
 
 Bounds: an engine whose removals never arrive (a publisher that drops them, a report mode
 that re-stores blocks) must not grow the index without bound. A medium holds at most
@@ -74,10 +75,11 @@ def prediction_outcome(predicted: int, actual: int, block_size: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Step:
     """What the caller must do after feeding the index: ask for a replay from ``replay_from``
-    (None: nothing to ask); ``reset`` says the index forgot its blocks in this step."""
+    (None: none) and feed it as ``replay_id``; ``reset``: the index forgot its blocks."""
 
     replay_from: int | None = None
     reset: bool = False
+    replay_id: int = 0
 
 
 class _Block:
@@ -95,9 +97,10 @@ class KVIndex:
     """One worker's resident blocks, per medium and per session, from its event stream."""
 
     def __init__(self, *, replay: bool, max_pending: int, rate_window_s: float = 10.0,
-                 max_blocks: int = MAX_BLOCKS) -> None:
-        if max_pending < 1 or rate_window_s <= 0 or max_blocks < 1:
-            raise ValueError("max_pending and max_blocks must be >= 1 and rate_window_s > 0")
+                 max_blocks: int = MAX_BLOCKS, max_pending_bytes: int | None = None) -> None:
+        self.max_pending_bytes = math.inf if max_pending_bytes is None else max_pending_bytes
+        if min(max_pending, max_blocks, self.max_pending_bytes) < 1 or rate_window_s <= 0:
+            raise ValueError("max_pending, max_pending_bytes, max_blocks: >= 1; rate_window_s > 0")
         self.replay = replay
         self.max_pending = max_pending
         self.rate_window_s = rate_window_s
@@ -108,8 +111,12 @@ class KVIndex:
         self._resident: dict[str, Counter[int]] = {}  # medium -> content key -> holders
         self._sessions: dict[str, Counter[str]] = {}  # medium -> session -> blocks
         self.expected: int | None = None  # next sequence number; None: take what comes
-        self._pending: dict[int, EventBatch] = {}
-        self.replaying = False
+        self._pending: dict[int, tuple[EventBatch, int]] = {}  # seq -> (batch, payload bytes)
+        self._pending_bytes = 0
+        self.replaying = False  # waiting for the replay ``replay_id``
+        self.replay_id = 0  # the latest replay asked for
+        self._replay_start, self._replay_batches = 0, 0  # where it began, batches it sent
+        self._replay_target: int | None = None  # batches from its start to the held one
         self.synced = False  # the history since the last (re)start is replayed (or needs none)
         # counters
         self.events_total = 0
@@ -119,6 +126,9 @@ class KVIndex:
         self.unknown_removals_total = 0
         self.dropped_blocks_total = 0  # blocks let go beyond what the engine can hold
         self.bad_events_total = 0  # events the decoder could not read
+        self.stale_replay_batches_total = 0  # batches of a replay no longer waited for
+        self.replays_cut_total = 0  # replays given up for sending too many batches
+        self.pending_overflows_total = 0  # resyncs for too many batches or bytes held
         self.last_seq: int | None = None
         self.last_lag_s: float | None = None
         self._rate: deque[tuple[float, int]] = deque()
@@ -129,16 +139,29 @@ class KVIndex:
         """A (re)connection to the publisher: forget what was known (a worker may have restarted
         behind it) and, with a replay socket, fetch its history from 0."""
         self._clear()
-        self._pending.clear()
+        self._pending, self._pending_bytes = {}, 0
         self.synced = False
         if not self.replay:
             self.expected, self.replaying, self.synced = None, False, True
             return Step(reset=True)
-        self.expected, self.replaying = 0, True
-        return Step(replay_from=0, reset=True)
+        self.expected = 0
+        return self._ask(0, reset=True)
 
-    def on_batch(self, seq: int, batch: EventBatch, now: float, *, replayed: bool = False) -> Step:
-        """Feed one batch (live from the PUB socket, or ``replayed``)."""
+    def awaits(self, replay_id: int) -> bool:
+        """Whether the index still waits for the replay ``replay_id`` (else: stop reading it)."""
+        return self.replaying and replay_id == self.replay_id
+
+    def on_batch(self, seq: int, batch: EventBatch, now: float, *, replay: int | None = None,
+                 size: int = 0) -> Step:
+        """Feed one batch (live, or of the replay ``replay``) of ``size`` payload bytes."""
+        if replay is not None:
+            if not self.awaits(replay):
+                self.stale_replay_batches_total += 1
+                return Step()
+            self._replay_batches += 1
+            if self._replay_batches > self.max_pending + (self._replay_target or 0):
+                self.replays_cut_total += 1  # given up as if it had ended: a gap left resyncs
+                return self.replay_done(now, replay)
         if self.expected is None:
             self.expected = seq
         if seq == self.expected:
@@ -146,34 +169,52 @@ class KVIndex:
             self._drain(now)
             return Step()
         if seq < self.expected:
-            if replayed:
+            if replay is not None:
                 self.duplicates_total += 1
                 return Step()
-            return self._restarted(seq, batch, now)
+            return self._restarted(seq, batch, now, size)
         # A gap: hold this batch until the missing ones come.
-        self._pending[seq] = batch
-        if len(self._pending) > self.max_pending or not self.replay:
+        self._hold(seq, batch, size, live=replay is None)
+        if not self.replay:
+            return self._resync(now)
+        if (len(self._pending) > self.max_pending
+                or self._pending_bytes > self.max_pending_bytes):
+            self.pending_overflows_total += 1
             return self._resync(now)
         if self.replaying:
             return Step()
-        self.replaying = True
-        return Step(replay_from=self.expected)
+        return self._ask(self.expected, target=seq - self.expected)
 
-    def replay_done(self, now: float) -> Step:
-        """The replay ended (its end marker, or it timed out): a gap still open is lost."""
+    def replay_done(self, now: float, replay_id: int) -> Step:
+        """The replay ``replay_id`` ended (its end marker, or it timed out): a gap still open
+        is lost. The end of a replay no longer waited for changes nothing."""
+        if not self.awaits(replay_id):
+            return Step()
         self.replaying, self.synced = False, True
         if self._pending and self.expected not in self._pending:
             return self._resync(now)
         return Step()
 
-    def _restarted(self, seq: int, batch: EventBatch, now: float) -> Step:
+    def _ask(self, start: int, *, reset: bool = False, target: int | None = None) -> Step:
+        self.replaying = True
+        self.replay_id += 1
+        self._replay_start, self._replay_target, self._replay_batches = start, target, 0
+        return Step(replay_from=start, reset=reset, replay_id=self.replay_id)
+
+    def _hold(self, seq: int, batch: EventBatch, size: int, *, live: bool) -> None:
+        self._pending_bytes += size - self._pending.get(seq, (batch, 0))[1]
+        self._pending[seq] = (batch, size)
+        if live and self.replaying and self._replay_target is None:
+            self._replay_target = seq - self._replay_start  # (one at a connection learns it here)
+
+    def _restarted(self, seq: int, batch: EventBatch, now: float, size: int) -> Step:
         self.resyncs_total += 1
         step = self.begin()
         if not self.replay or seq == 0:
             self.expected, self.replaying, self.synced = seq, False, True
             self._apply(seq, batch, now)
             return Step(reset=True)
-        self._pending[seq] = batch
+        self._hold(seq, batch, size, live=True)
         return step
 
     def _resync(self, now: float) -> Step:
@@ -186,7 +227,9 @@ class KVIndex:
     def _drain(self, now: float) -> None:
         while self.expected in self._pending:
             seq = self.expected
-            self._apply(seq, self._pending.pop(seq), now)
+            batch, size = self._pending.pop(seq)
+            self._pending_bytes -= size
+            self._apply(seq, batch, now)
 
     # -- applying -------------------------------------------------------------------------------
 

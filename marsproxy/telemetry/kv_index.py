@@ -37,6 +37,9 @@ class KVIndexWorkerState(TypedDict):
     engine_blocks: int | None  # the worker's GPU blocks (num_gpu_blocks): the GPU index's cap
     dropped_blocks_total: int  # blocks let go beyond what the engine can hold (lost removals)
     bad_events_total: int  # events that could not be read (skipped, or the index forgot all)
+    stale_replay_batches_total: int  # replayed batches of a superseded replay, dropped
+    replays_cut_total: int  # replays given up for sending too many batches (an open gap resyncs)
+    pending_overflows_total: int  # too many batches or bytes held in a gap (each a resync)
 
 
 def kv_index_metrics(workers: Mapping[str, KVIndexWorkerState]) -> Iterator[Metric]:

@@ -11,8 +11,11 @@ A publisher that is down, never answers or sends garbage leaves its worker witho
 proxy behaves exactly as without ``kv_events``. ZMQ reconnects by itself; each new connection
 starts the index over from the publisher's replay buffer (the worker may have restarted).
 A frame it cannot read is counted and skipped; a batch whose number is readable and whose
-payload is not counts as one that may have removed any block. An error of the index itself
-starts that worker's index over rather than ending its task.
+payload is not counts as one that may have removed any block. A frame over
+``max_message_bytes`` drops its connection (ZMQ's MAXMSGSIZE): the index starts over, or the
+replay is given up. A replay the index no longer waits for (a reconnection superseded it, or
+it ran too long) is hung up on. An error of the index itself starts that worker's index over
+rather than ending its task.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.probes.config import KVEventsSourceConfig, KVEventsTuning
-from marsproxy.probes.kv_index import MEDIUM_GPU, KVIndex
+from marsproxy.probes.kv_index import MEDIUM_GPU, KVIndex, Step
 from marsproxy.probes.kv_wire import (
     END_SEQ,
     EventBatch,
@@ -59,12 +62,13 @@ class _Source:
         self.src = src
         self.index = KVIndex(replay=src.replay_endpoint is not None,
                              max_pending=cfg.max_pending_batches,
+                             max_pending_bytes=cfg.max_pending_bytes,
                              rate_window_s=cfg.rate_window_s)
         self.connected = False
         self.connects_total = 0
         self.bad_frames_total = 0
         self.replays_total = 0
-        self.replays: asyncio.Queue[int] = asyncio.Queue()
+        self.replays: asyncio.Queue[tuple[int, int]] = asyncio.Queue()  # (start, replay id)
 
     @property
     def usable(self) -> bool:
@@ -149,6 +153,9 @@ class KVEventsShell:
                 "engine_blocks": ix.engine_blocks,
                 "dropped_blocks_total": ix.dropped_blocks_total,
                 "bad_events_total": ix.bad_events_total,
+                "stale_replay_batches_total": ix.stale_replay_batches_total,
+                "replays_cut_total": ix.replays_cut_total,
+                "pending_overflows_total": ix.pending_overflows_total,
             }
         return out
 
@@ -158,10 +165,12 @@ class KVEventsShell:
         assert self._ctx is not None
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RECONNECT_IVL, int(self.tuning.reconnect_s * 1000))
+        sub.setsockopt(zmq.MAXMSGSIZE, self.tuning.max_message_bytes)
         sub.setsockopt(zmq.SUBSCRIBE, s.src.topic.encode())
-        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         sub.connect(s.src.endpoint)
-        watch = asyncio.create_task(self._watch(s, monitor), name=f"kv-monitor-{s.label}")
+        watch = asyncio.create_task(self._watch(s, sub, monitor), name=f"kv-monitor-{s.label}")
         try:
             while True:
                 self._on_frames(s, await sub.recv_multipart())
@@ -176,14 +185,27 @@ class KVEventsShell:
             monitor.close(linger=0)
             sub.close(linger=0)
 
-    async def _watch(self, s: _Source, monitor: zmq.asyncio.Socket) -> None:
+    async def _watch(self, s: _Source, sub: zmq.asyncio.Socket,
+                     monitor: zmq.asyncio.Socket) -> None:
+        retried = True
         while True:
+            if not retried and not await monitor.poll(int(self.tuning.reconnect_s * 1000)):
+                # ZMQ retries a lost connection at once (EVENT_CONNECT_RETRIED), but never one
+                # it dropped for a protocol error, such as a frame over max_message_bytes.
+                s.bad_frames_total += 1
+                log.warning("KV events of %s: %s sent what ZMQ refused; reconnecting",
+                            s.label, s.src.endpoint)
+                sub.disconnect(s.src.endpoint)
+                sub.connect(s.src.endpoint)
+                retried = True
+                continue
             event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            retried = event != zmq.EVENT_DISCONNECTED
             if event == zmq.EVENT_CONNECTED:
                 s.connected = True
                 s.connects_total += 1
                 log.info("KV events of %s: connected to %s", s.label, s.src.endpoint)
-                self._ask_replay(s, s.index.begin().replay_from)
+                self._ask_replay(s, s.index.begin())
             elif event == zmq.EVENT_DISCONNECTED:
                 s.connected = False
                 log.warning("KV events of %s: publisher %s went away", s.label, s.src.endpoint)
@@ -198,7 +220,7 @@ class KVEventsShell:
             s.bad_frames_total += 1
             log.debug("KV events of %s: bad frame: %s", s.label, exc)
             return
-        self._feed(s, seq, self._decode(s, frames[2]))
+        self._feed(s, seq, frames[2])
 
     def _decode(self, s: _Source, payload: bytes) -> EventBatch:
         try:
@@ -207,50 +229,51 @@ class KVEventsShell:
             log.debug("KV events of %s: bad payload: %s", s.label, exc)
             return unreadable_batch(self.wall(), str(exc))
 
-    def _feed(self, s: _Source, seq: int, batch: EventBatch, *, replayed: bool = False) -> None:
+    def _feed(self, s: _Source, seq: int, payload: bytes, replay: int | None = None) -> None:
+        batch = self._decode(s, payload)
         s.index.engine_blocks = self._engine_blocks(s.label)
         try:
-            step = s.index.on_batch(seq, batch, self.wall(), replayed=replayed)
+            step = s.index.on_batch(seq, batch, self.wall(), replay=replay, size=len(payload))
         except Exception:  # a defect of the index: never believe it, never end the task
             log.exception("KV events of %s: the index failed on batch %d; starting over",
                           s.label, seq)
             step = s.index.begin()
-        if not replayed:
-            self._ask_replay(s, step.replay_from)
+        self._ask_replay(s, step)
 
     @staticmethod
-    def _ask_replay(s: _Source, start: int | None) -> None:
-        if start is not None:
+    def _ask_replay(s: _Source, step: Step) -> None:
+        if step.replay_from is not None:
             # The newest request supersedes any not yet served (each (re)connection starts
             # the index over): a publisher that flaps must not queue replays without bound.
             while not s.replays.empty():
                 s.replays.get_nowait()
-            s.replays.put_nowait(start)
+            s.replays.put_nowait((step.replay_from, step.replay_id))
 
     # -- replays --------------------------------------------------------------------------------
 
     async def _replayer(self, s: _Source) -> None:
         while True:
-            start = await s.replays.get()
+            start, rid = await s.replays.get()
             if s.src.replay_endpoint is None:
-                s.index.replay_done(self.wall())
+                s.index.replay_done(self.wall(), rid)
                 continue
             s.replays_total += 1
             try:
-                await self._replay(s, s.src.replay_endpoint, start)
+                await self._replay(s, s.src.replay_endpoint, start, rid)
             except (zmq.ZMQError, WireError) as exc:
                 log.warning("KV events of %s: replay from %d failed: %s", s.label, start, exc)
             except Exception:  # a defect: the gap stays open (resync), the task goes on
                 log.exception("KV events of %s: replay from %d failed", s.label, start)
-            s.index.replay_done(self.wall())
+            s.index.replay_done(self.wall(), rid)
 
-    async def _replay(self, s: _Source, endpoint: str, start: int) -> None:
+    async def _replay(self, s: _Source, endpoint: str, start: int, rid: int) -> None:
         assert self._ctx is not None
         dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.tuning.max_message_bytes)
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart(replay_request(start))
-            while True:
+            while s.index.awaits(rid):
                 try:
                     frames = await asyncio.wait_for(dealer.recv_multipart(),
                                                     self.tuning.replay_timeout_s)
@@ -261,7 +284,7 @@ class KVEventsShell:
                     raise WireError(f"replay answer has {len(frames)} frames, not 4")
                 if frames[2] == END_SEQ:
                     return
-                self._feed(s, batch_seq(frames[2]), self._decode(s, frames[3]), replayed=True)
+                self._feed(s, batch_seq(frames[2]), frames[3], rid)
                 await asyncio.sleep(0)  # as in _subscribe: a replay is a burst
         finally:
             dealer.close(linger=0)

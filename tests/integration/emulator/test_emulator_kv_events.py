@@ -73,8 +73,7 @@ async def test_publishes_replays_and_feeds_the_index(
     sub.connect(f"tcp://127.0.0.1:{pub}")
     await asyncio.sleep(0.3)  # the subscription reaches the publisher
     index = KVIndex(replay=True, max_pending=100)
-    index.begin()
-    index.replay_done(0.0)
+    index.replay_done(0.0, index.begin().replay_id)
     try:
         shared = "shared system prompt " * 20
         assert await _chat(http, base, shared + "first", "s1") == 0

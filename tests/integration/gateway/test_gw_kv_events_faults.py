@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgpack
 import pytest
 import zmq
 import zmq.asyncio
 
 from marsproxy.config import load_config
 from marsproxy.gateway.shells.kv_events import KVEventsShell
-from marsproxy.probes.kv_wire import END_SEQ, seq_frame
+from marsproxy.probes.kv_wire import seq_frame
+
+from .kv_publisher import Publisher, stored, subscribed
 
 
 @pytest.fixture
@@ -65,51 +64,10 @@ async def test_a_flapping_publisher_does_not_pile_up_replay_requests(
         await shell.stop()
 
 
-class _Publisher:
-    """A vLLM-shaped publisher on real ZMQ sockets (PUB + replay ROUTER) that sends what the
-    test tells it, frames as given: sequence numbers and payloads may be garbage."""
-
-    def __init__(self, ctx: zmq.asyncio.Context) -> None:
-        self.pub = ctx.socket(zmq.PUB)
-        self.router = ctx.socket(zmq.ROUTER)
-        self.pub_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.buffer: list[tuple[bytes, bytes]] = []  # (seq frame, payload), what replay answers
-        self._task = asyncio.create_task(self._serve())
-
-    async def _serve(self) -> None:
-        while True:
-            ident, _, start = await self.router.recv_multipart()
-            first = int.from_bytes(start, "big")
-            for seq, body in self.buffer:
-                if int.from_bytes(seq, "big") >= first:
-                    await self.router.send_multipart([ident, b"", b"kv", seq, body])
-            await self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
-
-    async def send(self, seq: bytes, body: bytes, *, keep: bool = True) -> None:
-        if keep:
-            self.buffer.append((seq, body))
-        await self.pub.send_multipart([b"kv", seq, body])
-
-    async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self.pub.close(linger=0)
-        self.router.close(linger=0)
-
-
-def _stored(first_token: int, h: int) -> bytes:
-    return msgpack.packb([time.time(), [{
-        "type": "BlockStored", "block_hashes": [h], "parent_block_hash": None,
-        "token_ids": list(range(first_token, first_token + 4)), "block_size": 4,
-        "medium": "GPU"}], 0])
-
-
 @pytest.fixture
-async def publisher() -> AsyncIterator[_Publisher]:
+async def publisher() -> AsyncIterator[Publisher]:
     ctx = zmq.asyncio.Context()
-    p = _Publisher(ctx)
+    p = Publisher(ctx)
     try:
         yield p
     finally:
@@ -117,33 +75,20 @@ async def publisher() -> AsyncIterator[_Publisher]:
         ctx.destroy(linger=0)
 
 
-async def _subscribed(p: _Publisher, until: Any, engine_blocks: int | None = None) -> KVEventsShell:
-    cfg = load_config(None, environ={}, overrides={
-        "workers": [{"url": "http://127.0.0.1:9", "name": "w", "kv_events": {
-            "endpoint": f"tcp://127.0.0.1:{p.pub_port}",
-            "replay_endpoint": f"tcp://127.0.0.1:{p.replay_port}", "topic": "kv"}}],
-        "probes": {"tuning": {"kv_events": {"replay_timeout_s": 1.0}}}})
-    shell = (KVEventsShell(cfg) if engine_blocks is None
-             else KVEventsShell(cfg, engine_blocks=lambda _: engine_blocks))
-    await shell.start()
-    await until(lambda: shell.state()["w"]["usable"])  # connected, first replay done
-    return shell
-
-
 async def test_a_garbage_sequence_number_does_not_end_the_index(
-    publisher: _Publisher, until: Any,
+    publisher: Publisher, until: Any,
 ) -> None:
     # A live sequence frame that reads negative (2**64 - 5 unsigned) was taken for a restart:
     # the index forgot the real blocks, believed the junk batch's and went on from -5; its next
     # gap asked for a replay from -4, which cannot be encoded: the replay task died and the
     # worker never had a usable index again.
-    shell = await _subscribed(publisher, until)
+    shell = await subscribed(publisher, until)
     try:
-        await publisher.send(seq_frame(0), _stored(0, 1))
+        await publisher.send(seq_frame(0), stored(0, 1))
         await until(lambda: shell.state()["w"]["last_seq"] == 0)
-        await publisher.send((2**64 - 5).to_bytes(8, "big"), _stored(100, 9), keep=False)
-        await publisher.send(seq_frame(1), _stored(10, 2))
-        await publisher.send(seq_frame(2), _stored(20, 3))
+        await publisher.send((2**64 - 5).to_bytes(8, "big"), stored(100, 9), keep=False)
+        await publisher.send(seq_frame(1), stored(10, 2))
+        await publisher.send(seq_frame(2), stored(20, 3))
         await until(lambda: shell.resident_prefix_tokens("w", list(range(20, 24))) == 4)
         assert shell.resident_prefix_tokens("w", list(range(0, 4))) == 4
         assert shell.resident_prefix_tokens("w", list(range(10, 14))) == 4
@@ -154,15 +99,15 @@ async def test_a_garbage_sequence_number_does_not_end_the_index(
 
 
 async def test_an_unreadable_batch_in_the_replay_costs_only_what_it_may_have_changed(
-    publisher: _Publisher, until: Any,
+    publisher: Publisher, until: Any,
 ) -> None:
     # One garbage payload in the publisher's buffer ended every replay there: the batches after
     # it were never applied, and each later gap asked again and failed the same way.
-    shell = await _subscribed(publisher, until)
+    shell = await subscribed(publisher, until)
     try:
-        for seq, body in enumerate([_stored(0, 1), b"\xc1garbage", _stored(10, 2)]):
+        for seq, body in enumerate([stored(0, 1), b"\xc1garbage", stored(10, 2)]):
             publisher.buffer.append((seq_frame(seq), body))
-        await publisher.send(seq_frame(3), _stored(20, 3))  # a gap: replay from 0
+        await publisher.send(seq_frame(3), stored(20, 3))  # a gap: replay from 0
         await until(lambda: shell.state()["w"]["last_seq"] == 3 and shell.state()["w"]["usable"])
         # batch 1 may have removed block 1: forgotten; 2 and 3 applied
         assert shell.resident_prefix_tokens("w", list(range(0, 4))) == 0
@@ -173,13 +118,13 @@ async def test_an_unreadable_batch_in_the_replay_costs_only_what_it_may_have_cha
 
 
 async def test_the_index_holds_no_more_blocks_than_the_worker_has(
-    publisher: _Publisher, until: Any,
+    publisher: Publisher, until: Any,
 ) -> None:
     # The removals never come (lost, or never published): the index grew without bound.
-    shell = await _subscribed(publisher, until, engine_blocks=2)
+    shell = await subscribed(publisher, until, engine_blocks=2)
     try:
         for seq in range(5):
-            await publisher.send(seq_frame(seq), _stored(10 * seq, seq + 1))
+            await publisher.send(seq_frame(seq), stored(10 * seq, seq + 1))
         await until(lambda: shell.state()["w"]["last_seq"] == 4)
         state = shell.state()["w"]
         assert state["blocks"] == {"GPU": 2} and state["dropped_blocks_total"] == 3
@@ -190,11 +135,11 @@ async def test_the_index_holds_no_more_blocks_than_the_worker_has(
 
 
 async def test_a_burst_of_batches_lets_the_proxy_serve_between_them(
-    publisher: _Publisher, until: Any,
+    publisher: Publisher, until: Any,
 ) -> None:
     # Batches already queued on the socket were read and applied back to back without giving
     # the event loop back: a burst of 10,000 events held every request for tens of ms.
-    shell = await _subscribed(publisher, until)
+    shell = await subscribed(publisher, until)
     seen: set[int | None] = set()
     n = 40
 
@@ -206,7 +151,7 @@ async def test_a_burst_of_batches_lets_the_proxy_serve_between_them(
     server = asyncio.create_task(serve())
     try:
         for seq in range(n):  # queued on the socket at once
-            await publisher.send(seq_frame(seq), _stored(10 * seq, seq + 1))
+            await publisher.send(seq_frame(seq), stored(10 * seq, seq + 1))
         await until(lambda: shell.state()["w"]["last_seq"] == n - 1)
         assert len(seen - {None}) >= n // 2  # it ran between most batches
     finally:
@@ -215,13 +160,13 @@ async def test_a_burst_of_batches_lets_the_proxy_serve_between_them(
 
 
 async def test_a_replay_with_its_own_gap_resyncs_after_it(
-    publisher: _Publisher, until: Any,
+    publisher: Publisher, until: Any,
 ) -> None:
     """The publisher's buffer lost batch 1: what came before it may since have been removed."""
-    shell = await _subscribed(publisher, until)
+    shell = await subscribed(publisher, until)
     try:
-        publisher.buffer += [(seq_frame(0), _stored(0, 1)), (seq_frame(2), _stored(20, 3))]
-        await publisher.send(seq_frame(3), _stored(30, 4))  # a gap: replay from 0
+        publisher.buffer += [(seq_frame(0), stored(0, 1)), (seq_frame(2), stored(20, 3))]
+        await publisher.send(seq_frame(3), stored(30, 4))  # a gap: replay from 0
         await until(lambda: shell.state()["w"]["last_seq"] == 3 and shell.state()["w"]["usable"])
         assert shell.resident_prefix_tokens("w", list(range(0, 4))) == 0
         assert shell.resident_prefix_tokens("w", list(range(20, 24))) == 4

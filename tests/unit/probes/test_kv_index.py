@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marsproxy.probes.kv_index import KVIndex, chain_keys
+from marsproxy.probes.kv_index import KVIndex, Step, chain_keys
 from marsproxy.probes.kv_wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -111,26 +111,26 @@ def test_all_blocks_cleared() -> None:
 
 def test_gap_asks_for_replay_and_fills_in_order() -> None:
     ix = index()
-    ix.replay_done(0.0)  # the initial replay found nothing
+    ix.replay_done(0.0, ix.replay_id)  # the initial replay found nothing
     ix.on_batch(0, batch(stored(tokens(4), [1])), 1.0)
     step = ix.on_batch(3, batch(BlockRemoved((1,), "GPU")), 1.0)
     assert step.replay_from == 1 and not step.reset and ix.pending == 1
     # a second gap while the replay runs asks nothing more
     assert ix.on_batch(4, batch(stored(tokens(4, 40), [4])), 1.0).replay_from is None
-    ix.on_batch(1, batch(stored(tokens(4, 10), [2])), 1.0, replayed=True)
-    ix.on_batch(2, batch(stored(tokens(4, 20), [3])), 1.0, replayed=True)
-    ix.on_batch(3, batch(BlockRemoved((1,), "GPU")), 1.0, replayed=True)  # duplicate
-    assert ix.replay_done(1.0) == type(step)()
+    ix.on_batch(1, batch(stored(tokens(4, 10), [2])), 1.0, replay=ix.replay_id)
+    ix.on_batch(2, batch(stored(tokens(4, 20), [3])), 1.0, replay=ix.replay_id)
+    ix.on_batch(3, batch(BlockRemoved((1,), "GPU")), 1.0, replay=ix.replay_id)  # duplicate
+    assert ix.replay_done(1.0, ix.replay_id) == type(step)()
     assert ix.expected == 5 and ix.pending == 0 and ix.duplicates_total == 1
     assert ix.blocks() == 3 and ix.resyncs_total == 0  # 2, 3, 4 (1 was removed)
 
 
 def test_gap_replay_cannot_fill_resyncs_conservatively() -> None:
     ix = index()
-    ix.replay_done(0.0)
+    ix.replay_done(0.0, ix.replay_id)
     ix.on_batch(0, batch(stored(tokens(4), [1])), 1.0)
     assert ix.on_batch(5, batch(stored(tokens(4, 50), [5])), 1.0).replay_from == 1
-    step = ix.replay_done(2.0)  # the publisher's buffer no longer held 1..4
+    step = ix.replay_done(2.0, ix.replay_id)  # the publisher's buffer no longer held 1..4
     assert step.reset and ix.resyncs_total == 1
     assert ix.resident_prefix_tokens(tokens(4)) == 0  # forgotten: may have been removed
     assert ix.resident_prefix_tokens(tokens(4, 50)) == 4 and ix.expected == 6
@@ -138,7 +138,7 @@ def test_gap_replay_cannot_fill_resyncs_conservatively() -> None:
 
 def test_too_many_held_batches_resync() -> None:
     ix = index(max_pending=2)
-    ix.replay_done(0.0)
+    ix.replay_done(0.0, ix.replay_id)
     ix.on_batch(0, batch(), 1.0)
     ix.on_batch(2, batch(), 1.0)
     ix.on_batch(3, batch(), 1.0)
@@ -157,15 +157,15 @@ def test_without_replay_a_gap_resyncs_at_once() -> None:
 
 def test_restart_sequence_going_back_resets_and_replays() -> None:
     ix = index()
-    ix.replay_done(0.0)
+    ix.replay_done(0.0, ix.replay_id)
     for s in range(5):
         ix.on_batch(s, batch(stored(tokens(4, 10 * s), [s + 1])), 1.0)
     assert ix.blocks() == 5
     step = ix.on_batch(2, batch(stored(tokens(4, 90), [90])), 1.0)  # a new process's seq 2
     assert step.reset and step.replay_from == 0 and ix.resyncs_total == 1
     assert ix.blocks() == 0
-    ix.on_batch(0, batch(stored(tokens(4, 70), [70])), 1.0, replayed=True)
-    ix.on_batch(1, batch(stored(tokens(4, 80), [80])), 1.0, replayed=True)
+    ix.on_batch(0, batch(stored(tokens(4, 70), [70])), 1.0, replay=ix.replay_id)
+    ix.on_batch(1, batch(stored(tokens(4, 80), [80])), 1.0, replay=ix.replay_id)
     assert ix.blocks() == 3 and ix.expected == 3
     # restart seen at its first batch: nothing to replay
     step = ix.on_batch(0, batch(stored(tokens(4), [1])), 1.0)
@@ -178,9 +178,31 @@ def test_begin_asks_for_history_from_zero() -> None:
     ix.on_batch(3, batch(stored(tokens(4), [1])), 1.0)  # live, while the replay runs
     assert ix.pending == 1 and ix.blocks() == 0
     for s in range(3):
-        ix.on_batch(s, batch(), 1.0, replayed=True)
+        ix.on_batch(s, batch(), 1.0, replay=ix.replay_id)
     assert ix.blocks() == 1 and not ix.synced  # until the replay says it is complete
-    assert not ix.replay_done(1.0).reset and ix.synced
+    assert not ix.replay_done(1.0, ix.replay_id).reset and ix.synced
+
+
+def test_a_superseded_replay_feeds_nothing() -> None:
+    """A reconnection (or a restart) started the index over while the old replay still came."""
+    ix = index()
+    old = ix.replay_id
+    ix.on_batch(0, batch(stored(tokens(4), [1])), 1.0, replay=old)
+    new = ix.begin()  # reconnected
+    assert new.replay_id != old and ix.awaits(new.replay_id) and not ix.awaits(old)
+    ix.on_batch(1, batch(stored(tokens(4, 10), [2])), 1.0, replay=old)  # ahead: was held
+    assert ix.replay_done(1.0, old) == Step() and ix.replaying  # nor does its end count
+    assert ix.stale_replay_batches_total == 1 and ix.pending == 0 and ix.blocks() == 0
+    ix.on_batch(0, batch(stored(tokens(4, 20), [3])), 1.0, replay=new.replay_id)
+    assert ix.replay_done(1.0, new.replay_id) == Step() and ix.synced and not ix.replaying
+    assert ix.blocks() == 1 and ix.resident_prefix_tokens(tokens(4, 20)) == 4
+    # a live batch going back (a restart) supersedes a gap's replay the same way
+    gap = ix.on_batch(3, batch(), 1.0)
+    assert gap.replay_from == 1
+    restart = ix.on_batch(0, batch(stored(tokens(4, 30), [4])), 1.0)
+    ix.on_batch(1, batch(stored(tokens(4, 40), [5])), 1.0, replay=gap.replay_id)
+    assert restart.reset and ix.stale_replay_batches_total == 2 and ix.expected == 1
+    assert ix.resident_prefix_tokens(tokens(4, 40)) == 0
 
 
 def test_rate_and_lag() -> None:

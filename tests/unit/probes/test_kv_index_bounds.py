@@ -7,7 +7,7 @@ import math
 
 import msgpack
 
-from marsproxy.probes.kv_index import KVIndex
+from marsproxy.probes.kv_index import KVIndex, Step
 from marsproxy.probes.kv_wire import decode_batch
 from tests.unit.probes.kv_events_helpers import BS, batch, stored, tokens
 
@@ -28,6 +28,61 @@ def payload(*events: object, ts: float = 100.0) -> bytes:
 
 
 # -- memory bounds ----------------------------------------------------------------------------
+
+
+def replaying(max_pending: int, **kw: int) -> KVIndex:
+    """An index in sequence at batch 0, with a replay socket."""
+    ix = KVIndex(replay=True, max_pending=max_pending, **kw)
+    ix.replay_done(0.0, ix.begin().replay_id)
+    ix.on_batch(0, batch(), 1.0)
+    return ix
+
+
+def test_a_replay_may_send_the_gap_and_max_pending_more() -> None:
+    ix = replaying(3)
+    rid = ix.on_batch(5, batch(stored(tokens(4), [5])), 1.0).replay_id  # needs 1..4
+    for seq in range(1, 8):  # the gap, then 3 past the held batch (the worker went on)
+        assert ix.on_batch(seq, batch(), 1.0, replay=rid) == Step()
+    assert ix.awaits(rid) and ix.expected == 8
+    assert not ix.on_batch(8, batch(), 1.0, replay=rid).reset  # one more: cut off
+    assert ix.replays_cut_total == 1 and not ix.awaits(rid) and ix.synced
+    assert ix.resyncs_total == 0 and ix.expected == 8 and ix.blocks() == 1  # nothing was lost
+
+
+def test_a_replay_cut_off_with_its_gap_open_resyncs() -> None:
+    """A publisher that sends the same batch over and over never fills the gap."""
+    ix = replaying(3)
+    rid = ix.on_batch(5, batch(stored(tokens(4), [5])), 1.0).replay_id
+    for _ in range(7):
+        ix.on_batch(0, batch(), 1.0, replay=rid)
+    assert ix.awaits(rid) and ix.duplicates_total == 7
+    assert ix.on_batch(0, batch(), 1.0, replay=rid).reset
+    assert ix.replays_cut_total == 1 and ix.resyncs_total == 1 and not ix.replaying
+    assert ix.expected == 6 and ix.resident_prefix_tokens(tokens(4)) == 4
+
+
+def test_a_replay_at_a_connection_is_bounded_by_the_first_live_batch() -> None:
+    ix = KVIndex(replay=True, max_pending=2)
+    rid = ix.begin().replay_id
+    ix.on_batch(4, batch(), 1.0)  # live, while the replay from 0 runs: it must reach 4
+    for seq in range(6):  # 0..3, then 2 more
+        ix.on_batch(seq, batch(), 1.0, replay=rid)
+    assert ix.awaits(rid) and ix.replays_cut_total == 0
+    ix.on_batch(6, batch(), 1.0, replay=rid)
+    assert ix.replays_cut_total == 1 and ix.synced and ix.expected == 6
+
+
+def test_held_batches_are_bounded_by_bytes() -> None:
+    ix = replaying(100, max_pending_bytes=1000)
+    rid = ix.on_batch(2, batch(), 1.0, size=600).replay_id
+    ix.on_batch(1, batch(), 1.0, replay=rid, size=600)  # fills the gap: nothing held now
+    assert ix.pending == 0 and ix.expected == 3
+    ix.on_batch(4, batch(), 1.0, size=600)
+    assert ix.on_batch(5, batch(), 1.0, size=300).replay_from is None  # 900 held
+    assert ix.pending_overflows_total == 0 and ix.pending == 2
+    assert ix.on_batch(6, batch(stored(tokens(4), [6])), 1.0, size=200).reset  # 1100
+    assert ix.pending_overflows_total == 1 and ix.resyncs_total == 1
+    assert ix.pending == 0 and ix.expected == 7 and ix.blocks() == 1
 
 
 def test_lost_removals_never_hold_more_blocks_than_the_engine_has() -> None:

@@ -39,8 +39,7 @@ def test_index_predicts_the_engines_cached_tokens() -> None:
     doc = load()
     frames = doc["frames"]
     index = KVIndex(replay=True, max_pending=16)
-    index.begin()
-    index.replay_done(0.0)
+    index.replay_done(0.0, index.begin().replay_id)
     fed, hits = 0, 0
     for req in doc["requests"]:
         while fed < len(frames) and seq_of(frames[fed][1]) <= req["after_seq"]:
