@@ -197,6 +197,14 @@ class SchedulerCore(DispatchGate):
             self._queues[t.worker].remove(t)
         return t
 
+    def evict(self, worker: str) -> list[Ticket]:
+        """``worker`` was ejected: the calls held in its gate leave it (returned, to be placed
+        anew), since it takes no new work and its running calls may not end for a long time."""
+        held, self._queues[worker] = self._queues[worker], []
+        for t in held:
+            self._by_call.pop(t.call, None)
+        return held
+
     def moved(self, call: int, worker: str) -> None:
         """The shell sent ``call`` to another worker (failover after a refused connect)."""
         t = self._by_call.get(call)

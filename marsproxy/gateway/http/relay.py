@@ -47,7 +47,7 @@ from marsproxy.gateway.shells.admission_types import Refused
 from marsproxy.gateway.shells.kv_events import sets_session_id
 from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
-from marsproxy.gateway.shells.scheduler import Prepared
+from marsproxy.gateway.shells.scheduler import Prepared, Rerouted
 from marsproxy.gateway.shells.service import Gateway
 from marsproxy.gateway.shells.sessions import SessionRefused
 
@@ -199,21 +199,24 @@ class Relay:
         """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
         then the body and hint headers that go upstream. ``ids``: the prompt's token ids
         (KV events: its resident prefix there, and the prediction of its cached tokens)."""
-        gw = self.gw
-        url = gw.placement.assign(turn.session, gw.healthy())
-        if url is None:  # no healthy worker: the upstream step answers 503 at once
-            return Prepared(None, raw, {}, "none")
-        label, kv = gw.workers[url].label, gw.kv_use
-        resident = None if kv is None else kv.resident(label, ids)
-        t = time.perf_counter()
-        try:
-            # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate.
-            out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw,
-                                                      body_priority=route != "messages",
-                                                      resident_tokens=resident)
-        except BaseException:  # the client left while its request was held
-            clock.held_s += time.perf_counter() - t
-            raise
+        gw, kv = self.gw, self.gw.kv_use
+        while True:  # again when its worker is ejected while it waits in that worker's gate
+            url = gw.placement.assign(turn.session, gw.healthy())
+            if url is None:  # no healthy worker: the upstream step answers 503 at once
+                return Prepared(None, raw, {}, "none")
+            label = gw.workers[url].label
+            resident = None if kv is None else kv.resident(label, ids)
+            t = time.perf_counter()
+            try:
+                # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate.
+                out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw,
+                                                          body_priority=route != "messages",
+                                                          resident_tokens=resident)
+                break
+            except BaseException as exc:  # the client left while held, or it was rerouted
+                clock.held_s += time.perf_counter() - t
+                if not isinstance(exc, Rerouted):
+                    raise
         ticket = out.prepared.ticket
         if ticket is not None:  # held: the wait in the gated queue; the rest is the proxy's
             clock.held_s += min(time.perf_counter() - t, ticket.waited_s())

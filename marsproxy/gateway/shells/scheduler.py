@@ -40,6 +40,11 @@ _PROBE_ATTEMPTS = 3  # a probe that could not talk to the worker is tried again 
 _PROBE_RETRY_S = 2.0  # ... this much later
 
 
+class Rerouted(Exception):
+    """A call held in a worker's gate left it because the worker was ejected: the caller
+    places it anew (a healthy worker, or none: 503)."""
+
+
 @dataclass(slots=True)
 class Prepared:
     """What goes upstream for one continuation, and how it was scheduled."""
@@ -192,6 +197,14 @@ class SchedulerShell:
             self._waiters.pop(t.call, None)
             self._wake(self.plane.cancel(self.now(), t))
             raise
+
+    def ejected(self, url: str) -> None:
+        """The worker at ``url`` was ejected: the calls held in its gate raise
+        :class:`Rerouted` (they would wait for calls there that may run on for long)."""
+        for t in self.core.evict(self.label_of[url]):
+            fut = self._waiters.pop(t.call, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(Rerouted(t.worker))
 
     def _wake(self, released: list[Ticket]) -> None:
         for t in released:

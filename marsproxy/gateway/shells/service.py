@@ -310,6 +310,8 @@ class Gateway:
 
     def _health_changed(self, url: str, healthy: bool) -> None:
         self.metrics.worker_healthy.labels(self.workers[url].label).set(1 if healthy else 0)
+        if not healthy:  # what waits in its dispatch gate goes elsewhere (relay.py)
+            self.scheduler.ejected(url)
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -87,6 +87,20 @@ def test_cancel_leaves_the_queue_and_frees_the_slot() -> None:
     assert core.cancel(a.call) is None
 
 
+def test_an_ejected_workers_held_calls_leave_its_gate() -> None:
+    core = make(workers=("w", "v"))
+    for w in ("w", "v"):
+        core.set_facts(w, WorkerFacts(max_num_seqs=1))
+    running = core.arrive(0.0, "a", "w", 10)
+    core.release(0.0)
+    held = [core.arrive(0.0, s, "w", 10) for s in ("b", "c")]
+    other = core.arrive(0.0, "d", "v", 10)
+    assert core.evict("w") == held
+    assert core.queue_length("w") == 0 and core.in_flight("w") == 1  # the running call stays
+    assert [core.cancel(t.call) for t in held] == [None, None]  # gone: nothing to free twice
+    assert core.cancel(running.call) is running and core.release(0.1) == [other]
+
+
 # -- retention, ledger, pressure ----------------------------------------------------------
 
 def test_retention_off_and_fixed() -> None:
