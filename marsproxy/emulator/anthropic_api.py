@@ -26,7 +26,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from marsproxy.core.lax_bool import LAX_BOOL
-from marsproxy.emulator.openai_api import ApiError, ParsedRequest
+from marsproxy.emulator.openai_api import ApiError
+from marsproxy.emulator.openai_request import ParsedRequest
 from marsproxy.emulator.tokenizer import PromptError, encode_chat
 from marsproxy.emulator.tool_calls import ForcedTool, first_param
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from marsproxy.emulator.openai_api import ApiError
 from marsproxy.emulator.request import FinishedEvent
+from marsproxy.emulator.request_fields import fastapi_error
 from marsproxy.emulator.runner import TokenStream
 
 # How often a handler waiting for tokens checks whether its client is still connected.
@@ -37,12 +38,25 @@ def error_response(exc: ApiError) -> web.Response:
 
 
 async def read_json(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
-        # vLLM (FastAPI) answers a malformed body with type "Bad Request" rather than the
-        # "BadRequestError" of its own validation errors.
-        raise ApiError(400, f"JSON decode error: {exc}", "Bad Request", "body") from exc
+    """The body of a POST route as vLLM's FastAPI app reads it: JSON when the content type is
+    absent or JSON (a malformed body is its ``json_invalid`` at the offset), then a 400 unless
+    the media type is exactly ``application/json`` (vLLM's ``validate_json_request``)."""
+    ctype = request.headers.get("Content-Type", "")
+    media = ctype.split(";", 1)[0]
+    main, _, sub = media.strip().lower().partition("/")
+    body: Any = None
+    if not ctype or (main == "application" and (sub == "json" or sub.endswith("+json"))):
+        try:
+            body = json.loads(await request.read())
+        except json.JSONDecodeError as exc:
+            raise fastapi_error([{"type": "json_invalid", "loc": (exc.pos,),
+                                  "msg": "JSON decode error", "input": {},
+                                  "ctx": {"error": exc.msg}}]) from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "There was an error parsing the body", "Bad Request") from exc
+    if media.lower() != "application/json":
+        raise fastapi_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+    return body
 
 
 def client_gone(request: web.Request) -> bool:
@@ -69,27 +83,43 @@ def sse(obj: dict[str, Any]) -> bytes:
 
 Frames = Callable[[int, int, FinishedEvent | None], tuple[list[bytes], int]]
 """``(sent, available, finished) -> (bytes to write, tokens sent after them)``."""
+Step = Callable[[], tuple[list[bytes], bool]]
+"""``() -> (bytes to write, whether the response is complete)``."""
 
 
 async def pump(
     resp: web.StreamResponse, request: web.Request, stream: TokenStream, frames: Frames
 ) -> None:
-    """Write a stream's tokens as they come until it finishes, at most one write per
-    ``MIN_WRITE_INTERVAL_S`` (as vLLM's server batches what a step produced); ``frames`` turns
-    the tokens not sent yet (and the finish) into a route's events."""
+    """Write a stream's tokens as they come until it finishes; ``frames`` turns the tokens not
+    sent yet (and the finish) into a route's events."""
     sent = 0
+
+    def step() -> tuple[list[bytes], bool]:
+        nonlocal sent
+        fin = stream.finished
+        parts, sent = frames(sent, stream.available, fin)
+        return parts, fin is not None
+
+    await pump_steps(resp, request, stream, step)
+
+
+async def pump_steps(
+    resp: web.StreamResponse, request: web.Request, wake: TokenStream, step: Step
+) -> None:
+    """Call ``step`` whenever ``wake``'s event fires (the streams of all of a request's choices
+    share it) and write what it returns, at most one write per ``MIN_WRITE_INTERVAL_S`` (as
+    vLLM's server batches what a step produced), until it says the response is complete."""
     loop = asyncio.get_running_loop()
     next_write = 0.0
     while True:
         pause = next_write - loop.time()
         if pause > 0:
             await asyncio.sleep(pause)
-        await wait_update(stream, request)
-        fin, avail = stream.finished, stream.available
-        parts, sent = frames(sent, avail, fin)
+        await wait_update(wake, request)
+        parts, done = step()
         if parts:
             await resp.write(b"".join(parts))
             next_write = loop.time() + MIN_WRITE_INTERVAL_S
-        if fin is not None:
+        if done:
             break
     await resp.write_eof()

@@ -17,7 +17,8 @@ from marsproxy.emulator.http_util import (
     read_json,
     wait_update,
 )
-from marsproxy.emulator.openai_api import ApiError, ParsedRequest, check_prompt_length
+from marsproxy.emulator.openai_api import ApiError
+from marsproxy.emulator.openai_request import ParsedRequest, check_prompt_length
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
@@ -53,6 +54,7 @@ class MessagesHandlers:
             stream = self.runner.submit(rid, parsed.prompt_token_ids, parsed.max_tokens, False, 0)
         except RequestError as exc:
             return error_response(anth.AnthropicError(400, str(exc), "BadRequestError"))
+        self.runner.server_load += 1
         try:
             if parsed.stream:
                 resp = web.StreamResponse(headers=SSE_HEADERS)
@@ -74,6 +76,7 @@ class MessagesHandlers:
                 tool, tool_call_id() if tool is not None else "",
             ))
         finally:
+            self.runner.server_load -= 1
             self.runner.release(rid)
 
     async def _pump(

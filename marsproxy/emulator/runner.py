@@ -45,6 +45,7 @@ class EngineRunner:
         self.metrics = EmulatorMetrics(profile)
         self.time_scale = time_scale
         self._streams: dict[str, TokenStream] = {}
+        self.server_load = 0  # generation requests the HTTP handlers are serving
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
@@ -83,9 +84,10 @@ class EngineRunner:
     # -- requests ----------------------------------------------------------------------------
     def submit(
         self, req_id: str, prompt: list[int], max_tokens: int | None, ignore_eos: bool,
-        priority: int, session_id: str | None = None,
+        priority: int, session_id: str | None = None, event: asyncio.Event | None = None,
     ) -> TokenStream:
-        """Queue a request (raises ``RequestError``) and return the stream to wait on."""
+        """Queue a request (raises ``RequestError``) and return the stream to wait on; the
+        streams of one HTTP request's choices share its ``event``."""
         # A busy engine's clock is the truth for arrivals (it may lag the wall clock when the
         # host is slow); an idle engine restarts at the arrival, so no step starts before it.
         if self.engine.has_work():
@@ -96,7 +98,7 @@ class EngineRunner:
             req_id, prompt, max_tokens, ignore_eos=ignore_eos, priority=priority, now=now,
             session_id=session_id,
         )
-        stream = TokenStream(req_id)
+        stream = TokenStream(req_id) if event is None else TokenStream(req_id, event=event)
         self._streams[req_id] = stream
         self._wake.set()
         return stream

@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from marsproxy.emulator import openai_api as api
-from marsproxy.emulator import tool_calls as tools
-from marsproxy.emulator.http_util import SSE_HEADERS as _SSE_HEADERS
+from marsproxy.emulator import openai_request as req
 from marsproxy.emulator.http_util import error_response as _error
 from marsproxy.emulator.http_util import json_response as _json
-from marsproxy.emulator.http_util import pump
 from marsproxy.emulator.http_util import read_json as _read_json
-from marsproxy.emulator.http_util import sse as _sse
-from marsproxy.emulator.http_util import wait_update as _wait_update
 from marsproxy.emulator.kv_events import KVEventsConfig
 from marsproxy.emulator.messages_http import MessagesHandlers
+from marsproxy.emulator.openai_http import OpenAIHandlers
 from marsproxy.emulator.profiles import get_profile
-from marsproxy.emulator.request import FinishedEvent, RequestError
-from marsproxy.emulator.runner import EngineRunner, TokenStream
-from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+from marsproxy.emulator.runner import EngineRunner
 
 VLLM_VERSION = "0.32.0"
 
@@ -72,135 +66,6 @@ class _Handlers:
         self.runner = runner
         self.model = runner.profile.model_name
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completion")
-
-    async def _generate(self, request: web.Request, kind: api.Kind) -> web.StreamResponse:
-        try:
-            parsed = api.parse_request(
-                kind, await _read_json(request), self.model,
-                self.runner.profile.effective_max_model_len)
-        except api.ApiError as exc:
-            return _error(exc)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
-        try:
-            stream = self.runner.submit(
-                rid, parsed.prompt_token_ids, parsed.max_tokens, parsed.ignore_eos,
-                parsed.priority, parsed.session_id,
-            )
-        except RequestError as exc:
-            return _error(api.bad_request(str(exc)))
-        try:
-            if parsed.stream:
-                return await self._stream(request, parsed, rid, stream)
-            try:
-                while stream.finished is None:
-                    await _wait_update(stream, request)
-            except ConnectionResetError:
-                return web.Response(status=499)  # nobody reads it; the request is aborted below
-            fin = stream.finished
-            text = (parsed.echo or "") + filler_text(0, fin.completion_tokens)
-            u = self._usage(kind, fin)
-            tool = parsed.tool
-            if tool is None:
-                body = api.full_response(
-                    kind, rid, int(time.time()), self.model, text, fin.finish_reason, u)
-            else:  # a forced tool choice: the generated text becomes the call's arguments
-                body = api.full_response(
-                    kind, rid, int(time.time()), self.model, "",
-                    tool.finish_reason(fin.finish_reason), u,
-                    tool_calls=[tools.tool_call(tool, tools.tool_call_id(), text)],
-                )
-            return _json(body)
-        finally:
-            self.runner.release(rid)
-
-    async def _stream(
-        self, request: web.Request, parsed: api.ParsedRequest, rid: str, stream: TokenStream
-    ) -> web.StreamResponse:
-        created = int(time.time())
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
-        await resp.prepare(request)
-        # A client that went away mid-stream ends the handler quietly; release() aborts.
-        with contextlib.suppress(ConnectionResetError):
-            await self._pump(resp, request, parsed, rid, created, stream)
-        return resp
-
-    async def _pump(
-        self, resp: web.StreamResponse, request: web.Request, parsed: api.ParsedRequest,
-        rid: str, created: int, stream: TokenStream,
-    ) -> None:
-        """Write the stream's tokens as SSE events until it finishes."""
-        kind, tool, model = parsed.kind, parsed.tool, self.model
-        continuous, n_prompt = parsed.continuous_usage, len(parsed.prompt_token_ids)
-        # Every token chunk is the same JSON except its text: build the frame once.
-        if tool is None:
-            template = api.chunk(kind, rid, created, model, "\x00")
-        else:  # a forced tool choice: each token appends its text to the call's arguments
-            template = tools.tool_chunk(rid, created, model, tool, "\x00")
-        call_id = tools.tool_call_id() if tool is not None else ""
-        head, tail = ("data: " + json.dumps(template, separators=(",", ":"))).split('"\\u0000"')
-        head_b, tail_b = head.encode(), (tail + "\n\n").encode()
-
-        def frame(obj: dict[str, Any], done: int) -> bytes:
-            """An event; with continuous_usage_stats it carries the usage so far."""
-            if continuous:
-                obj = api.with_usage(obj, api.running_usage(kind, n_prompt, done))
-            return _sse(obj)
-
-        def token_chunk(i: int, reason: str | None) -> dict[str, Any]:
-            """Token ``i``'s chunk; ``reason`` on the last one (with the fingerprint when no
-            usage chunk follows); a completions echo prefixes the first with the prompt."""
-            last, piece = reason is not None, filler_chunk(i)
-            if tool is not None:
-                obj = tools.tool_chunk(rid, created, model, tool, tool.piece(piece, i == 0, last),
-                                       finish_reason=reason)
-                if last and not parsed.include_usage:
-                    obj["system_fingerprint"] = api.SYSTEM_FINGERPRINT
-                return obj
-            echo_ids = parsed.echo_ids if i == 0 else None
-            if echo_ids is not None:
-                piece = (parsed.echo or "") + piece
-            return api.chunk(kind, rid, created, model, piece, reason,
-                             fingerprint=last and not parsed.include_usage,
-                             prompt_token_ids=echo_ids)
-
-        def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
-            parts: list[bytes] = []
-            if sent == 0 and avail > 0 and kind == "chat":
-                parts.append(frame(api.chunk(kind, rid, created, model, "", role=True), 0))
-            if sent == 0 and avail > 0 and tool is not None:  # the call is named first
-                parts.append(frame(tools.tool_chunk(rid, created, model, tool, "", call_id), 1))
-            last = avail - 1 if fin is not None else avail
-            for i in range(sent, last):
-                if continuous or (i == 0 and parsed.echo_ids is not None):
-                    parts.append(frame(token_chunk(i, None), i + 1))
-                elif tool is None:
-                    parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
-                else:
-                    parts.append(head_b + json.dumps(
-                        tool.piece(filler_chunk(i), i == 0, False)).encode() + tail_b)
-            if fin is not None:
-                reason = fin.finish_reason if tool is None else tool.finish_reason(
-                    fin.finish_reason)
-                parts.append(frame(token_chunk(avail - 1, reason), avail))
-                if parsed.include_usage:
-                    u = self._usage(kind, fin, streamed=True)
-                    parts.append(_sse(api.usage_chunk(kind, rid, created, model, u)))
-                parts.append(b"data: [DONE]\n\n")
-            return parts, last
-
-        await pump(resp, request, stream, frames)
-
-    def _usage(self, kind: api.Kind, fin: FinishedEvent, streamed: bool = False) -> dict[str, Any]:
-        created = api.created_cache_tokens(
-            fin.prompt_tokens, fin.cached_tokens, self.runner.profile.block_size)
-        return api.usage(kind, fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens,
-                         created, streamed)
-
     async def models(self, request: web.Request) -> web.Response:
         m = self.model
         return _json({"object": "list", "data": [{
@@ -220,7 +85,7 @@ class _Handlers:
             body = await _read_json(request)
             if isinstance(body, dict) and body.get("model", self.model) not in (None, self.model):
                 raise api.model_not_found(str(body["model"]), self.model)
-            ids = api.tokenize_body(body)
+            ids = req.tokenize_body(body)
         except api.ApiError as exc:
             return _error(exc)
         return _json({
@@ -230,6 +95,11 @@ class _Handlers:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def load(self, request: web.Request) -> web.Response:
+        """The generation requests being served, as vLLM's ``/load`` with
+        ``--enable-server-load-tracking`` (chat, completions and Messages)."""
+        return _json({"server_load": self.runner.server_load})
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": VLLM_VERSION})
@@ -260,9 +130,10 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app = web.Application()
     app[RUNNER_KEY] = runner
     h = _Handlers(runner)
+    gen = OpenAIHandlers(runner)
     msgs = MessagesHandlers(runner)
-    app.router.add_post("/v1/chat/completions", h.chat)
-    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post("/v1/chat/completions", gen.chat)
+    app.router.add_post("/v1/completions", gen.completions)
     app.router.add_post("/v1/messages", msgs.messages)
     app.router.add_post("/v1/messages/count_tokens", msgs.count_tokens)
     app.router.add_get("/v1/models", h.models)
@@ -270,6 +141,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app.router.add_get("/health", h.health)
     app.router.add_get("/ping", h.health)
     app.router.add_post("/ping", h.health)
+    app.router.add_get("/load", h.load)
     app.router.add_get("/version", h.version)
     app.router.add_get("/metrics", h.metrics)
     app.router.add_get("/metrics/", h.metrics)

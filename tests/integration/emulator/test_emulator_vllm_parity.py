@@ -216,7 +216,7 @@ async def test_booleans_are_read_as_pydantic_lax_mode_reads_them(
 ) -> None:
     # Not an observed answer: vLLM's request models are pydantic models in lax mode, so a
     # bool field takes "true"/"yes"/"on"/"t"/"y"/"1" (any case), 1 and 1.0 (false alike); any
-    # other value is a 400 naming the field.
+    # other value is FastAPI's 400 naming the field (type "Bad Request", param "body.stream").
     server = await start_emulator()
     for flag in ("true", "YES", "on", "t", "y", "1", 1, 1.0):
         status, chunks = await post(http, server, "/v1/chat/completions", {
@@ -229,7 +229,8 @@ async def test_booleans_are_read_as_pydantic_lax_mode_reads_them(
     for flag in ("maybe", " true", "", 2, 0.5, [], {}):
         status, err = await post(http, server, "/v1/chat/completions", {
             "messages": MESSAGES, "max_tokens": 2, "stream": flag})
-        assert status == 400 and err["error"]["param"] == "stream", flag
+        assert status == 400 and err["error"]["param"] == "body.stream", flag
+        assert err["error"]["type"] == "Bad Request", flag
     async with http.post(server.make_url("/v1/messages"), json={
             "model": "tiny-emulated", "max_tokens": 2, "messages": MESSAGES,
             "stream": "true"}) as r:

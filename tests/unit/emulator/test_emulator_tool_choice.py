@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marsproxy.emulator.openai_api import parse_request
+from marsproxy.emulator.openai_request import parse_request
 from marsproxy.emulator.tool_calls import ForcedTool
 
 TOOLS = [
