@@ -104,6 +104,16 @@ class AimdController:
         limit = min(self._ceiling, self._kv_cap, self._cpu_cap)
         return min(limit, self._window) if self.overloaded else limit
 
+    def slot_limit(self, quiet: int, limit: int | None = None) -> int:
+        """``limit`` (:attr:`effective_limit` if not given) in slots, where ``quiet`` of the
+        sessions holding one are dormant past their KV hold (likely done, as the hold
+        assumes): the window and the caps bound the sessions that hold KV room or may add tool
+        work, and those hold neither; only ``window_max`` counts them (a plain client's
+        finished sessions keep slots for kv_hold_min_s: counted, they kept a CPU-overloaded
+        worker shut while its engine idled)."""
+        limit = self.effective_limit if limit is None else limit
+        return limit if limit >= self._ceiling else min(self._ceiling, limit + quiet)
+
     @property
     def idle_limit(self) -> int:
         """The limit for an idle admission (``admission.tuning.idle_admit``): without the window and

@@ -203,7 +203,13 @@ class WorkerFit:
     def capped(self, views: list[WorkerView]) -> bool:
         """Whether the cheap ceiling capped the count of any of these views (the sessions it
         let in are in a call now: the fit without it decides on the rest)."""
-        return any(v.limit < self.controllers[v.name].effective_limit for v in views)
+        return any(v.limit < self.slot_limit(v.name) for v in views)
+
+    def slot_limit(self, worker: str, limit: int | None = None) -> int:
+        """The worker's ``limit`` (its effective limit if not given) in slots: sessions dormant
+        past a KV hold cut short keep a slot but are outside the window and the caps
+        (``AimdController.slot_limit``)."""
+        return self.controllers[worker].slot_limit(self.sessions.lapsed_on(worker), limit)
 
     def reprefill_s(self, worker: str, committed_tokens: int | None = None) -> float | None:
         """Seconds ``worker`` takes to re-prefill the mean forecast peak of the sessions held
@@ -315,7 +321,7 @@ class WorkerFit:
             cheap = self.cheap_slots(w, fit)
             factor = self.overlaps.ceiling if cheap else self.overlaps.factor(w)
             free, peak = self.free_budget(w), None if fit is None else self._room(w, fit, factor)
-            admitted, limit = self.sessions.load_on(w), c.effective_limit
+            admitted, limit = self.sessions.load_on(w), self.slot_limit(w)
             if cheap:  # the ceiling's room is for these few: the pass takes no more
                 limit = min(limit, admitted + cheap)
             out.append(WorkerView(
@@ -327,7 +333,7 @@ class WorkerFit:
                 long_admitted=self.sessions.long_on(w), in_call=self.sessions.active_on(w),
                 kv_overloaded=c.kv_overloaded, cpu_overloaded=c.cpu_overloaded,
                 idle_s=None if now is None else self.idle_s(now, w),
-                free_budget_blocks=free, idle_limit=c.idle_limit,
+                free_budget_blocks=free, idle_limit=self.slot_limit(w, c.idle_limit),
                 protected_budget_blocks=self.protected_room(w),
                 placed=self.sessions.placed_on(w),
             ))

@@ -42,6 +42,7 @@ class SessionLifecycle:
         self._long_by_worker: dict[str, int] = {}
         self._held_by_worker: dict[str, int] = {}  # admitted sessions whose KV is held
         self._watched_by_worker: dict[str, int] = {}  # slots held without KV room (watched)
+        self._lapsed_by_worker: dict[str, int] = {}  # of them, past a KV hold cut short
         # Per worker: admitted sessions with a request in flight, and a max-heap of when the
         # others went dormant ((-last_active, key); stale entries dropped when read), so that
         # neither question walks every session (a plain client's may number thousands).
@@ -108,6 +109,11 @@ class SessionLifecycle:
     def slotless_on(self, worker: str) -> int:
         """Sessions admitted on ``worker`` that hold no slot (outside :meth:`load_on`)."""
         return self.admitted_on(worker) - self.load_on(worker)
+
+    def lapsed_on(self, worker: str) -> int:
+        """Sessions holding a slot on ``worker`` past a KV hold cut short (``lapsed``): quiet
+        longer than their tools usually take, they hold neither KV room nor a tool."""
+        return self._lapsed_by_worker.get(worker, 0)
 
     def load_on(self, worker: str) -> int:
         """Sessions that hold a slot: in a call, dormant within their hold, or held without
@@ -220,6 +226,8 @@ class SessionLifecycle:
     def _watched(self, rec: SessionRecord, sign: int) -> None:
         assert rec.worker is not None
         self._watched_by_worker[rec.worker] = self._watched_by_worker.get(rec.worker, 0) + sign
+        if rec.lapsed:
+            self._lapsed_by_worker[rec.worker] = self._lapsed_by_worker.get(rec.worker, 0) + sign
 
     def request(self, now: float, key: str, final: bool = False) -> SessionRecord:
         """A continuation of an admitted session: served at once, never held by the window."""
@@ -312,7 +320,7 @@ class SessionLifecycle:
                 self._end_gap(rec, came_back=False)
             slot, rec.slot_until = rec.slot_until, None
             if rec.kv_held and slot is not None and slot > now:
-                self._release(rec, keep_slot=True)
+                self._release(rec, keep_slot=True, lapsed=True)
                 rec.hold_key = (slot, rec.key)
                 bisect.insort(self._holds, rec.hold_key)
             elif rec.kv_held:
@@ -332,18 +340,20 @@ class SessionLifecycle:
         self._release(rec, keep_slot=True)  # it is coming back
         return True
 
-    def _release(self, rec: SessionRecord, *, keep_slot: bool) -> None:
-        """Its forecast stops counting; ``keep_slot``: it still counts in ``load_on``."""
+    def _release(self, rec: SessionRecord, *, keep_slot: bool, lapsed: bool = False) -> None:
+        """Its forecast stops counting; ``keep_slot``: it still counts in ``load_on``
+        (``lapsed``: past its KV hold)."""
         rec.kv_held = False
         self._held(rec, -1)
         if keep_slot:
-            rec.watched = True
+            rec.watched, rec.lapsed = True, lapsed
             self._watched(rec, +1)
 
     def _unwatch(self, rec: SessionRecord) -> None:
         if rec.watched:
             rec.watched = False
             self._watched(rec, -1)
+            rec.lapsed = False
 
     def _end_gap(self, rec: SessionRecord, came_back: bool) -> None:
         rec.first_gap = False  # it came back, or its hold deadline passed

@@ -78,7 +78,10 @@ class SessionRecord:
     """Dormant after its first call, not back yet: its tenant's return tally waits for it."""
     watched: bool = False
     """It holds a slot but no KV room: a first gap of a tenant whose sessions seldom come back,
-    or a parent waiting on its children."""
+    a parent waiting on its children, or one past a KV hold cut short (``lapsed``)."""
+    lapsed: bool = False
+    """Watched past a KV hold cut short (its slot until ``slot_until``): quiet longer than its
+    tools usually take, it counts in placement only, not in the window or the caps."""
     incarnation: int = 0
     """Which session of its key this is (a key names a new one after its session ended): a
     call is charged to the incarnation it started in (``ControlPlane.call_end``)."""

@@ -88,9 +88,10 @@ class StoreConfirmations:
             window = c.idle_limit
         else:
             window = rec.limit if rec.idle_limit is None else rec.idle_limit
-        # The window counts sessions that hold a slot; the store counts every lease, also
-        # those of this replica's sessions that hold none (a plain client's finished tasks).
-        return window + self.core.sessions.slotless_on(worker)
+        # The window counts sessions that hold KV room (a slot kept past the KV hold is outside
+        # it, as in the core's views); the store counts every lease, also those of this
+        # replica's sessions that hold none (a plain client's finished tasks).
+        return self.core.slot_limit(worker, window) + self.core.sessions.slotless_on(worker)
 
     # -- carrying out ---------------------------------------------------------------------
     def _refuse(self, key: str, verdict: Refused) -> None:

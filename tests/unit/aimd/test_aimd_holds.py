@@ -3,6 +3,8 @@ keeps its room, and whether it keeps any after its first call (core/returns.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from marsproxy.aimd.admission import AdmissionCore, DecisionKind, WorkerSignals
@@ -293,3 +295,30 @@ def test_a_first_call_that_holds_no_room_lets_in_who_waits_at_its_end() -> None:
     assert kinds == [DecisionKind.ADMITTED] * 2 + [DecisionKind.WAIT]
     acts = core.on_response_end(0.05, "s0", prompt_tokens=640)
     assert [a.entry.session for a in acts.admitted] == ["s2"]
+
+
+def test_sessions_dormant_past_their_hold_do_not_count_against_an_overloaded_limit() -> None:
+    # A plain agent client (no final flag): six sessions did their calls and went quiet. Their
+    # KV hold ends 0.8 s on (4 × a 0.2 s re-prefill), their slots only at kv_hold_min_s (20 s).
+    # The tools then overload the one tool CPU (backlog 6): the CPU cap is 4 sessions. The six
+    # hold neither KV room nor a tool, so a new session is admitted; four sessions back in
+    # their calls count again, and the cap holds the next one back.
+    cfg = AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    core = AdmissionCore(cfg, ["w0"])
+    core.sessions.returns.record("t", True)
+    sig = WorkerSignals(kv_usage=0.0, free_blocks=4000, total_blocks=4000, block_size=16,
+                        prefill_tokens_per_s=3200.0)
+    core.tick(0.0, {"w0": sig})
+    for i in range(6):
+        assert core.on_request(0.0, f"s{i}", "t", 640).kind is DecisionKind.ADMITTED
+        core.on_response_end(0.1, f"s{i}", prompt_tokens=640, usual_tool_s=0.05)
+    busy = replace(sig, tools_in_flight=6, backlog_ratio=6.0, tool_cpus=1.0)
+    core.tick(2.0, {"w0": busy})
+    ctl = core.controllers["w0"]
+    assert ctl.cpu_overloaded and ctl.effective_limit == 4
+    assert core.sessions.load_on("w0") == 6 and core.sessions.held_on("w0") == 0
+    assert core.on_request(2.1, "new", "t", 640).kind is DecisionKind.ADMITTED
+    for i in range(4):  # back in a call: they may add tool work again
+        assert core.on_request(2.2, f"s{i}", "t", 700).kind is DecisionKind.ADMITTED
+    assert core.on_request(2.3, "next", "t", 640).kind is DecisionKind.WAIT
