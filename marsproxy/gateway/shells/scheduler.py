@@ -40,6 +40,17 @@ _PROBE_ATTEMPTS = 3  # a probe that could not talk to the worker is tried again 
 _PROBE_RETRY_S = 2.0  # ... this much later
 
 
+def output_cap(body: dict[str, Any]) -> int:
+    """The most tokens the request lets the engine write (0: none named, or unreadable):
+    vLLM's chat takes ``max_completion_tokens`` over ``max_tokens``; ``/v1/responses`` names
+    ``max_output_tokens``."""
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        v = body.get(key)
+        if v is not None:
+            return v if type(v) is int and v > 0 else 0
+    return 0
+
+
 class Rerouted(Exception):
     """A call held in a worker's gate left it because the worker was ejected: the caller
     places it anew (a healthy worker, or none: 503)."""
@@ -155,9 +166,8 @@ class SchedulerShell:
             return Prepared(None, raw, {}, "none")
         label = self.label_of[url]
         chars = len(raw)
-        max_new = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         t = self.plane.call_start(self.now(), session, label, chars=chars, tokens=tokens,
-                                  max_new_tokens=max_new if isinstance(max_new, int) else 0,
+                                  max_new_tokens=output_cap(body),
                                   gate=not body_priority, resident_tokens=resident_tokens)
         assert t is not None  # not passive
         try:
