@@ -365,9 +365,9 @@ def body_usage_and_reply(
     sessions, the reply of a non-streaming response body."""
     if not capture and not kinds and b'"usage"' not in body:
         return None, None, None  # nothing to read: not parsed
-    obj = _loads(body)
+    obj = json.loads(body)  # a worker's 2xx that is not JSON: the caller logs it (UNREADABLE)
     if not isinstance(obj, dict):
-        return None, None, None
+        raise TypeError(f"a JSON {type(obj).__name__}, not an object")
     usage = Usage.of(obj.get("usage"))
     kind = body_kind(route, obj) if kinds else None
     return usage, _body_reply(route, obj) if capture else None, kind

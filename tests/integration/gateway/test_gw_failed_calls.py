@@ -115,14 +115,15 @@ async def test_a_worker_refusing_every_call_of_a_session(
 
 @pytest.mark.parametrize("final", [False, True])
 async def test_invalid_json_with_200_is_relayed_as_sent(
-    raw: RawWorker, rig: Rig, final: bool
+    raw: RawWorker, rig: Rig, final: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The proxy relays what the worker said, as every reply it cannot read (docs/reliability.md:
-    a worker's odd counts); no usage is read from it, and the call ends."""
+    a worker's odd counts); no usage is read from it, a log line says so, and the call ends."""
     bad = b'{"id":"c","usage":{"prompt_tokens":7,'  # cut short: the tap parses it, and fails
     raw.script = _json(200, bad)
     r = await rig.call("garbled", final=final)
     assert (r.status, r.text.encode()) == (200, bad)
+    assert any("no usage read from it" in rec.getMessage() for rec in caplog.records)
     await rig.settled(holding={_label(raw): [] if final else ["garbled"]})
     raw.script = list(GOOD)
     if not final:

@@ -33,7 +33,6 @@ def _chat(message: dict[str, Any], finish: str | None) -> bytes:
     # Cut at max_tokens without a tool call: agent loops end there too.
     (_chat({"role": "assistant", "content": "cut"}, "length"), ReplyKind.ANSWER),
     (_chat({"role": "assistant", "content": "?"}, None), None),  # no end seen
-    (b"not json", None),
 ])
 def test_chat_body(body: bytes, kind: ReplyKind | None) -> None:
     for capture in (False, True):

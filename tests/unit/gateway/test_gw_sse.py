@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from marsproxy.core.canon import chat_reply_unit
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http.sse import (
+    UNREADABLE,
     SSEFilter,
     SSESplitter,
     StreamTap,
@@ -293,7 +294,9 @@ def test_non_streaming_body_usage_and_reply() -> None:
     usage, reply, _ = body_usage_and_reply("chat", body, capture=True)
     assert usage is not None and usage.prompt_tokens == 5
     assert reply is not None and reply.units == (chat_reply_unit("ok", []),)
-    assert body_usage_and_reply("chat", b"not json", capture=False) == (None, None, None)
+    for odd in (b"not json", b"[1, 2]"):  # the caller logs what it could not read
+        with pytest.raises(UNREADABLE):
+            body_usage_and_reply("chat", odd, capture=False)
 
 
 def _reference_split(data: bytes) -> tuple[list[bytes], bytes]:
