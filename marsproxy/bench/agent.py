@@ -271,10 +271,16 @@ async def replay_plan(
         {"role": "user", "content": own},
     ]
     sent_tokens = first
+    # Following the usage: how many tokens a continuation's prompt came out over its plan (the
+    # template's wrapping of the reply and the observation, the reply re-encoded): the next
+    # observation is that much shorter, so prompts keep to the trace's lengths.
+    drift, expected = 0, 0
     call: ToolCall | None = None  # the previous reply's tool call
     for i, turn in enumerate(turns):
         if i > 0:
-            observation = filler(turn.input_tokens - sent_tokens, rng, opts.chars_per_token)
+            n_obs = max(1, turn.input_tokens - sent_tokens - drift)
+            expected = sent_tokens + n_obs
+            observation = filler(n_obs, rng, opts.chars_per_token)
             if call is not None:
                 messages.append(
                     {"role": "tool", "tool_call_id": call.id, "content": observation})
@@ -304,6 +310,8 @@ async def replay_plan(
         else:
             messages.append({"role": "assistant", "content": reply})
         if opts.follow_usage and tr.prompt_tokens > 0:
+            if i > 0:
+                drift = tr.prompt_tokens - expected
             sent_tokens = tr.prompt_tokens + tr.completion_tokens
         else:
             sent_tokens += tr.completion_tokens

@@ -145,3 +145,20 @@ async def test_without_the_option_requests_carry_no_tools(
         assert not _calls(chunks)
         assert all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m
                    for m in body["messages"])
+
+
+@pytest.mark.parametrize("tool_calls", [False, True])
+async def test_prompts_following_the_usage_keep_to_the_plan(
+    relay: tuple[str, list[Exchange]], tool_calls: bool,
+) -> None:
+    # The template wraps each reply and observation in tokens of its own (more for a tool
+    # call): learnt from one continuation, the next ones are sized to the plan exactly.
+    url, _ = relay
+    plan = PlannedSession("s2", "t", 0.0, tuple(
+        PlannedTurn(200 + 150 * i, 30, 0.0, "pytest") for i in range(4)))
+    opts = ReplayOptions(base_url=url, model="tiny-emulated", system_prompt_tokens=50,
+                         plain=True, tool_calls=tool_calls, follow_usage=True)
+    async with aiohttp.ClientSession() as http:
+        res = await replay_plan(http, plan, opts, filler(50, random.Random(0)), no_tool)
+    over = [t.prompt_tokens - p.input_tokens for t, p in zip(res.turns, plan.turns, strict=True)]
+    assert over[1] > 0 and over[2:] == [0, 0], over
