@@ -1,13 +1,10 @@
 """The admission plane as one sans-IO object: events in, actions out.
 
-:class:`AdmissionCore` ties the per-worker AIMD controllers, the admission queue, the KV-fit
-check and the session lifecycle together. The gateway (or the simulator) calls ``on_*`` when a
-request arrives or ends and ``tick`` on every control interval, then carries out what comes
-back: wake held requests on their worker, answer expired ones with 503, publish events.
-
-Invariant: a session is admitted onto a worker only while that worker holds fewer sessions
-than its effective limit. A shrinking window never evicts admitted sessions; it only stops new
-ones until enough end. Continuations of an admitted session are never held. Pure code: no I/O.
+:class:`AdmissionCore` ties the per-worker AIMD controllers, the admission queue, the KV fit
+and the session lifecycle together. A driver calls ``on_*`` as requests arrive and end,
+``tick`` every control interval and ``expire`` at ``next_deadline``, then carries out what
+comes back. Invariant: a session is admitted onto a worker only while it holds fewer sessions
+than its effective limit; a shrinking window evicts nobody; continuations are never held.
 """
 
 from __future__ import annotations
@@ -59,13 +56,11 @@ class Expiry:
 
 @dataclass(slots=True)
 class Actions:
-    admitted: list[Admission] = field(default_factory=list)
-    """Sessions to wake: send their held requests to ``worker``."""
+    admitted: list[Admission] = field(default_factory=list)  # wake: their requests go there
     expired: list[Expiry] = field(default_factory=list)
     ended: list[tuple[str, EndReason]] = field(default_factory=list)
     window_changes: list[WindowChange] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    """Everything to publish, in order (includes the window changes)."""
+    events: list[Event] = field(default_factory=list)  # to publish, in order (window too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +70,9 @@ class Decision:
     status: int = 0
     retry_after_s: int | None = None
     reason: str = ""
-    idle: bool = False
-    """Admitted onto an idle worker past the limit (tuning.idle_admit): confirmed against it."""
-    actions: Actions = field(default_factory=Actions)
-    """Side effects of this request: events, and other sessions admitted in the same pass."""
-    entry: QueueEntry | None = None
-    """Admitted: the queue entry it was admitted as (its tenant, class and lane)."""
+    idle: bool = False  # admitted past the limit onto an idle worker (tuning.idle_admit)
+    actions: Actions = field(default_factory=Actions)  # events, others admitted in its pass
+    entry: QueueEntry | None = None  # admitted: as which queue entry (tenant, class, lane)
 
 
 class AdmissionCore(WorkerFit):
@@ -116,9 +108,8 @@ class AdmissionCore(WorkerFit):
         cls: str | None = None, prefix: Mapping[str, int] | None = None, child: bool = False,
     ) -> Decision:
         """A request arrives: serve it now, hold it, or reject it; ``cls``: a new session's
-        service class (``None``: the default); ``prefix``: resident prefix tokens of its
-        prompt per worker with a KV index (placement of a new session); ``child``: a new
-        session whose parent is admitted (it waits in the children's lane, first)."""
+        class (``None``: the default); ``prefix``: its prompt's resident tokens per indexed
+        worker (placement); ``child``: its parent is admitted (the children's lane, first)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
             self.sessions.request(now, session, final)
@@ -171,9 +162,8 @@ class AdmissionCore(WorkerFit):
         self, now: float, session: str, tenant: str, worker: str, est_tokens: int, *,
         final: bool = False, turns: int = 0, correction: float | None = None,
     ) -> Decision:
-        """A request of a session another replica admitted on ``worker`` (it holds a live
-        lease there, now this replica's): served at once on that worker, never held by the
-        window and not counted as a new admission. Known here already: a plain request."""
+        """A request of a session another replica admitted on ``worker`` (its live lease now
+        this replica's): served there at once, not held, not a new admission."""
         if worker not in self.controllers:
             raise ValueError(f"unknown worker {worker!r}")
         if self.sessions.get(session) is not None:
@@ -188,12 +178,9 @@ class AdmissionCore(WorkerFit):
         return Decision(DecisionKind.ADMITTED, worker=worker, reason="adopted")
 
     def relocate(self, now: float, session: str, candidates: Sequence[str]) -> str | None:
-        """Move a session admitted here but not yet served to another worker with room.
-
-        The store refused its worker (full across replicas) while ``candidates`` have free
-        slots globally; the store arbitrates the count, so only placeability and KV fit are
-        checked here. Returns the new worker (most KV budget first), or ``None`` to stay.
-        """
+        """Move a session admitted but not served yet to a worker of ``candidates`` (free slots
+        in the store, which refused its own; the store arbitrates the count, so only
+        placeability and KV fit are checked): the one with most KV budget, ``None``: stay."""
         rec = self.sessions.get(session)
         if rec is None or rec.state is not SessionState.ADMITTED or rec.worker is None:
             return None
@@ -260,8 +247,8 @@ class AdmissionCore(WorkerFit):
             self.peaks.release(session)
             if not rec.watched:  # its key's never do: as good as ended
                 self.yields.away(session)
-            # Its room is free now, slot kept or not: waiting for the tick let a burst of
-            # plain one-shot tasks in once per tick while the engine sat idle between.
+            # Its room is free now, slot kept or not (at the tick, a burst of one-shot tasks
+            # went in once per tick while the engine idled between).
             self._admit_pass(now, actions)
         return actions
 
@@ -291,10 +278,7 @@ class AdmissionCore(WorkerFit):
             actions.events.extend(changes)
         for rec in self.sessions.idle_expired(now):
             self._end(now, rec.key, EndReason.IDLE_TIMEOUT, actions)
-        for rec in self.sessions.hold_expired(now):
-            self.peaks.release(rec.key)
-            self.yields.away(rec.key)
-            self.overlaps.went_quiet(rec.admitted_at, rec.last_active)
+        self._holds_end(now)
         expired = self.queue.expire(now)
         if expired:
             placeable = any(v.placeable for v in self._views())
@@ -308,17 +292,35 @@ class AdmissionCore(WorkerFit):
         self._admit_pass(now, actions)
         return actions
 
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` is due: a KV hold (or kept slot) ends while sessions wait."""
+        return self.sessions.next_hold_end() if len(self.queue) else None
+
+    def expire(self, now: float) -> Actions:
+        """Holds due by ``now`` end: their room lets in who waits now, as a call's end does,
+        not at the next tick (a burst came just before the last one's holds ended)."""
+        actions = Actions()
+        if self._holds_end(now):
+            self._admit_pass(now, actions)
+        return actions
+
+    def _holds_end(self, now: float) -> bool:
+        for rec in (due := self.sessions.hold_expired(now)):
+            self.peaks.release(rec.key)
+            self.yields.away(rec.key)
+            self.overlaps.went_quiet(rec.admitted_at, rec.last_active)
+        return bool(due)
+
     def release_hold(self, session: str) -> bool:
-        """A dormant session waits on its children (agent trees): its forecast stops counting
-        in the KV fit until its next request. False: it was not dormant within a hold."""
+        """A dormant session waits on its children: its forecast counts no more until its next
+        request (False: it was not dormant within a hold)."""
         if not self.sessions.release_hold(session):
             return False
         self.peaks.release(session)
         return True
 
     def set_retained(self, worker: str, blocks: int) -> None:
-        """The scheduler's KV ledger changed: count it at once, not from the next tick on, so a
-        new session cannot be admitted into room that a retained prefix holds."""
+        """The scheduler's KV ledger now, not at the next tick: no admission into its room."""
         s = self._signals[worker]
         if s.retained_blocks != blocks:
             self._signals[worker] = replace(s, retained_blocks=blocks)
@@ -362,11 +364,9 @@ class AdmissionCore(WorkerFit):
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
         prefix: Mapping[str, int] | None,
     ) -> Decision:
-        # Admission control off: the fewest sessions holding KV among healthy workers, ties to
-        # the fewest placed so far, then in worker order; the window is ignored (also by prefix
-        # placement, the only reader of the full views here). Health is the only gate, as
-        # without a proxy: a worker whose metrics were not read yet (just started) takes its
-        # share at once; left out until the next tick, a burst would all stay on the others.
+        # Admission off: the fewest sessions holding KV among healthy workers, ties to the
+        # fewest placed, then worker order; no window (prefix placement ignores it too). Health
+        # alone gates: a worker not read yet (just started) takes its share of a burst at once.
         names = [w for w in self.workers if self._signals[w].healthy]
         worker = min(names or self.workers, key=self.sessions.spread_key)
         if prefix:

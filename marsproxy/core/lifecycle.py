@@ -329,6 +329,10 @@ class SessionLifecycle:
                 self._unwatch(rec)
         return due
 
+    def next_hold_end(self) -> float | None:
+        """When the first KV hold (or slot kept past one) ends; ``None``: none runs."""
+        return self._holds[0][0] if self._holds else None
+
     def release_hold(self, key: str) -> bool:
         """End a dormant session's KV hold before its deadline (it waits on its children);
         False when it is not dormant, or its hold is over already."""

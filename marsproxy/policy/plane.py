@@ -9,8 +9,8 @@ comes back; it decides nothing itself.
 A session's phases (:class:`Phase`): *waiting* in the admission queue, *pending* (admitted
 here, its slot not yet confirmed by the window store), *in a call*, *dormant* (between calls),
 *ended*. Store answers enter as :meth:`confirm`, :meth:`withdraw` and :meth:`lost`; timer
-expiries (idle timeouts, KV holds, queue deadlines, pending deadlines) are decided in
-:meth:`tick`.
+expiries in :meth:`tick`, and KV holds that end while sessions wait in :meth:`expire`, which
+the driver calls at :meth:`next_deadline`.
 
 Two clocks: ``now`` is the control clock (monotonic in the gateway); tool phases are timed on
 the tool clock ``at`` (wall time in the gateway, as clients report tool events with epoch
@@ -89,8 +89,7 @@ class ControlPlane:
         """Which session of ``key`` lives now (``Answer.incarnation``); ``None``: none."""
         return None if (rec := self.admission.sessions.get(key)) is None else rec.incarnation
 
-    def held(self, key: str) -> str | None:
-        """The worker whose confirmed slot ``key`` holds (``None``: none)."""
+    def held(self, key: str) -> str | None:  # the worker of its confirmed slot, if any
         return self._held.get(key)
 
     def held_on(self, worker: str) -> int:
@@ -114,9 +113,8 @@ class ControlPlane:
 
     # -- requests -----------------------------------------------------------------------------
     def wants_tick(self, key: str) -> bool:
-        """Whether a request of ``key`` should wait for a tick first: nothing is known of any
-        worker yet (the first requests after start) and ``key`` holds no slot. The driver ticks
-        with what it observes now instead of holding the request until the next tick."""
+        """Whether the driver should tick (with what it observes now) before a request of
+        ``key``: nothing is known of any worker yet (just started), and it holds no slot."""
         return self._held.get(key) is None and self.admission.all_stale()
 
     def request(
@@ -125,10 +123,9 @@ class ControlPlane:
         parent: str | None = None, parent_elsewhere: bool = False,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
-        prompt's size when known, else estimated from ``chars``; ``cls``: a new session's
-        service class (``None``: the default); ``prefix``: leading tokens of its prompt
-        resident per worker with a KV index (prefix placement); ``parent``: the session a new
-        one names as its parent (agent trees); ``parent_elsewhere``: that parent is admitted on
+        prompt's size (else estimated from ``chars``); ``cls``: a new session's class;
+        ``prefix``: its prompt's resident tokens per indexed worker (prefix placement);
+        ``parent``: a new one's parent (agent trees), ``parent_elsewhere``: admitted on
         another replica (its record is in the store): a child all the same."""
         core = self.admission
         self.answers.arrived(key, now)
@@ -136,9 +133,7 @@ class ControlPlane:
             self._link(now, key, parent)
             or (parent_elsewhere and self.phase(key) is Phase.ENDED
                 and self.phase(parent) is Phase.ENDED))
-        if not self.passive:  # the ledger as it is now, not as of the last tick
-            for w in self.workers:
-                core.set_retained(w, self.scheduler.retained_blocks(w))
+        self._ledger()
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
                             child=child)
@@ -180,8 +175,7 @@ class ControlPlane:
         return p
 
     def withdraw(self, now: float, key: str) -> Outcome:
-        """A session not served yet goes: its waiting client left, or the store is
-        unreachable and admits nothing new (``on_store_failure: closed``)."""
+        """A session not served yet goes (its client left, or ``on_store_failure: closed``)."""
         return self._ending(now, key, EndReason.ABANDONED)
 
     def waiter_left(self, key: str) -> None:
@@ -189,8 +183,7 @@ class ControlPlane:
         self.admission.sessions.remove_waiter(key)
 
     def lost(self, now: float, key: str, worker: str) -> Outcome:
-        """The store no longer has ``key``'s lease on ``worker``: another replica took the
-        session over (or ended it, or the lease expired during a stall)."""
+        """The store lost ``key``'s lease on ``worker`` (taken over, ended, or expired)."""
         if self._held.get(key) != worker:
             return Outcome()
         del self._held[key]  # not ours to release any more
@@ -214,9 +207,8 @@ class ControlPlane:
         max_new_tokens: int = 0, gate: bool = False, resident_tokens: int | None = None,
     ) -> Ticket | None:
         """A call of ``key`` goes to ``worker``: its level, and whether it waits in the gate
-        (then :meth:`release` says when it goes; ``gate``: it waits there even on a priority
-        worker). ``None``: nothing is scheduled (passive). ``resident_tokens``: its prompt's
-        leading tokens resident there (KV events): a retained prefix is verified."""
+        (:meth:`release` lets it go; ``gate``: also on a priority worker); ``None``: passive.
+        ``resident_tokens``: its prompt's resident there (KV events): retention verified."""
         if self.passive:
             return None
         ev = verify_retention(now, self.scheduler.ledger.reservation(key), worker,
@@ -245,11 +237,10 @@ class ControlPlane:
         cached_tokens: int = 0, chars: int = 0, engine_s: float = 0.0, continues: bool = True,
         usual_tool_s: float | None = None, reply: ReplyKind | None = None,
     ) -> CallEnd:
-        """A call ended (well or not). The scheduler hears it first (its retention decision),
-        then admission (whose end of a final call may end the session). ``incarnation``: its
-        request's session (``Answer.incarnation``); ``usual_tool_s``: the session's usual tool
-        time when the tracker has none (carried from a replica); ``reply``: its kind, where
-        read (an answer may end the session: ``core/answers.py``)."""
+        """A call ended (well or not): the scheduler hears it (retention), then admission (a
+        final call ends the session). ``incarnation``: its request's session; ``usual_tool_s``:
+        carried from a replica where the tracker has none; ``reply``: its kind, where read (an
+        answer may end the session: ``core/answers.py``)."""
         rec = self.admission.sessions.get(key)
         if orphan := (rec is not None and incarnation not in (None, rec.incarnation)):
             rec, admitted, continues = None, False, False  # its session ended: not the new one's
@@ -294,9 +285,9 @@ class ControlPlane:
     # -- time -----------------------------------------------------------------------------------
     def tick(self, now: float, observed: Mapping[str, WorkerObservation], *, at: float,
              cpu: CpuPressure | None, elsewhere: Mapping[str, int] | None = None) -> Outcome:
-        """The control step: the signals built from what was observed, the admission core's
-        tick, then the pending sessions' deadlines. ``at``: the tool clock now; ``cpu``: the
-        tools' host as last read; ``elsewhere``: sessions other replicas hold per worker."""
+        """The control step: signals from what was observed, the admission core's tick, the
+        pending deadlines. ``at``: the tool clock; ``cpu``: the tools' host as last read;
+        ``elsewhere``: sessions other replicas hold per worker."""
         self.observed.update(observed)
         self.answers.expire(now)
         self.tool_signal.observe(cpu)
@@ -307,10 +298,18 @@ class ControlPlane:
                                  sessions_elsewhere=(elsewhere or {}).get(w, 0))
             for w in self.workers
         }
-        out = Outcome()
-        self._absorb(now, self.admission.tick(now, signals), out)
+        out = self._absorb(now, self.admission.tick(now, signals), Outcome())
         self._expire_pending(now, out)
         return out
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` is due: a KV hold ends while sessions wait (``None``: never)."""
+        return self.admission.next_deadline()
+
+    def expire(self, now: float) -> Outcome:
+        """At :meth:`next_deadline`: holds due end; who waits for their room goes in now."""
+        self._ledger()
+        return self._absorb(now, self.admission.expire(now), Outcome())
 
     def sched_tick(self, now: float, observed: Mapping[str, WorkerObservation]) -> tuple[
             TickResult, list[Ticket]]:
@@ -326,8 +325,7 @@ class ControlPlane:
 
     # -- internals ------------------------------------------------------------------------------
     def _link(self, now: float, key: str, parent: str) -> bool:
-        """A new session names ``parent``: link them; True when the parent is admitted (the
-        child goes in the children's lane, and the parent, dormant, waits on it)."""
+        """Link a new session to ``parent``; True: the parent is admitted (it waits on it)."""
         if self.phase(key) is not Phase.ENDED or self.phase(parent) is Phase.ENDED:
             return False  # not new, or a parent unknown here: a plain session
         if not self.trees.link(key, parent):
@@ -339,14 +337,18 @@ class ControlPlane:
         return True
 
     def _parent_waits(self, now: float, parent: str) -> None:
-        # A dormant parent with live children waits on them: its KV hold ends now (forecast
-        # and retained prefix), so it does not hold room against them.
+        # A dormant parent waits on its live children: its hold (forecast, prefix) ends now.
         if self.phase(parent) is not Phase.DORMANT:
             return
         held = self.admission.release_hold(parent)
         r = self.scheduler.ledger.release_on_return(parent)
         if held or r is not None:
             self._note(now, "tree_wait", parent, 0 if r is None else r.blocks)
+
+    def _ledger(self) -> None:
+        if not self.passive:  # the ledger as it is now, not as of the last tick
+            for w in self.workers:
+                self.admission.set_retained(w, self.scheduler.retained_blocks(w))
 
     def _note(self, now: float, kind: str, key: str, *detail: object) -> None:
         if self.log is not None:
@@ -364,7 +366,7 @@ class ControlPlane:
         self._pending[key] = p
         out.proposed.append(key)
 
-    def _absorb(self, now: float, actions: Actions, out: Outcome) -> None:
+    def _absorb(self, now: float, actions: Actions, out: Outcome) -> Outcome:
         for a in actions.admitted:
             self._arrival.setdefault(a.entry.session, now)
             self._propose(a.entry.session, a.worker, a.idle, out, a.entry)
@@ -381,15 +383,13 @@ class ControlPlane:
         for wc in actions.window_changes:
             self._note(now, "window", wc.worker or "", wc.new, wc.reason)
         out.events.extend(actions.events)
-
-    def _ending(self, now: float, key: str, reason: EndReason) -> Outcome:
-        out = Outcome()
-        self._absorb(now, self.admission.on_session_end(now, key, reason), out)
         return out
 
+    def _ending(self, now: float, key: str, reason: EndReason) -> Outcome:
+        return self._absorb(now, self.admission.on_session_end(now, key, reason), Outcome())
+
     def _expire_pending(self, now: float, out: Outcome) -> None:
-        # The core's deadline covers its own queue; the pending sessions' is decided here.
-        deadline = self.cfg.admission.queue_deadline_s
+        deadline = self.cfg.admission.queue_deadline_s  # the core's covers its queue only
         for key, p in list(self._pending.items()):
             if now - p.since < deadline:
                 continue

@@ -1,11 +1,11 @@
 """One policy on one workload, in virtual time: agents, the proxy's core, engines and tool CPUs.
 
-Drivers of the same pure code the gateway drives, through :class:`marsproxy.sim.proxy.SimProxy`
-(the control plane: admission, tool phases, scheduling, fed the engines' state as the gateway's
-probes and shells feed it); engines: :class:`marsproxy.emulator.engine.Engine`, stepped back to
-back while it has work; tools: :class:`marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus -
-busy_cpus`` cores; agent trees: :class:`marsproxy.sim.trees.TreeRunner`. ``direct`` has no
-proxy: each session goes straight to one worker (round robin), FCFS.
+Drives the pure code the gateway drives through :class:`marsproxy.sim.proxy.SimProxy` (the
+control plane, fed the engines' state as the gateway's probes feed it, its ticks and timers as
+events); engines: :class:`~marsproxy.emulator.engine.Engine`, stepped back to back while they
+have work; tools: :class:`~marsproxy.sim.cpu.ProcessorSharing` over ``tool_cpus - busy_cpus``
+cores; agent trees: :class:`~marsproxy.sim.trees.TreeRunner`. ``direct``: no proxy, each
+session straight to one worker (round robin), FCFS.
 
 Agents replay sessions as the live benchmark does (prompts: :mod:`marsproxy.sim.agents`; their
 tenant and class: the plan's), the final flag on the last call, a tool phase after every call
@@ -46,9 +46,8 @@ class Simulation:
         on_tick: Callable[[float, AdmissionCore], None] | None = None,
         log: DecisionLog | None = None, record: bool = False,
     ) -> None:
-        """``on_tick``: called after every admission control tick with the core (the sweep's
-        invariant checks read its state there); ``log``, ``record``: the plane's decision
-        log and the recording of its inputs (the parity test)."""
+        """``on_tick``: called with the core after every admission tick (the sweep's checks);
+        ``log``, ``record``: the decision log and the recorded inputs (the parity test)."""
         self.workload = workload
         self.policy = policy
         self.setup = setup
@@ -89,8 +88,7 @@ class Simulation:
 
     @property
     def sched(self) -> SchedulerCore | None:
-        """The scheduler core; None where nothing is scheduled (the fcfs preset: a plain
-        session-affine proxy) or there is no proxy."""
+        """The scheduler core; None without a proxy or anything to schedule (fcfs preset)."""
         if self.proxy is None or self.proxy.plane.passive:
             return None
         return self.proxy.plane.scheduler
@@ -116,7 +114,7 @@ class Simulation:
         handlers: dict[str, Callable[[float, Any], None]] = {
             "arrive": self._request, "step": self._on_step_done, "cpu": self._on_cpu,
             "tick": self._on_tick, "sched_tick": self._on_sched_tick, "send": self._request,
-            "release": self._on_release,
+            "release": self._on_release, "expire": self._on_expire,
         }
         now = 0.0
         while self._heap and self._live():
@@ -124,6 +122,8 @@ class Simulation:
             if now > self.setup.horizon_s:
                 break
             handlers[kind](now, payload)
+            if self.proxy is not None and (at := self.proxy.expire_due()) is not None:
+                self._push(max(at, now), "expire")
         mark_unfinished(self._agents, min(now, self.setup.horizon_s))
         self.stats["preemptions"] = sum(e.num_preemptions for e in self.engines.values())
         return RunResult(
@@ -135,8 +135,8 @@ class Simulation:
         )
 
     def _live(self) -> bool:
-        # Agents gone untold (no final flag, given up after an upstream error) leave sessions in
-        # the core until idle timeout; only those (any other left over is a leak to see).
+        # Agents gone untold (no final flag, given up after an error) leave sessions in the
+        # core until their idle timeout: only those (anything else left is a leak to see).
         return self._unfinished > 0 or (self._untold > 0 and self.core is not None
                                         and len(self.core.sessions) > 0)
 
@@ -212,6 +212,10 @@ class Simulation:
             self._release_at = None
         self._send_released(now, self.proxy.release(now))
 
+    def _on_expire(self, now: float, _: Any) -> None:
+        if self.proxy is not None and (out := self.proxy.expire(now)) is not None:
+            self._carry(now, out)
+
     def _send(self, now: float, agent: Agent, worker: str, priority: int) -> None:
         """The call reaches the worker's engine."""
         rid = f"{agent.plan.id}#{agent.turn}"
@@ -231,8 +235,7 @@ class Simulation:
 
     def _fail(self, now: float, agent: Agent, status: int, reason: str) -> None:
         agent.outcome.turns.append(TurnOutcome(agent.sent_s, None, now - agent.sent_s, status))
-        agent.outcome.error = reason
-        agent.outcome.stopped_s = now
+        agent.outcome.error, agent.outcome.stopped_s = reason, now
         # As the gateway: a refusal leaves nothing; after an upstream error (a client may retry)
         # the agent that gives up leaves its session to the idle timeout.
         told = status in (429, 503) or self.proxy is None
@@ -240,10 +243,8 @@ class Simulation:
 
     def _finish(self, now: float, agent: Agent, *, told: bool = True,
                 reason: EndReason = EndReason.FINAL) -> None:
-        """``told``: the proxy learns that the session ended (else its idle timeout ends it;
-        one ended on its answer is told again, which changes nothing)."""
-        agent.done = True
-        agent.tokens = []
+        """``told``: the proxy hears the session end (else its idle timeout ends it)."""
+        agent.done, agent.tokens = True, []
         self._unfinished -= 1
         if told:
             self._forget(now, agent.plan.id, reason)
@@ -280,8 +281,7 @@ class Simulation:
                 completion_tokens=fin.completion_tokens, cached_tokens=fin.cached_tokens,
                 engine_s=fin.e2e_latency * self.setup.time_scale, continues=not final,
                 last=last, incarnation=agent.incarnation)
-            answered = end.answered
-            res = end.result
+            answered, res = end.answered, end.result
             if res is not None and res.retention is not None and not self.proxy.plane.passive \
                     and self.proxy.cfg.scheduler.retention_policy != "off":
                 self.stats["retained" if res.retention.retain else "not_retained"] += 1
@@ -385,9 +385,8 @@ class Simulation:
         assert self.proxy is not None
         for ev in out.events:
             self.proxy.record(ev)
-        for sid in out.proposed:
-            worker = self.proxy.confirm(now, sid)
-            agent = self._held.pop(sid, None)
+        go = [(self._held.pop(sid, None), self.proxy.confirm(now, sid)) for sid in out.proposed]
+        for agent, worker in go:  # all confirmed first, as the gateway's store pass does
             if agent is not None and worker is not None:
                 self._dispatch(now, agent, worker)
         for exp in out.expired:

@@ -65,6 +65,7 @@ class SimProxy:
         self.states: list[dict[str, Any]] = []
         self._next_state_s = 0.0
         self._ticks = 0
+        self._expire_at: float | None = None  # an "expire" event goes then
         self.kv = KVView(engines) if setup.kv_events else None
 
     def _in(self, name: str, now: float, **args: Any) -> None:
@@ -175,6 +176,25 @@ class SimProxy:
                     ts=now, worker=w, kv_usage=s.kv_usage, running=eng.running,
                     waiting=eng.waiting, tools_in_flight=s.tools_in_flight,
                     backlog_ratio=s.backlog_ratio))
+
+    def expire_due(self) -> float | None:
+        """When the driver's next "expire" event goes (``ControlPlane.next_deadline``, as the
+        gateway's timer); ``None``: none, or one due no later goes already."""
+        at = self.plane.next_deadline()
+        if at is None or (self._expire_at is not None and self._expire_at <= at):
+            return None
+        self._expire_at = at
+        return at
+
+    def expire(self, now: float) -> Outcome | None:
+        """An "expire" event: the holds due end (``None``: none is due any more)."""
+        if self._expire_at is not None and now >= self._expire_at:
+            self._expire_at = None
+        at = self.plane.next_deadline()
+        if at is None or at > now:  # its session came back, or nobody waits any more
+            return None
+        self._in("expire", now)
+        return self.plane.expire(now)
 
     def sched_tick(self, now: float) -> list[Ticket]:
         observed = self.observe(now)

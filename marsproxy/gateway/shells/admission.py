@@ -2,8 +2,8 @@
 
 The core decides (window, queue order, KV fit, idle timeouts, deadlines); this shell only
 feeds it events (requests, response ends, session ends, control ticks with the latest
-signals) and carries out its actions: wake held requests, answer expired ones, publish events,
-release leases.
+signals, a timer at the plane's next deadline) and carries out its actions: wake held
+requests, answer expired ones, publish events, release leases.
 
 Core ↔ store. The local core proposes every admission. With the in-memory store (one replica)
 the proposal is final and the store only keeps the lease. With several replicas sharing one
@@ -86,6 +86,9 @@ class AdmissionShell(StoreConfirmations):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._store_calls: dict[str, asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
+        # The plane's next hold end while sessions wait (next_deadline): expire_now then.
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at: float | None = None
         self.replicas = Replicas(plane, self.store, telemetry.tracker, self._in_key_order,
                                  self.now)
         self.observe: Callable[[], dict[str, WorkerObservation]] = lambda: observations(
@@ -108,6 +111,9 @@ class AdmissionShell(StoreConfirmations):
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = self._expiry_at = None
         tasks = [*self._loops, *self._tasks]
         for t in tasks:
             t.cancel()
@@ -179,6 +185,27 @@ class AdmissionShell(StoreConfirmations):
                 await store.publish_windows(records)
         self._windows = await store.read_windows()
         await self._carry_answered(out)
+        self._arm()
+
+    def _arm(self) -> None:
+        """Time :meth:`expire_now` for the plane's next deadline (a KV hold ends while sessions
+        wait); only while the shell runs (started: a replay expires by itself)."""
+        at = self.plane.next_deadline()
+        if at is None or not self._loops or self._stopping or (
+                self._expiry_at is not None and self._expiry_at <= at):
+            return
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = at
+        self._expiry = asyncio.get_running_loop().call_later(max(0.0, at - self.now()),
+                                                             self.expire_now)
+
+    def expire_now(self) -> None:
+        """The holds due end: who waits for their room is let in now, not at the next tick."""
+        self._expiry = self._expiry_at = None
+        if (at := self.plane.next_deadline()) is not None and at <= self.now():
+            self._carry_soon(self.plane.expire(self.now()))
+        self._arm()
 
     def _decided(self, out: Outcome) -> Outcome:
         self._answer(out)
@@ -224,6 +251,7 @@ class AdmissionShell(StoreConfirmations):
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
                                  final=final, cls=cls, prefix=prefix, parent=parent,
                                  parent_elsewhere=elsewhere)
+        self._arm()  # it may wait for a hold's end
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)
             return self._rejected(ans.reason, ans.retry_after_s)
@@ -291,6 +319,7 @@ class AdmissionShell(StoreConfirmations):
         self.replicas.served(key, served_tokens)
         if out:
             self._carry_soon(out)
+        self._arm()  # its KV hold begins
         if self.replicas.on and not any(e.session == key for e in out.ended):
             self.replicas.save(key)  # another replica may serve its next request
 

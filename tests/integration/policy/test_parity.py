@@ -37,6 +37,7 @@ from marsproxy.runs.trace import load_trace
 from marsproxy.runs.workload import WorkloadSpec, build_workload
 from marsproxy.sim.harness import SimSetup, Simulation
 from marsproxy.sim.proxy import TENANT, Input
+from marsproxy.sim.sweep import make_case, swept_config
 
 
 class _Clock:
@@ -67,6 +68,12 @@ def _simulate(policy: str, workers: int, sessions: int, seed: int, sets: list[st
     setup = SimSetup(profile=get_profile("tiny", num_blocks=blocks), workers=workers,
                      tool_cpus=2, system_prompt_tokens=60, worker_mode=mode,  # type: ignore[arg-type]
                      kv_events=groups > 0, send_final=not plain, report_tools=not plain)
+    return _record(policy, cfg, wl, setup)
+
+
+def _record(policy: str, cfg: Any, wl: Any, setup: SimSetup,
+            ) -> tuple[Any, list[Input], DecisionLog]:
+    """The simulation's inputs to the plane and its decision log."""
     log = DecisionLog()
     sim = Simulation(wl, policy, setup, cfg, log=log, record=True)
     res = sim.run()
@@ -134,6 +141,9 @@ async def _replay(cfg: Any, inputs: list[Input]) -> DecisionLog:
                 gw.scheduler.tick()
             elif inp.kind == "release":  # a call held for a session due back goes
                 gw.scheduler.release_now()
+            elif inp.kind == "expire":  # a KV hold ends while sessions wait: the shell's timer
+                assert gw.admission is not None
+                gw.admission.expire_now()
             elif inp.kind == "session_end":
                 gw.session_over(a["key"], EndReason(a["reason"]))
             for _ in range(4):  # what the shells spawned (store confirmations) runs now
@@ -191,6 +201,22 @@ async def test_plain_tool_calling_agents_decide_alike(mode: str) -> None:
     cfg, inputs, sim_log = _simulate("mars", 2, 14, 8, [], mode, 192, plain=True)
     ends = [e.detail for e in sim_log.entries if e.kind == "end"]
     assert ("answered",) in ends and ("final",) not in ends
+    gw_log = await _replay(cfg, inputs)
+    assert [dataclasses.astuple(e) for e in gw_log.entries] == [
+        dataclasses.astuple(e) for e in sim_log.entries]
+
+
+async def test_holds_that_end_while_sessions_wait_decide_alike() -> None:
+    # Sweep workload 412: bursts of 7 text agents (no final flag) every 20 s on 256 blocks; a
+    # burst waits for the KV holds of the one before, which end at their time (the
+    # simulator's "expire" event, the gateway's timer), not at the next tick.
+    case = make_case(412, load_trace())
+    cfg = swept_config([], ["http://127.0.0.1:9"])
+    cfg = cfg.model_copy(update={"workers": [
+        WorkerConfig(url="http://127.0.0.1:9", name="w0", priority=True)]})
+    assert case.setup.workers == 1 and case.setup.worker_mode == "priority"
+    cfg, inputs, sim_log = _record("mars", cfg, case.workload, case.setup)
+    assert any(i.kind == "expire" for i in inputs)
     gw_log = await _replay(cfg, inputs)
     assert [dataclasses.astuple(e) for e in gw_log.entries] == [
         dataclasses.astuple(e) for e in sim_log.entries]

@@ -16,8 +16,9 @@ each request's path as ``gateway/http/relay.py`` walks it:
   (a final turn ends the session) and ``response_ended``;
 - ``leave``: a client leaves while held for admission (``AdmissionShell._abandon``) or in the
   dispatch gate (``plane.cancel``, then the call's end with no ticket);
-- ``tick``: time passes: the admission tick, the scheduler's tick, a held call's release timer,
-  the table's idle expiry;
+- ``tick``: time passes: the admission shell's timer at each KV hold's end while sessions wait
+  (``expire_now``), the admission tick, the scheduler's tick, a held call's release timer, the
+  table's idle expiry;
 - ``delete``: ``DELETE /mars/v1/sessions/{id}`` at any moment (its id may be reused at once,
   while calls of the ended session still run: they end as that session's, not the new one's);
 - ``lost``: the store lost a session's lease (``AdmissionShell.tick``: another replica took it).
@@ -250,8 +251,11 @@ class GatewayModel:
 
     # -- time, health, the admin API -----------------------------------------------------------
     def tick(self, dt: float) -> None:
-        self.now += dt
-        p = self.plane
+        p, end = self.plane, self.now + dt
+        while (at := p.next_deadline()) is not None and at <= end:  # AdmissionShell.expire_now
+            self.now = max(self.now, at)
+            self.carry(p.expire(self.now))
+        self.now = end
         self.carry(p.tick(self.now, self.observed(), at=self.now, cpu=None))
         self._running(p.sched_tick(self.now, self.observed())[1])
         p.kv_events.clear()  # SchedulerShell.kv_facts publishes them

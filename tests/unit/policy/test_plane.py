@@ -232,3 +232,28 @@ def test_a_lost_lease_gives_back_the_sessions_kv_reservation() -> None:
     assert out.returned == [held]
     assert plane.scheduler.ledger.reservation("s") is None
     assert plane.scheduler.retained_blocks(t.worker) == 0
+
+
+def test_a_hold_that_ends_while_a_session_waits_lets_it_in_at_that_moment() -> None:
+    # Two dormant sessions' forecasts (2 × 640 tokens × growth 2 = 160 of 180 usable blocks)
+    # keep "late" out until their holds end, 4 × their usual tool time of 1 s after their calls:
+    # the driver's timer at next_deadline lets it in then, not at the next tick.
+    cfg = load_config(None, environ={}, overrides={"workers": ["http://w0:1"], "admission": {
+        "tuning": {"peak_free_sessions": 0, "peak_overcommit_max": 1.0, "idle_admit": False,
+                   "kv_hold_min_s": 2.0}}})
+    plane = ControlPlane(cfg, ["w0"], tool_cpus=4.0)
+    plane.admission.sessions.returns.record("t", True)  # its sessions come back: held
+    obs = dataclasses.replace(FRESH, total_blocks=200)
+    plane.tick(0.0, {"w0": obs}, at=0.0, cpu=None)
+    for key in ("s0", "s1"):
+        ans = plane.request(0.0, key, "t", tokens=640)
+        assert plane.confirm(0.0, key) is not None
+        plane.call_end(0.1, key, None, incarnation=ans.incarnation, ok=True, admitted=True,
+                       prompt_tokens=640, usual_tool_s=1.0)
+    assert plane.next_deadline() is None  # nobody waits: the holds end at the ticks
+    assert plane.request(0.2, "late", "t", tokens=640).kind is DecisionKind.WAIT
+    assert plane.next_deadline() == 4.1
+    assert plane.expire(4.0).proposed == []  # not due yet
+    out = plane.expire(4.1)
+    assert out.proposed == ["late"] and plane.phase("late") is Phase.PENDING
+    assert plane.next_deadline() is None
