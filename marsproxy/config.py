@@ -21,6 +21,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.stores.config import StoreConfig
+from marsproxy.config_input import format_validation_error, read_yaml_file
 from marsproxy.config_moves import retired_keys
 from marsproxy.config_section import Section as _Section
 from marsproxy.config_section import redis_stream_url, unique_workers, worker_url
@@ -329,17 +330,6 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return tree
 
 
-def _format_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration ({source}):"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<root>"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
-        else:
-            lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
-
-
 def load_config(
     path: str | Path | None = None,
     *,
@@ -355,10 +345,13 @@ def load_config(
     if path is not None:
         p = Path(path)
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            loaded = read_yaml_file(p)
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
+            if isinstance(exc, yaml.reader.ReaderError) and exc.encoding != "unicode":
+                raise ConfigError(f"config file {p}: not UTF-8 text (byte {exc.position}:"
+                                  f" {exc.reason})") from exc
             raise ConfigError(f"config file {p}: not valid YAML: {exc}") from exc
         if loaded is None:
             loaded = {}
@@ -391,7 +384,7 @@ def load_config(
     try:
         return MarsConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc, "; ".join(sources) or "defaults")) from exc
+        raise ConfigError(format_validation_error(exc, "; ".join(sources) or "defaults")) from exc
 
 
 def dump_config(cfg: MarsConfig) -> str:

@@ -45,8 +45,10 @@ def unique_workers(workers: Sequence[Any]) -> Sequence[Any]:
 
 def redis_url(v: str) -> str:
     """A Redis URL: ``redis://``, ``rediss://`` (TLS) or ``unix://``."""
-    if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"a Redis URL must start with redis://, rediss:// or unix:// ({v!r})")
+    parts = urlsplit(v)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        shown = "a URL with a password" if parts.password is not None else repr(v)
+        raise ValueError(f"a Redis URL must start with redis://, rediss:// or unix:// ({shown})")
     return v
 
 

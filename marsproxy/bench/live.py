@@ -256,10 +256,16 @@ def _calibrate(urls: list[str], seed: int) -> VllmFacts:
 
 def main(args: argparse.Namespace) -> int:
     vllm_urls = tuple(u.rstrip("/") for u in args.vllm_url)
+    for u in vllm_urls:
+        if not u.startswith(("http://", "https://")):
+            sys.stderr.write(f"marsproxy bench live: --vllm-url {u!r}: give it as"
+                             " http://HOST:PORT\n")
+            return 2
     try:
         facts = _calibrate(list(vllm_urls), args.seed) if vllm_urls else None
     except (OSError, aiohttp.ClientError, RuntimeError, KeyError, ValueError) as exc:
-        sys.stderr.write(f"marsproxy bench live: cannot measure {vllm_urls[0]}: {exc!r}\n")
+        sys.stderr.write(f"marsproxy bench live: cannot measure {vllm_urls[0]}:"
+                         f" {type(exc).__name__}: {exc}\n")
         return 1
     try:
         if args.workers < 1 and not vllm_urls:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import math
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -74,7 +75,7 @@ def _check_flags(args: argparse.Namespace, *, positive: Sequence[str] = (),
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
-    from marsproxy.emulator.kv_events import parse_kv_events_config
+    from marsproxy.emulator.kv_events import StartError, parse_kv_events_config
     from marsproxy.emulator.server import EmulatorOptions, serve
 
     _setup_logging(args.log_level)
@@ -99,7 +100,11 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         kv_events=kv_events,
     )
-    asyncio.run(serve(opts))
+    try:
+        asyncio.run(serve(opts))
+    except StartError as exc:
+        sys.stderr.write(f"marsproxy emulate: {exc}\n")
+        return 2
     return 0
 
 
@@ -108,6 +113,19 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     sys.stdout.write(f"# {args.file}: valid. Effective values:\n")
     sys.stdout.write(dump_config(cfg))
     return 0
+
+
+def _check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """A ``ValueError`` when ``host:port`` cannot be listened on (bound as the demo binds it)."""
+    from marsproxy.gateway.http.app import os_reason
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"--port {port}: cannot listen on {host}:{port}:"
+                             f" {os_reason(exc)}") from None
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -120,6 +138,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                      at_least_1=["sessions", "max_turns", "num_blocks"],
                      at_least_0=["calm_sessions", "tool_cpus"])
         load_trace(args.trace)  # a missing or malformed trace fails here, not mid-run
+        if args.port:
+            _check_port_free(args.port)  # before the workers start, not after
     except ValueError as exc:
         sys.stderr.write(f"marsproxy demo: {exc}\n")
         return 2

@@ -7,12 +7,14 @@ the document into text.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -36,6 +38,11 @@ def state_url(base: str, sessions: bool) -> str:
 
 
 TOKEN_ENV = "MARSPROXY_AUTH__ADMIN_TOKEN"  # the same variable the proxy reads auth.admin_token from
+# What to do about the answers a wrong address or a missing token get.
+_HINTS = {
+    401: f" (the proxy wants its admin token, missing or wrong: set {TOKEN_ENV} to it)",
+    404: " (no marsproxy state there: is --url the proxy's address, not a worker's?)",
+}
 
 
 def fetch_state(
@@ -44,6 +51,10 @@ def fetch_state(
     """GET the state document; any failure becomes a one-line :class:`StatusError`."""
     if not base.startswith(("http://", "https://")):
         raise StatusError(f"bad URL {base!r}: give it as http://HOST:PORT")
+    try:
+        urllib.parse.urlsplit(base).port  # noqa: B018 -- raises on a port that is not a number
+    except ValueError as exc:
+        raise StatusError(f"bad URL {base!r}: {exc}; give it as http://HOST:PORT") from None
     url = state_url(base, sessions)
     try:
         req = urllib.request.Request(url)
@@ -52,12 +63,16 @@ def fetch_state(
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
-        raise StatusError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+        raise StatusError(f"{url}: HTTP {exc.code} {exc.reason}{_HINTS.get(exc.code, '')}"
+                          ) from None
     except urllib.error.URLError as exc:
         raise StatusError(f"cannot reach marsproxy at {base}: {exc.reason}") from None
     except (TimeoutError, OSError) as exc:
         raise StatusError(f"cannot reach marsproxy at {base}: {exc}") from None
-    except ValueError as exc:  # e.g. a port that is not a number
+    except http.client.HTTPException as exc:  # a server that does not speak HTTP (Redis, ...)
+        raise StatusError(f"{base} did not answer HTTP ({type(exc).__name__}): is it the"
+                          " proxy's address?") from None
+    except ValueError as exc:  # e.g. an IPv6 address without its closing bracket
         raise StatusError(f"bad URL {base!r}: {exc}") from None
     try:
         doc = json.loads(body)

@@ -37,6 +37,11 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _HASH_MASK = (1 << 64) - 1  # vLLM publishes block hashes as unsigned 64-bit ints
 
 
+class StartError(Exception):
+    """The emulated worker cannot start: its port or a KV event endpoint is taken or unusable
+    (the message names which)."""
+
+
 @dataclass(frozen=True)
 class KVEventsConfig:
     """vLLM's ``KVEventsConfig`` fields, with its defaults."""
@@ -141,14 +146,24 @@ class KVEventPublisher:
         self._seq = 0
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
-        if _binds(cfg.endpoint):
-            self._pub.bind(cfg.endpoint)
-        else:
-            self._pub.connect(cfg.endpoint)
         self._replay: zmq.asyncio.Socket | None = None
-        if cfg.replay_endpoint:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(cfg.replay_endpoint)
+        field = "endpoint"
+        try:
+            if _binds(cfg.endpoint):
+                self._pub.bind(cfg.endpoint)
+            else:
+                self._pub.connect(cfg.endpoint)
+            if cfg.replay_endpoint:
+                field = "replay_endpoint"
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.bind(cfg.replay_endpoint)
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            addr = getattr(cfg, field)
+            verb = "bind" if field == "replay_endpoint" or _binds(addr) else "connect to"
+            why = zmq.strerror(exc.errno) if exc.errno else str(exc)  # without the address
+            raise StartError(f"--kv-events-config: cannot {verb} {field} {addr!r}: {why}"
+                             ) from None
         self._task: asyncio.Task[None] | None = None
         self.published_total = 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 import uuid
@@ -18,7 +19,7 @@ from marsproxy.emulator import openai_request as req
 from marsproxy.emulator.http_util import error_response as _error
 from marsproxy.emulator.http_util import json_response as _json
 from marsproxy.emulator.http_util import read_json as _read_json
-from marsproxy.emulator.kv_events import KVEventsConfig
+from marsproxy.emulator.kv_events import KVEventsConfig, StartError
 from marsproxy.emulator.messages_http import MessagesHandlers
 from marsproxy.emulator.openai_http import OpenAIHandlers
 from marsproxy.emulator.profiles import get_profile
@@ -160,14 +161,25 @@ def create_app(opts: EmulatorOptions) -> web.Application:
 
 
 async def serve(opts: EmulatorOptions) -> None:
-    """Listen on ``opts.host:opts.port`` until SIGTERM/SIGINT, then shut down cleanly."""
+    """Listen on ``opts.host:opts.port`` until SIGTERM/SIGINT, then shut down cleanly; a
+    :class:`StartError` when the port or a KV event endpoint cannot be had."""
     app = create_app(opts)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (as vLLM aborts on disconnect).
     runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, opts.host, opts.port)
-    await site.start()
+    try:
+        await runner.setup()  # binds the KV event sockets, if any
+        site = web.TCPSite(runner, opts.host, opts.port)
+        try:
+            await site.start()
+        except OSError as exc:  # a port taken, a host that is not this machine's
+            reason = (os.strerror(exc.errno) if exc.errno and exc.errno > 0
+                      else exc.strerror or str(exc))
+            raise StartError(f"cannot listen on {opts.host}:{opts.port} (--host, --port):"
+                             f" {reason}") from None
+    except StartError:
+        await runner.cleanup()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

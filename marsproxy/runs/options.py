@@ -249,12 +249,26 @@ def parse_sets(sets: list[str],
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set needs KEY=VALUE, got {item!r}")
-        node = tree
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        if not all(parts):
+            raise ValueError(f"--set {item!r}: an empty key between dots")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {item!r}: the value is not YAML ({_one_line(exc)})") from None
+        node = tree
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):  # an earlier --set (or the deadline) set a value here
+                raise ValueError(f"--set {item!r}: {'.'.join(parts[:i + 1])} is a value, not a"
+                                 " section")
+        node[parts[-1]] = value
     return tree
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    return str(problem) if problem else str(exc).splitlines()[0]
 
 
 def deadline_meta(sets: dict[str, Any], default: float, default_text: str) -> str:

@@ -35,6 +35,8 @@ class SessionTrace:
 def _parse_line(line: str, where: str) -> SessionTrace:
     try:
         raw = json.loads(line)
+        if not isinstance(raw, dict):
+            raise TypeError('a session is a JSON object with "id" and "turns"')
         turns = tuple(
             Turn(
                 input_tokens=int(t["input_tokens"]),
@@ -45,7 +47,9 @@ def _parse_line(line: str, where: str) -> SessionTrace:
             for t in raw["turns"]
         )
         return SessionTrace(id=str(raw["id"]), turns=turns)
-    except (ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:
+        raise TraceError(f"{where}: not a session trace line (no field {exc})") from exc
+    except (ValueError, TypeError) as exc:
         raise TraceError(f"{where}: not a session trace line ({exc})") from exc
 
 
@@ -74,6 +78,9 @@ def _read(path: str | Path | None) -> list[SessionTrace]:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise TraceError(f"cannot read trace {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"cannot read trace {path}: not UTF-8 text (byte {exc.start}:"
+                             f" {exc.reason})") from exc
         name = str(path)
     sessions = [
         _parse_line(line, f"{name}:{i}")

@@ -12,8 +12,9 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from marsproxy.config import ConfigError
 from marsproxy.core.events import Event, event_to_dict
 from marsproxy.telemetry.bus import EventBus, Subscription
 
@@ -30,20 +31,27 @@ class JsonlSink:
     def __init__(self, bus: EventBus, path: str | Path) -> None:
         self._sub: Subscription = bus.subscribe()
         self._path = Path(path)
+        self._file: TextIO | None = None
         self._task: asyncio.Task[None] | None = None
         self.written = 0
 
     def start(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._run(), name="jsonl-sink")
+        """Open the file (a :class:`ConfigError` if it cannot be: the proxy does not start
+        rather than drop every event) and start writing."""
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self._path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"telemetry.jsonl_path: cannot append to {self._path}:"
+                              f" {exc.strerror}") from None
+        self._task = asyncio.create_task(self._run(self._file), name="jsonl-sink")
 
-    async def _run(self) -> None:
-        with self._path.open("a", encoding="utf-8") as f:
-            while True:
-                batch = await self._sub.get_batch()
-                f.write("".join(_line(ev) for ev in batch))
-                f.flush()
-                self.written += len(batch)
+    async def _run(self, f: TextIO) -> None:
+        while True:
+            batch = await self._sub.get_batch()
+            f.write("".join(_line(ev) for ev in batch))
+            f.flush()
+            self.written += len(batch)
 
     async def stop(self) -> None:
         """Write what is still queued, then stop."""
@@ -51,11 +59,15 @@ class JsonlSink:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._file is None:  # never started, or refused at start
+            self._sub.close()
+            return
         rest = self._sub.poll(limit=1 << 30)
         if rest:
-            with self._path.open("a", encoding="utf-8") as f:
-                f.write("".join(_line(ev) for ev in rest))
+            self._file.write("".join(_line(ev) for ev in rest))
             self.written += len(rest)
+        self._file.close()
+        self._file = None
         self._sub.close()
 
 

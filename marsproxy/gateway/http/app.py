@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from marsproxy.config import MarsConfig
+from marsproxy.config import ConfigError, MarsConfig
 from marsproxy.core.identity import Route
 from marsproxy.gateway.admin.admin import Admin
 from marsproxy.gateway.admin.state import build_state
@@ -217,8 +218,14 @@ class Running:
         await self.runner.cleanup()
 
 
+def os_reason(exc: OSError) -> str:
+    """The reason alone ("Address already in use"), without the errno and address."""
+    return os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+
+
 async def start(cfg: MarsConfig, app: web.Application | None = None) -> Running:
-    """Listen on ``cfg.server.host:port`` (port 0: any free one) and return at once."""
+    """Listen on ``cfg.server.host:port`` (port 0: any free one) and return at once; a
+    :class:`ConfigError` when that address cannot be listened on."""
     app = app if app is not None else create_app(cfg)
     runner = web.AppRunner(
         app,
@@ -230,7 +237,12 @@ async def start(cfg: MarsConfig, app: web.Application | None = None) -> Running:
     refused_total = app[GATEWAY_KEY].metrics.refused
     site = GuardedSite(runner, cfg.server.host, cfg.server.port, cfg.limits,
                        on_refused=lambda status: refused_total.labels(str(status)).inc())
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # a port taken, a host that is not this machine's
+        await runner.cleanup()  # the gateway had started: close its client sessions
+        raise ConfigError(f"cannot listen on {cfg.server.host}:{cfg.server.port}"
+                          f" (server.host, server.port): {os_reason(exc)}") from None
     port = cfg.server.port
     for addr in runner.addresses:
         if isinstance(addr, tuple):

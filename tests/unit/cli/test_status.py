@@ -274,6 +274,20 @@ def test_bad_answers_are_clear_errors(code: int, body: bytes, message: str) -> N
         srv.close()
 
 
+@pytest.mark.parametrize(("code", "hint"), [
+    (404, "is --url the proxy's address, not a worker's?"),
+    (401, "set MARSPROXY_AUTH__ADMIN_TOKEN"),
+])
+def test_a_refusal_says_what_to_do(code: int, hint: str) -> None:
+    # Before: "HTTP 404 Not Found" alone (a worker's address), "HTTP 401 Unauthorized" alone.
+    srv = _StateServer(None, code=code, body=b"{}")
+    try:
+        with pytest.raises(StatusError, match=re.escape(hint)):
+            fetch_state(srv.url)
+    finally:
+        srv.close()
+
+
 def test_bad_url_is_a_clear_error() -> None:
     with pytest.raises(StatusError, match="bad URL"):
         fetch_state("localhost:8080")

@@ -54,3 +54,22 @@ def test_held_out_leaves_out_what_the_defaults_were_tuned_on(tmp_path: Path) -> 
 def test_filler_has_exact_length_and_is_deterministic() -> None:
     assert len(filler(37, random.Random(1))) == 37 * 4
     assert filler(10, random.Random(2)) == filler(10, random.Random(2))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b'{"id": "a", "turns": [{"input_tokens": 5, "output_tokens": 1}]}\n\xff\n',
+     "cannot read trace {p}: not UTF-8 text (byte 64: invalid start byte)"),
+    (b'{"id": "a"}\n', '{p}:1: not a session trace line (no field \'turns\')'),
+    (b"[1, 2]\n", '{p}:1: not a session trace line (a session is a JSON object with "id" and'
+     ' "turns")'),
+])
+def test_a_trace_that_is_not_jsonl_sessions_is_named_with_the_reason(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    # Before: "'utf-8' codec can't decode byte 0xff ..." naming no file; "('turns')";
+    # "list indices must be integers or slices, not str".
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(TraceError) as exc:
+        load_trace(p)
+    assert str(exc.value) == message.format(p=p)
