@@ -3,8 +3,8 @@ for chaining.
 
 One resolver for the whole project. The order: configured headers, then body
 ``session_params.session_id``, the session inside Claude Code's ``metadata.user_id``,
-``prompt_cache_key``, ``user``; chain matching is the table's job (``core.sessions``) and gets
-the history built here.
+``prompt_cache_key``, ``user``; then a Responses request's ``previous_response_id`` and chain
+matching, both the table's job (``core.sessions``), from what is read here.
 
 Pure code: no I/O.
 """
@@ -210,6 +210,15 @@ def is_final(headers: Mapping[str, str], final_headers: Sequence[str]) -> bool:
             raise BadFinalFlag(f"{name}: {value[:64]!r} is not a boolean; send true/false, 1/0,"
                                " yes/no, on/off (any case)")
     return final
+
+
+def previous_response_id(route: Route, body: Mapping[str, Any] | None) -> str | None:
+    """The reply id a Responses API request continues from (``previous_response_id``), or
+    ``None``. The session table knows which session's reply carried it (``core.sessions``)."""
+    if route != "responses" or body is None:
+        return None
+    value = body.get("previous_response_id")
+    return value if isinstance(value, str) and value else None
 
 
 def history_of(route: Route, body: Mapping[str, Any]) -> History | None:

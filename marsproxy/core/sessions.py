@@ -12,6 +12,11 @@ their append-only history:
 - while a request is in flight the session has no key, so a concurrent request with the same
   history (another run of the same task) becomes a new session.
 
+A Responses API request that names ``previous_response_id`` (and no explicit id) belongs to the
+session whose reply carried that id: each session keeps the hashes of its latest replies' ids
+(:data:`RESPONSE_IDS_KEPT`), forgotten with it. An id not known here (forgotten, or another
+replica's) is no link: the request is placed as it would be without it.
+
 Sessions are forgotten after their final turn, after ``idle_ttl_s`` unseen, or when more than
 ``max_sessions`` are kept (least recently seen first). Everything is scoped by tenant.
 
@@ -20,6 +25,7 @@ Pure code: no I/O; ``now`` is a parameter.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
@@ -28,8 +34,12 @@ from typing import Literal
 
 from marsproxy.core.canon import History, Reply
 
-Source = Literal["header", "body", "chain", "new"]
+Source = Literal["header", "body", "chain", "response", "new"]
 _IndexKey = tuple[str, str, int, bytes]  # tenant, history kind, prefix length, prefix hash
+_ResponseKey = tuple[str, bytes]  # tenant, hash of a reply's id
+RESPONSE_IDS_KEPT = 8
+"""Reply ids remembered per session, the latest: a client continues from its last reply, or
+branches from one shortly before (the table's cap and TTL bound them all)."""
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Session:
     index_mode: Literal["continue", "retry"] = "continue"
     ephemeral: bool = False  # no id and no history: nothing to remember after the request
     turns: int = 0
+    response_keys: list[_ResponseKey] = field(default_factory=list)  # oldest first
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class SessionTable:
         self._on_forget = on_forget
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently seen first
         self._index: dict[_IndexKey, list[str]] = {}
+        self._responses: dict[_ResponseKey, str] = {}  # reply id → session key
         self._lengths: dict[tuple[str, str], _Lengths] = {}
         self._ids = itertools.count(1)
 
@@ -113,10 +125,14 @@ class SessionTable:
         history: History | None,
         final: bool,
         now: float,
+        previous_response: str | None = None,
     ) -> Turn:
-        """A request arrives: find or create its session and mark it in flight."""
+        """A request arrives: find or create its session and mark it in flight.
+
+        ``previous_response``: the reply id a Responses API request continues from."""
         self.expire(now)
         source: Source
+        linked = None if previous_response is None else self.of_response(tenant, previous_response)
         if explicit_id is not None:
             key = f"{tenant}/id/{explicit_id}"
             source = explicit_source
@@ -124,6 +140,10 @@ class SessionTable:
             if sess is None:
                 sess = self._add(Session(key, tenant, chained=False, last_seen=now))
             hist = None
+        elif linked is not None:
+            # Its history is only what is new since that reply: no chain key to take from it.
+            sess, source, hist = linked, "response", None
+            self._unindex(sess)
         elif self._chain and history is not None and history.length > 0:
             found = self._match(tenant, history)
             if found is None:
@@ -146,14 +166,18 @@ class SessionTable:
         self._sessions.move_to_end(sess.key)
         return Turn(sess.key, source, hist, final, sess.latest)
 
-    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
-        """A request ended; ``ok`` with its ``reply`` (chain sessions) or failed."""
+    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float,
+               response_id: str | None = None) -> None:
+        """A request ended; ``ok`` with its ``reply`` (chain sessions) or failed.
+        ``response_id``: the id of a Responses API reply, which a next request may name."""
         sess = self.of(turn)
         if sess is None:
             return
         sess.in_flight = max(0, sess.in_flight - 1)
         sess.last_seen = now
         self._sessions.move_to_end(sess.key)
+        if ok and response_id and not turn.final:
+            self._remember_response(sess, response_id)
         if (ok and turn.final) or (sess.ephemeral and not sess.in_flight):
             self.forget(sess.key)
             return
@@ -170,6 +194,9 @@ class SessionTable:
         if sess is None:
             return
         self._unindex(sess)
+        for rkey in sess.response_keys:
+            if self._responses.get(rkey) == key:
+                del self._responses[rkey]
         if self._on_forget is not None:
             self._on_forget(key)
 
@@ -187,6 +214,23 @@ class SessionTable:
             self.forget(key)
         while len(self._sessions) > self._max:
             self.forget(next(iter(self._sessions)))
+
+    # -- reply ids ------------------------------------------------------------------------------
+
+    def of_response(self, tenant: str, response_id: str) -> Session | None:
+        """The session whose reply carried ``response_id`` (``None``: not known here)."""
+        key = self._responses.get((tenant, _id_hash(response_id)))
+        return None if key is None else self._sessions.get(key)
+
+    def _remember_response(self, sess: Session, response_id: str) -> None:
+        rkey = (sess.tenant, _id_hash(response_id))
+        self._responses[rkey] = sess.key
+        sess.response_keys.append(rkey)
+        sess.ephemeral = False  # a next request may name it: the session goes on
+        while len(sess.response_keys) > RESPONSE_IDS_KEPT:
+            old = sess.response_keys.pop(0)
+            if self._responses.get(old) == sess.key and old not in sess.response_keys:
+                del self._responses[old]
 
     # -- chain index ----------------------------------------------------------------------------
 
@@ -250,3 +294,8 @@ class SessionTable:
             del lengths.counts[ikey[2]]
             if not lengths.counts:
                 del self._lengths[lkey]
+
+
+def _id_hash(response_id: str) -> bytes:
+    # A fixed size whatever the worker's ids are; surrogateescape: any str hashes.
+    return hashlib.blake2b(response_id.encode("utf-8", "surrogateescape"), digest_size=16).digest()

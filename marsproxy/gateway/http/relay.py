@@ -27,6 +27,7 @@ from marsproxy.core.identity import (
     explicit_session_id,
     history_of,
     is_final,
+    previous_response_id,
     session_class,
     tenant_of,
     tree_identity,
@@ -35,7 +36,7 @@ from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
 from marsproxy.gateway.http.reply_kind import offers_tools
-from marsproxy.gateway.http.sse import UNREADABLE, body_usage_and_reply
+from marsproxy.gateway.http.sse import UNREADABLE, read_body
 from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
@@ -101,7 +102,7 @@ class Relay:
         if out.body is None or out.turn_ref is None:
             return
         try:
-            out.usage, out.reply, out.reply_kind = body_usage_and_reply(
+            out.usage, out.reply, out.reply_kind, out.response_id = read_body(
                 route, out.body, capture=out.turn_ref.capture_reply, kinds=out.offers_tools)
         except UNREADABLE as exc:  # the client has it as it is
             log.warning("%s reply of session %s: no usage read from it: %r", route,
@@ -151,9 +152,8 @@ class Relay:
             request.headers, explicit, subagent_headers=cfg.sessions.subagent_headers,
             parent_headers=cfg.sessions.parent_headers,
             live=lambda sid: gw.sessions.get(f"{tenant}/id/{sid}") is not None)
-        history = None
-        if explicit is None and cfg.sessions.chain_matching:
-            history = history_of(route, body.obj)
+        history = (history_of(route, body.obj)
+                   if explicit is None and cfg.sessions.chain_matching else None)
         try:
             turn = gw.sessions.start(
                 tenant=tenant,
@@ -162,11 +162,13 @@ class Relay:
                 history=history,
                 final=final,
                 now=gw.now(),
+                previous_response=None if explicit else previous_response_id(route, body.obj),
             )
         except SessionRefused as exc:  # bad session id, or the tenant's session cap
             return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
         out.offers_tools = offers_tools(body.obj)
+        out.stores = body.obj.get("store") is not False  # else no later request can name its id
         if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
             body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
@@ -268,7 +270,8 @@ class Relay:
                 incarnation=out.incarnation, reply=out.reply_kind)
         # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
         # it, so a client that goes on after the answer continues the same session.
-        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now())
+        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now(),
+                           response_id=out.response_id if out.stores else None)
         if out.ok and not answered:  # no tool phase follows an answer
             gw.response_ended(turn)
 

@@ -150,6 +150,7 @@ async def _pump(
     out.ok = not tap.saw_error
     out.reply = tap.reply() if out.ok else None
     out.reply_kind = tap.kind if out.ok else None
+    out.response_id = tap.response_id if out.ok else None
     return resp
 
 async def _write(

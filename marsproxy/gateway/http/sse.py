@@ -1,4 +1,5 @@
-"""Server-sent events: split a byte stream into events, and tap events for usage and replies.
+"""Server-sent events: split a byte stream into events (``sse_split.py``), and tap events for
+usage, replies and (Responses API) the reply's id.
 
 The relay forwards each upstream event's bytes unchanged as soon as the event is complete; the
 taps here only look. JSON is parsed only for events that can hold what is needed (a cheap
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,67 +24,13 @@ from marsproxy.core.canon import (
 )
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http.reply_kind import body_kind, first_choice, kind_of, responses_kind
+from marsproxy.gateway.http.sse_split import SSESplitter as SSESplitter
 
 log = logging.getLogger("marsproxy.gateway.http.sse")
 
 # A finish reason that is set (a string), as compact or spaced JSON writes it.
 _FINISH, _FINISH_SPACED = b'"finish_reason":"', b'"finish_reason": "'
-_HOLD_FROM = 1 << 16  # an event in progress this long: later reads are held, not joined
-_BLANK = re.compile(rb"\r\n\r\n|\n\n|[\r\n]\r\n?")  # two line ends: CR LF, LF or CR (SSE)
 UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)  # a worker's odd JSON
-
-
-class SSESplitter:
-    """Cuts a byte stream at event boundaries (a blank line), whatever the chunking."""
-
-    def __init__(self) -> None:
-        self._buf = b""  # the start of an event in progress
-        # A long event's later reads, joined once one can end it (joining each to all before
-        # it was quadratic in an event of mebibytes), and the last 3 bytes held.
-        self._held: list[bytes] = []
-        self._tail = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Complete events (each with its terminating blank line) found so far."""
-        if not self._buf:
-            buf = data
-        elif self._held or len(self._buf) >= _HOLD_FROM:
-            tail = self._tail if self._held else self._buf[-3:]
-            seam = tail + data[:3]  # a boundary across the cut
-            if not (_blank(data) or _blank(seam)):
-                self._held.append(data)
-                self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
-                return []
-            buf = b"".join((self._buf, *self._held, data))
-            self._held = []
-        else:
-            buf = self._buf + data
-        events: list[bytes] = []
-        start = 0
-        if b"\r" in buf:  # CR LF or lone CR line ends; a CR last may yet start a CR LF
-            for m in _BLANK.finditer(buf, 0, len(buf) - buf.endswith(b"\r")):
-                events.append(buf[start:m.end()])
-                start = m.end()
-        else:  # vLLM's framing: LF only
-            while (end := buf.find(b"\n\n", start)) >= 0:
-                events.append(buf[start:end + 2])
-                start = end + 2
-        self._buf = buf[start:]
-        return events
-
-    def idle(self) -> bool:
-        """No partial event is buffered: the next chunk starts at an event boundary."""
-        return not self._buf
-
-    def flush(self) -> bytes:
-        """Bytes left after the stream ended without a final blank line."""
-        rest = b"".join((self._buf, *self._held)) if self._held else self._buf
-        self._buf, self._held = b"", []
-        return rest
-
-
-def _blank(data: bytes) -> bool:  # holds a blank line (or a CR last: feed's cut looks again)
-    return b"\n\n" in data or (b"\r" in data and _BLANK.search(data) is not None)
 
 
 class SSEFilter:
@@ -183,6 +129,7 @@ class StreamTap:
         self._strip = strip_usage_chunk
         self._capture = _Capture() if capture else None
         self._responses_output: list[bytes] | None = None
+        self.response_id: str | None = None  # a Responses reply's, for previous_response_id
         self.saw_error = False
         self._calls_tool = False  # the reply's kind (reply_kind.py)
         self._finish: object = None
@@ -298,6 +245,7 @@ class StreamTap:
         self._calls_tool = responses_kind(resp) is ReplyKind.TOOL_CALL
         self._finish = resp.get("status")
         self.usage = Usage.of(resp.get("usage")) or self.usage
+        self.response_id = _response_id(resp)
         if self._capture is not None:
             self._responses_output = responses_output_units(resp.get("output"))
 
@@ -363,14 +311,27 @@ def body_usage_and_reply(
 ) -> tuple[Usage | None, Reply | None, ReplyKind | None]:
     """Usage, the reply's kind (``kinds``: read, as by :class:`StreamTap`) and, for chain
     sessions, the reply of a non-streaming response body."""
-    if not capture and not kinds and b'"usage"' not in body:
-        return None, None, None  # nothing to read: not parsed
+    return read_body(route, body, capture=capture, kinds=kinds)[:3]
+
+
+def read_body(
+    route: Route, body: bytes, *, capture: bool, kinds: bool = True
+) -> tuple[Usage | None, Reply | None, ReplyKind | None, str | None]:
+    """:func:`body_usage_and_reply`, and a Responses reply's id."""
+    if not capture and not kinds and route != "responses" and b'"usage"' not in body:
+        return None, None, None, None  # nothing to read: not parsed
     obj = json.loads(body)  # a worker's 2xx that is not JSON: the caller logs it (UNREADABLE)
     if not isinstance(obj, dict):
         raise TypeError(f"a JSON {type(obj).__name__}, not an object")
     usage = Usage.of(obj.get("usage"))
     kind = body_kind(route, obj) if kinds else None
-    return usage, _body_reply(route, obj) if capture else None, kind
+    rid = _response_id(obj) if route == "responses" else None
+    return usage, _body_reply(route, obj) if capture else None, kind, rid
+
+
+def _response_id(resp: dict[str, Any]) -> str | None:
+    rid = resp.get("id")
+    return rid if isinstance(rid, str) and rid else None
 
 
 def _body_reply(route: Route, obj: dict[str, Any]) -> Reply | None:

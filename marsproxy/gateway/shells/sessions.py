@@ -105,6 +105,7 @@ class ObservedSessions(SessionTable):
         history: History | None,
         final: bool,
         now: float,
+        previous_response: str | None = None,
     ) -> Turn:
         self._now = now
         if explicit_id is not None and self._max_id_chars is not None:
@@ -115,7 +116,7 @@ class ObservedSessions(SessionTable):
         if cap is not None and self._per_tenant[tenant] >= cap:
             self.expire(now)  # idle ones may make room
             if self._per_tenant[tenant] >= cap and self._would_create(
-                tenant, explicit_id, history
+                tenant, explicit_id, history, previous_response
             ):
                 self._evict_for(tenant, cap)
         turn = super().start(
@@ -125,6 +126,7 @@ class ObservedSessions(SessionTable):
             history=history,
             final=final,
             now=now,
+            previous_response=previous_response,
         )
         if turn.session not in self._born:
             self._born[turn.session] = now
@@ -153,10 +155,13 @@ class ObservedSessions(SessionTable):
             " has a request in flight; retry when one is answered",
         )
 
-    def _would_create(self, tenant: str, explicit_id: str | None, history: History | None) -> bool:
+    def _would_create(self, tenant: str, explicit_id: str | None, history: History | None,
+                      previous_response: str | None) -> bool:
         """Whether :meth:`start` would add a session (the same decision, without making it)."""
         if explicit_id is not None:
             return self.get(f"{tenant}/id/{explicit_id}") is None
+        if previous_response is not None and self.of_response(tenant, previous_response):
+            return False
         if self._chain_matching and history is not None and history.length > 0:
             return self._match(tenant, history) is None
         return True
@@ -168,13 +173,14 @@ class ObservedSessions(SessionTable):
     def tenant_sessions(self, tenant: str) -> int:
         return self._per_tenant[tenant]
 
-    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float) -> None:
+    def finish(self, turn: Turn, *, ok: bool, reply: Reply | None, now: float,
+               response_id: str | None = None) -> None:
         # finish only forgets a session on its last turn (final flag, or a one-shot request).
         self._now, self._reason = now, "final"
         if ok and self.of(turn) is not None:  # not one forgotten while this request ran
             self._answered[turn.session] = now
         try:
-            super().finish(turn, ok=ok, reply=reply, now=now)
+            super().finish(turn, ok=ok, reply=reply, now=now, response_id=response_id)
         finally:
             self._reason = None
         sess = self.of(turn)

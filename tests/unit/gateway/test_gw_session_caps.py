@@ -88,3 +88,17 @@ def test_control_characters_are_those_of_c0_c1_and_del() -> None:
     for cp in range(0x300):
         control = cp < 0x20 or 0x7F <= cp < 0xA0
         assert (session_id_problem(f"a{chr(cp)}b", 256) is not None) == control, hex(cp)
+
+
+def test_a_continuation_by_response_id_at_the_tenant_cap_is_no_new_session() -> None:
+    t = _table(cap=1)
+    a = t.start(tenant="t", explicit_id=None, history=History.of_text("task"), final=False,
+                now=0.0)
+    t.finish(a, ok=True, reply=None, now=1.0, response_id="resp_1")
+    # Its history is new, but it names the session's reply: it continues it, evicting nothing.
+    b = t.start(tenant="t", explicit_id=None, history=History.of_text("go on"), final=False,
+                now=2.0, previous_response="resp_1")
+    assert b.session == a.session and t.tenant_sessions("t") == 1
+    with pytest.raises(SessionRefused):  # in flight, at the cap: a new session is refused
+        t.start(tenant="t", explicit_id=None, history=History.of_text("other"), final=False,
+                now=3.0, previous_response="resp_unknown")

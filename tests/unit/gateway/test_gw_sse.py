@@ -17,6 +17,7 @@ from marsproxy.gateway.http.sse import (
     Usage,
     body_usage_and_reply,
     event_data,
+    read_body,
 )
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -349,3 +350,17 @@ def test_splitter_matches_the_rule_on_mixed_line_endings(
         prev = cut
     events, rest = _reference_split(raw)
     assert (out, s.flush()) == (events, rest)
+
+
+def test_a_responses_reply_id_is_read_whole_and_streamed_and_only_there() -> None:
+    resp = {"id": "resp_9", "object": "response", "status": "completed", "output": [],
+            "usage": {"input_tokens": 3, "output_tokens": 2}}
+    assert read_body("responses", json.dumps(resp).encode(), capture=False, kinds=False)[3] \
+        == "resp_9"
+    assert read_body("chat", json.dumps(resp).encode(), capture=True)[3] is None
+    assert read_body("responses", json.dumps({**resp, "id": 9}).encode(), capture=False)[3] \
+        is None
+    tap = StreamTap("responses", strip_usage_chunk=False, capture=False, kinds=False)
+    done = {"type": "response.completed", "response": resp}
+    chunk = f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
+    assert not tap.passes(chunk) and tap.keep(chunk) and tap.response_id == "resp_9"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from marsproxy.core.answers import ReplyKind
 from marsproxy.core.identity import Route
-from marsproxy.gateway.http import sse as sse_module
+from marsproxy.gateway.http import sse_split
 from marsproxy.gateway.http.sse import SSEFilter, SSESplitter, StreamTap, body_usage_and_reply
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # nested deeper than the interpreter's stack
@@ -93,7 +93,7 @@ def test_held_reads_cut_where_one_read_would(data: list[bytes], cuts: list[int])
     raw = b"".join(data)
     whole = SSESplitter()
     expected = (whole.feed(raw), whole.flush())
-    with mock.patch.object(sse_module, "_HOLD_FROM", 0):
+    with mock.patch.object(sse_split, "_HOLD_FROM", 0):
         s, out, prev = SSESplitter(), [], 0
         for cut in [*sorted({c % (len(raw) + 1) for c in cuts}), len(raw)]:
             out.extend(s.feed(raw[prev:cut]))

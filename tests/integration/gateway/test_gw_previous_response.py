@@ -1,0 +1,122 @@
+"""Responses API continuations by ``previous_response_id``: vLLM keeps its responses per server
+(an id another worker made is unknown there, answered 404), so a client chaining calls by id,
+with no session header, must stay on the worker that made the id: one session, one worker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from marsproxy.gateway.http.app import Running
+
+from .conftest import FakeWorker, Seen
+from .relay_client import config, gateway, url
+
+
+class StoringWorker(FakeWorker):
+    """Answers /v1/responses as vLLM with its response store on: each reply gets a new id,
+    remembered by this worker only; a ``previous_response_id`` it never made is a 404."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.made: list[str] = []
+        self._n = itertools.count(1)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
+        obj = json.loads(body)
+        prev = obj.get("previous_response_id")
+        if prev is not None and prev not in self.made:
+            return web.json_response({"error": {
+                "message": f"Response with id '{prev}' not found.", "type": "invalid_request_error",
+                "param": "response_id", "code": 404}}, status=404)
+        rid = f"resp_{self.name}_{next(self._n)}"
+        self.made.append(rid)
+        resp: dict[str, Any] = {
+            "id": rid, "object": "response", "status": "completed",
+            "output": [{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": f"said {rid}"}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
+        }
+        if not obj.get("stream"):
+            self.completed += 1
+            return web.json_response(resp)
+        started = {**resp, "status": "in_progress", "output": [], "usage": None}
+        events = [
+            ("response.created", {"type": "response.created", "response": started}),
+            ("response.completed", {"type": "response.completed", "response": resp}),
+        ]
+        return await self._sse_events(request, events)
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[list[StoringWorker]]:
+    workers = [await StoringWorker("a").start(), await StoringWorker("b").start()]
+    yield workers
+    for w in workers:
+        await w.stop()
+
+
+async def _call(http: aiohttp.ClientSession, g: Running, body: dict[str, Any]) -> str:
+    """The reply's id, read as the client reads it (the body, or the stream's events)."""
+    async with http.post(url(g, "/v1/responses"), json=body) as r:
+        assert r.status == 200, await r.text()
+        if not body.get("stream"):
+            return str((await r.json())["id"])
+        text = (await r.read()).decode()
+    done = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    return str(done[-1]["response"]["id"])
+
+
+async def test_a_chain_by_previous_response_id_is_one_session_on_one_worker(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    g = await gateway(config([w.url for w in two]))
+    try:
+        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        # Streamed: the id comes from the stream's events.
+        second = await _call(http, g, {"model": "fake", "input": "ran the tests: 2 failed",
+                                       "previous_response_id": first, "stream": True})
+        third = await _call(http, g, {"model": "fake", "input": "ran them again: all pass",
+                                      "previous_response_id": second})
+        async with http.get(url(g, "/mars/v1/state?sessions=1")) as r:
+            state = await r.json()
+    finally:
+        await g.stop()
+    maker = next(w for w in two if first in w.made)
+    assert [second in maker.made, third in maker.made] == [True, True]
+    assert sum(len(w.seen) for w in two) == len(maker.seen) == 3
+    sessions = state["sessions"]
+    assert sessions["total"] == 1, sessions
+    assert sessions["details"][0]["turns"] == 3
+
+
+async def test_an_unknown_previous_id_is_a_new_session_and_an_explicit_id_wins(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    g = await gateway(config([w.url for w in two]))
+    try:
+        first = await _call(http, g, {"model": "fake", "input": "task one"})
+        # An id this proxy never relayed (another replica's): no link, a session of its own.
+        async with http.post(url(g, "/v1/responses"), json={
+                "model": "fake", "input": "go on", "previous_response_id": "resp_elsewhere"}) as r:
+            await r.read()
+        # A session header names the session, whatever the previous id says.
+        async with http.post(url(g, "/v1/responses"), headers={"x-session-id": "run-7"}, json={
+                "model": "fake", "input": "go on", "previous_response_id": first}) as r:
+            await r.read()
+        async with http.get(url(g, "/mars/v1/state?sessions=1")) as r:
+            state = await r.json()
+    finally:
+        await g.stop()
+    sessions = state["sessions"]
+    assert sessions["total"] == 3, sessions
+    assert "run-7" in {d["id"] for d in sessions["details"]}
