@@ -201,7 +201,7 @@ class Relay:
         """The scheduler: level, a wait in the worker's gated queue if its gate is closed,
         then the body and hint headers that go upstream. ``ids``: the prompt's token ids
         (KV events: its resident prefix there, and the prediction of its cached tokens)."""
-        gw, kv = self.gw, self.gw.kv_use
+        gw, kv, again = self.gw, self.gw.kv_use, False
         while True:  # again when its worker is ejected while it waits in that worker's gate
             url = gw.placement.assign(turn.session, gw.healthy())
             if url is None:  # no healthy worker: the upstream step answers 503 at once
@@ -209,16 +209,16 @@ class Relay:
             label = gw.workers[url].label
             resident = None if kv is None else kv.resident(label, ids)
             t = time.perf_counter()
-            try:
-                # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate.
-                out.prepared = await gw.scheduler.prepare(turn.session, url, obj, raw,
-                                                          body_priority=route != "messages",
-                                                          resident_tokens=resident)
+            try:  # vLLM reads no `priority` on /v1/messages: those calls are ordered by the gate
+                out.prepared = await gw.scheduler.prepare(
+                    turn.session, url, obj, raw, body_priority=route != "messages",
+                    resident_tokens=resident, again=again)
                 break
             except BaseException as exc:  # the client left while held, or it was rerouted
                 clock.held_s += time.perf_counter() - t
                 if not isinstance(exc, Rerouted):
                     raise
+                again = True
         ticket = out.prepared.ticket
         if ticket is not None:  # held: the wait in the gated queue; the rest is the proxy's
             clock.held_s += min(time.perf_counter() - t, ticket.waited_s())

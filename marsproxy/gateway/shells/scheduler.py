@@ -154,14 +154,15 @@ class SchedulerShell:
     async def prepare(
         self, session: str, url: str, body: dict[str, Any], raw: bytes,
         tokens: int | None = None, body_priority: bool = True,
-        resident_tokens: int | None = None,
+        resident_tokens: int | None = None, again: bool = False,
     ) -> Prepared:
         """Schedule one continuation for the worker at ``url``: its level, a wait in the gated
         queue if the worker's gate is closed, then the body and headers that go upstream;
         ``tokens``: the prompt's size when known (else estimated from the body's length);
         ``body_priority``: the route reads a body ``priority`` (vLLM's /v1/messages does not:
         such calls are released by the dispatch gate on every worker instead);
-        ``resident_tokens``: its prefix resident there (KV events)."""
+        ``resident_tokens``: its prefix resident there (KV events); ``again``: placed anew after
+        its worker was ejected (counted once)."""
         if self.passive:
             return Prepared(None, raw, {}, "none")
         label = self.label_of[url]
@@ -172,7 +173,9 @@ class SchedulerShell:
         assert t is not None  # not passive
         try:
             self.kv_facts()
-            self.metrics.continuations.labels("none" if t.level is None else str(t.level)).inc()
+            if not again:
+                self.metrics.continuations.labels(
+                    "none" if t.level is None else str(t.level)).inc()
             if t.gated:
                 self._wake(self.core.release(self.now(), [label]))
                 if not t.dispatched:

@@ -163,6 +163,9 @@ async def test_a_call_held_in_the_gate_of_an_ejected_worker_is_placed_anew(
             assert r.status == 200, r
             assert [len(f.seen) for f in fakes if f is not home] == [1]
         assert core.queue_length(_label(home)) == 0 and home.active == 1
+        # One call each, the rerouted one counted once (it entered two gates).
+        counted = rig.g.gateway.metrics.continuations.collect().samples
+        assert sum(s.value for s in counted if s.name.endswith("_total")) == 2
         running.close()
         await until(lambda: home.active == 0)
         await rig.settled(holding={_label(home): ["agent"]})
