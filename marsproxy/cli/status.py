@@ -80,6 +80,9 @@ def fetch_state(
         raise StatusError(f"{url}: the answer is not JSON") from None
     if not isinstance(doc, dict):
         raise StatusError(f"{url}: the answer is not a JSON object")
+    if not isinstance(doc.get("workers"), list):  # every state document lists its workers
+        raise StatusError(f"{url}: not marsproxy's state (no list of workers): is --url the"
+                          " proxy's address?")
     return doc
 
 

@@ -263,6 +263,8 @@ def test_refused_connection_is_one_line_and_exit_1(
         (404, b'{"error": "not found"}', "HTTP 404"),
         (200, b"<html>", "not JSON"),
         (200, b"[1, 2]", "not a JSON object"),
+        (200, b"{}", "not marsproxy's state"),  # another service's JSON: it printed dashes, rc 0
+        (200, b'{"workers": 3}', "not marsproxy's state"),
     ],
 )
 def test_bad_answers_are_clear_errors(code: int, body: bytes, message: str) -> None:
