@@ -31,8 +31,10 @@ async def _holder_in_its_tool_phase(s: Any) -> asyncio.Task[Any]:
 
 
 async def test_the_held_session_goes_in_once_the_worker_sat_idle(make_stack: _Factory) -> None:
+    # Idle for 1 s, not 0.3: on a loaded machine the waiter's request came more than 0.3 s
+    # after the holder's call ended, found the worker idle already and never queued.
     s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0,
-                         peak_cheap_sessions=0, idle_admit_after_s=0.3)
+                         peak_cheap_sessions=0, idle_admit_after_s=1.0)
     waiter = await _holder_in_its_tool_phase(s)
     assert (await asyncio.wait_for(waiter, 10))[0] == 200
     row = (await s.state())["admission"]["workers"]["w0"]
