@@ -41,6 +41,7 @@ from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.shells.admission_tokens import first_prompt_tokens
 from marsproxy.gateway.shells.admission_types import QUEUE_REFUSALS, Granted, Refused, Verdict
 from marsproxy.gateway.shells.confirm import StoreConfirmations
+from marsproxy.gateway.shells.deadlines import Alarm
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
@@ -87,8 +88,7 @@ class AdmissionShell(StoreConfirmations):
         self._store_calls: dict[str, asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         # The plane's next hold end while sessions wait (next_deadline): expire_now then.
-        self._expiry: asyncio.TimerHandle | None = None
-        self._expiry_at: float | None = None
+        self._expiry = Alarm(self.expire_now)
         self.replicas = Replicas(plane, self.store, telemetry.tracker, self._in_key_order,
                                  self.now)
         self.observe: Callable[[], dict[str, WorkerObservation]] = lambda: observations(
@@ -111,9 +111,7 @@ class AdmissionShell(StoreConfirmations):
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = self._expiry_at = None
+        self._expiry.cancel()
         tasks = [*self._loops, *self._tasks]
         for t in tasks:
             t.cancel()
@@ -190,19 +188,11 @@ class AdmissionShell(StoreConfirmations):
     def _arm(self) -> None:
         """Time :meth:`expire_now` for the plane's next deadline (a KV hold ends while sessions
         wait); only while the shell runs (started: a replay expires by itself)."""
-        at = self.plane.next_deadline()
-        if at is None or not self._loops or self._stopping or (
-                self._expiry_at is not None and self._expiry_at <= at):
-            return
-        if self._expiry is not None:
-            self._expiry.cancel()
-        self._expiry_at = at
-        self._expiry = asyncio.get_running_loop().call_later(max(0.0, at - self.now()),
-                                                             self.expire_now)
+        if self._loops and not self._stopping:
+            self._expiry.arm(self.plane.next_deadline(), self.now())
 
     def expire_now(self) -> None:
         """The holds due end: who waits for their room is let in now, not at the next tick."""
-        self._expiry = self._expiry_at = None
         if (at := self.plane.next_deadline()) is not None and at <= self.now():
             self._carry_soon(self.plane.expire(self.now()))
         self._arm()

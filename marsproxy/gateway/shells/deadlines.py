@@ -1,4 +1,5 @@
-"""One timer for many waits of the same length (the worker's first-byte timeout).
+"""One timer for many waits of the same length (the worker's first-byte timeout); one timer at
+a pure core's next deadline (:class:`Alarm`).
 
 An ``asyncio.timeout`` per request schedules and cancels a loop timer and runs its state
 machine: 6-9 µs per request here, a few percent of what relaying a request costs. Waits that all
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class Wait:
@@ -83,3 +85,33 @@ class Deadlines:
             self._timer = None
         self._waits.clear()
         self._loop = None
+
+
+class Alarm:
+    """One loop timer at the earliest deadline a pure core names (the scheduler's next release,
+    the plane's next hold end): armed again for a sooner one, left for a later one; ``fire``
+    runs at the deadline and names the next."""
+
+    __slots__ = ("_fire", "_handle", "at")
+
+    def __init__(self, fire: Callable[[], None]) -> None:
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self.at: float | None = None
+
+    def arm(self, at: float | None, now: float) -> None:
+        if at is None or (self.at is not None and self.at <= at):
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self.at = at
+        self._handle = asyncio.get_running_loop().call_later(max(0.0, at - now), self._ring)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self.at = None
+
+    def _ring(self) -> None:
+        self._handle = self.at = None
+        self._fire()

@@ -25,6 +25,7 @@ from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.events import RetentionVerified
 from marsproxy.gateway.http.bodies import dump_json, splice_new_key
 from marsproxy.gateway.http.sse import Usage
+from marsproxy.gateway.shells.deadlines import Alarm
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.priority_probe import probe_priority
 from marsproxy.gateway.shells.telemetry import Telemetry
@@ -101,8 +102,7 @@ class SchedulerShell:
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         # A call held for a session due back goes when that wait ends (next_release_at).
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._timer = Alarm(self.release_now)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,9 +114,7 @@ class SchedulerShell:
                         self._probe(w), name=f"marsproxy-priority-probe-{w.label}"))
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = self._timer_at = None
+        self._timer.cancel()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -229,18 +227,11 @@ class SchedulerShell:
     def _arm(self) -> None:
         """Time the release of a call held for a session due back (``next_release_at``); only
         while the shell runs (started: a replay releases by itself)."""
-        at = self.core.next_release_at()
-        if at is None or not self._tasks or (self._timer_at is not None and self._timer_at <= at):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - self.now()),
-                                                            self.release_now)
+        if self._tasks:
+            self._timer.arm(self.core.next_release_at(), self.now())
 
     def release_now(self) -> None:
         """Send what the dispatch gate lets go now (a held call's wait is over)."""
-        self._timer = self._timer_at = None
         self._wake(self.core.release(self.now()))
 
     def _hints(self, t: Ticket, body: dict[str, Any], raw: bytes, chars: int) -> Prepared:
