@@ -24,7 +24,7 @@ from marsproxy.core.canon import (
 )
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http.reply_kind import body_kind, first_choice, kind_of, responses_kind
-from marsproxy.gateway.http.sse_split import SSESplitter as SSESplitter
+from marsproxy.gateway.http.sse_split import SSESplitter
 
 log = logging.getLogger("marsproxy.gateway.http.sse")
 
@@ -306,18 +306,11 @@ def messages_reply_unit(text: str, calls: list[tuple[str, str]]) -> bytes:
     return anthropic_message_unit({"role": "assistant", "content": content})
 
 
-def body_usage_and_reply(
-    route: Route, body: bytes, *, capture: bool, kinds: bool = True
-) -> tuple[Usage | None, Reply | None, ReplyKind | None]:
-    """Usage, the reply's kind (``kinds``: read, as by :class:`StreamTap`) and, for chain
-    sessions, the reply of a non-streaming response body."""
-    return read_body(route, body, capture=capture, kinds=kinds)[:3]
-
-
 def read_body(
     route: Route, body: bytes, *, capture: bool, kinds: bool = True
 ) -> tuple[Usage | None, Reply | None, ReplyKind | None, str | None]:
-    """:func:`body_usage_and_reply`, and a Responses reply's id."""
+    """Usage, the reply's kind (``kinds``: read, as by :class:`StreamTap`), for chain sessions
+    the reply, and a Responses reply's id, of a non-streaming response body."""
     if not capture and not kinds and route != "responses" and b'"usage"' not in body:
         return None, None, None, None  # nothing to read: not parsed
     obj = json.loads(body)  # a worker's 2xx that is not JSON: the caller logs it (UNREADABLE)

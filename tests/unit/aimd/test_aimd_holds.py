@@ -4,6 +4,7 @@ keeps its room, and whether it keeps any after its first call (core/returns.py).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -12,11 +13,17 @@ from marsproxy.aimd.config import AdmissionConfig, AdmissionTuning
 from marsproxy.core.session_record import EndReason
 
 
+def _fit_only(**tuning: Any) -> AdmissionConfig:
+    """Admission by the strict forecast fit alone: no free sessions, no overcommit, no idle
+    admission."""
+    return AdmissionConfig(tuning=AdmissionTuning(
+        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, **tuning))
+
+
 def _one_shot_core(one_shot: str, returning: str | None = None) -> AdmissionCore:
     """A core on one idle worker of 400 blocks whose tenant ``one_shot`` is known one-shot
     (its latest 4 first gaps did not come back) and ``returning``'s sessions come back."""
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    cfg = _fit_only(return_history=4)
     core = AdmissionCore(cfg, ["w0"])
     for _ in range(4):
         core.sessions.returns.record(one_shot, False)
@@ -32,9 +39,7 @@ def test_a_dormant_session_past_its_hold_stops_holding_kv_room() -> None:
     # their forecasts fill the fit; once past it (factor 4 × a usual tool time of 1 s, at least
     # kv_hold_min_s 2 s) they stay admitted but no longer hold room, and one that comes back
     # counts again.
-    cfg = AdmissionConfig(
-        tuning=AdmissionTuning(
-            kv_hold_min_s=2.0, peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    cfg = _fit_only(kv_hold_min_s=2.0)
     core = AdmissionCore(cfg, ["w0"])
     core.sessions.returns.record("t", True)
     sig = WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200, block_size=16)
@@ -61,8 +66,7 @@ def test_a_hold_is_no_longer_than_rebuilding_the_prefix_is_worth(
     # tokens re-prefill in 0.2 s at 3200 tokens/s: the hold's floor falls from kv_hold_min_s
     # (20 s) to 4 × 0.2 s, so "late" gets their room 0.8 s after their calls; at 64 tokens/s
     # rebuilding takes 10 s, and the floor stays 20 s.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    cfg = _fit_only()
     assert cfg.tuning.kv_hold_min_s == 20.0 and cfg.tuning.kv_hold_reprefill_factor == 4.0
     core = AdmissionCore(cfg, ["w0"])
     core.sessions.returns.record("t", True)
@@ -84,8 +88,7 @@ def test_one_shot_sessions_that_never_come_back_hold_no_kv_room(agents: bool) ->
     # each is forecast at 2 × 40 blocks while in its call, and 2 of them fill the 180 usable.
     # Dormant ones hold no room while nothing says sessions of their tenant come back, so
     # every next one is admitted; where its sessions do come back, their holds fill the fit.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    cfg = _fit_only()
     core = AdmissionCore(cfg, ["w0"])
     if agents:
         core.sessions.returns.record("t", True)
@@ -108,8 +111,7 @@ def test_a_tenant_whose_sessions_never_return_is_forecast_without_growth() -> No
     # forecast at their first prompt (40 blocks), not at 2 × it, are not fitted, and are left
     # out of the others' fit (their KV is their call's). 360 usable blocks: at 2 × 40, 4 in a
     # call at once fill the fit; once one-shot, 8 go beside an agent's session (2 × 40).
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, return_history=4))
+    cfg = _fit_only(return_history=4)
     core = AdmissionCore(cfg, ["w0"])
     sig = WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400, block_size=16)
     core.tick(0.0, {"w0": sig})
@@ -188,8 +190,7 @@ def test_a_crowd_of_tasks_not_back_is_forecast_without_growth_before_any_hold_pa
     # A batch client: tasks one after another, none back. At 2 × 40 blocks, 4 in a call at once
     # fill the 360 usable blocks; once 4 sit in their first gap (one_shot_crowd) with none back,
     # the tenant is one-shot a second in, not after the 20 s its first holds take.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False, one_shot_crowd=4))
+    cfg = _fit_only(one_shot_crowd=4)
     core = AdmissionCore(cfg, ["w0"])
     core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=400, total_blocks=400,
                                         block_size=16)})
@@ -286,8 +287,7 @@ def test_a_first_call_that_holds_no_room_lets_in_who_waits_at_its_end() -> None:
     # call holds no room (its slot is kept, to see). Two in a call fill the fit (2 × 2 × 40 of
     # 180 usable blocks); when the first call ends, the room it freed goes to the one waiting
     # then, not at the next control tick: a burst of one-shot tasks went in once per tick.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    cfg = _fit_only()
     core = AdmissionCore(cfg, ["w0"])
     core.tick(0.0, {"w0": WorkerSignals(kv_usage=0.0, free_blocks=200, total_blocks=200,
                                         block_size=16)})
@@ -303,8 +303,7 @@ def test_sessions_dormant_past_their_hold_do_not_count_against_an_overloaded_lim
     # The tools then overload the one tool CPU (backlog 6): the CPU cap is 4 sessions. The six
     # hold neither KV room nor a tool, so a new session is admitted; four sessions back in
     # their calls count again, and the cap holds the next one back.
-    cfg = AdmissionConfig(tuning=AdmissionTuning(
-        peak_free_sessions=0, peak_overcommit_max=1.0, idle_admit=False))
+    cfg = _fit_only()
     core = AdmissionCore(cfg, ["w0"])
     core.sessions.returns.record("t", True)
     sig = WorkerSignals(kv_usage=0.0, free_blocks=4000, total_blocks=4000, block_size=16,

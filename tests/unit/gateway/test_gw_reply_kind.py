@@ -10,7 +10,7 @@ import pytest
 
 from marsproxy.core.answers import ReplyKind
 from marsproxy.gateway.http.reply_kind import offers_tools
-from marsproxy.gateway.http.sse import SSEFilter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.http.sse import SSEFilter, StreamTap, read_body
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
@@ -36,7 +36,7 @@ def _chat(message: dict[str, Any], finish: str | None) -> bytes:
 ])
 def test_chat_body(body: bytes, kind: ReplyKind | None) -> None:
     for capture in (False, True):
-        assert body_usage_and_reply("chat", body, capture=capture)[2] is kind
+        assert read_body("chat", body, capture=capture)[2] is kind
 
 
 def test_messages_and_responses_bodies() -> None:
@@ -45,26 +45,26 @@ def test_messages_and_responses_bodies() -> None:
                            "usage": {"input_tokens": 5, "output_tokens": 3}}).encode()
     tool = {"type": "tool_use", "id": "toolu_1", "name": "run", "input": {"command": "ls"}}
     text = {"type": "text", "text": "done"}
-    assert body_usage_and_reply("messages", msg([text, tool], "tool_use"),
+    assert read_body("messages", msg([text, tool], "tool_use"),
                                 capture=False)[2] is ReplyKind.TOOL_CALL
-    assert body_usage_and_reply("messages", msg([text], "end_turn"),
+    assert read_body("messages", msg([text], "end_turn"),
                                 capture=False)[2] is ReplyKind.ANSWER
-    assert body_usage_and_reply("messages", msg([text], "max_tokens"),
+    assert read_body("messages", msg([text], "max_tokens"),
                                 capture=False)[2] is ReplyKind.ANSWER
     # The real vLLM's reply, cut at max_tokens.
     real = (FIXTURES / "vllm-0.32-messages.json").read_bytes()
-    assert body_usage_and_reply("messages", real, capture=False)[2] is ReplyKind.ANSWER
+    assert read_body("messages", real, capture=False)[2] is ReplyKind.ANSWER
 
     def resp(output: list[dict[str, Any]], status: str) -> bytes:
         return json.dumps({"object": "response", "status": status, "output": output,
                            "usage": {"input_tokens": 5, "output_tokens": 3}}).encode()
     call = {"type": "function_call", "name": "run", "arguments": "{}", "call_id": "c1"}
     said = {"type": "message", "content": [{"type": "output_text", "text": "done"}]}
-    assert body_usage_and_reply("responses", resp([call], "completed"),
+    assert read_body("responses", resp([call], "completed"),
                                 capture=False)[2] is ReplyKind.TOOL_CALL
-    assert body_usage_and_reply("responses", resp([said], "completed"),
+    assert read_body("responses", resp([said], "completed"),
                                 capture=False)[2] is ReplyKind.ANSWER
-    assert body_usage_and_reply("responses", resp([said], "incomplete"),
+    assert read_body("responses", resp([said], "incomplete"),
                                 capture=False)[2] is ReplyKind.ANSWER
 
 
@@ -163,8 +163,8 @@ def test_only_a_request_that_offered_tools_is_answered() -> None:
             assert out == raw and tap.kind is None and tap.usage is not None
         body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
             "role": "assistant", "content": "a title"}}], "usage": USAGE}).encode()
-        usage, _, kind = body_usage_and_reply("chat", body, capture=capture, kinds=False)
+        usage, _, kind, _ = read_body("chat", body, capture=capture, kinds=False)
         assert kind is None and usage is not None and usage.prompt_tokens == 5
-        assert body_usage_and_reply("chat", body, capture=capture)[2] is ReplyKind.ANSWER
-    assert body_usage_and_reply("chat", b'{"choices": []}', capture=False, kinds=False) == (
-        None, None, None)
+        assert read_body("chat", body, capture=capture)[2] is ReplyKind.ANSWER
+    assert read_body("chat", b'{"choices": []}', capture=False, kinds=False) == (
+        None, None, None, None)

@@ -12,13 +12,12 @@ from marsproxy.core.identity import Route
 from marsproxy.gateway.http.sse import (
     UNREADABLE,
     SSEFilter,
-    SSESplitter,
     StreamTap,
     Usage,
-    body_usage_and_reply,
     event_data,
     read_body,
 )
+from marsproxy.gateway.http.sse_split import SSESplitter
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 
@@ -292,12 +291,12 @@ def test_non_streaming_body_usage_and_reply() -> None:
             "usage": {"prompt_tokens": 5, "completion_tokens": 1},
         }
     ).encode()
-    usage, reply, _ = body_usage_and_reply("chat", body, capture=True)
+    usage, reply, _, _ = read_body("chat", body, capture=True)
     assert usage is not None and usage.prompt_tokens == 5
     assert reply is not None and reply.units == (chat_reply_unit("ok", []),)
     for odd in (b"not json", b"[1, 2]"):  # the caller logs what it could not read
         with pytest.raises(UNREADABLE):
-            body_usage_and_reply("chat", odd, capture=False)
+            read_body("chat", odd, capture=False)
 
 
 def _reference_split(data: bytes) -> tuple[list[bytes], bytes]:

@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from marsproxy.gateway.http.sse import SSEFilter, StreamTap, Usage, body_usage_and_reply
+from marsproxy.gateway.http.sse import SSEFilter, StreamTap, Usage, read_body
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 
@@ -26,7 +26,7 @@ def test_anthropic_usage_adds_the_cache_split_back_into_the_prompt() -> None:
 
 def test_non_streaming_fixture() -> None:
     body = (FIXTURES / "vllm-0.32-messages.json").read_bytes()
-    usage, reply, _ = body_usage_and_reply("messages", body, capture=True)
+    usage, reply, _, _ = read_body("messages", body, capture=True)
     assert usage == Usage(prompt_tokens=303, completion_tokens=5, cached_tokens=0)
     assert reply is not None and len(reply.units) == 1
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from marsproxy.core.answers import ReplyKind
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http import sse_split
-from marsproxy.gateway.http.sse import SSEFilter, SSESplitter, StreamTap, body_usage_and_reply
+from marsproxy.gateway.http.sse import SSEFilter, StreamTap, read_body
+from marsproxy.gateway.http.sse_split import SSESplitter
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # nested deeper than the interpreter's stack
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\n'
@@ -61,10 +62,10 @@ def test_a_finish_reason_that_is_no_string_is_no_kind(route: Route, events: list
     # A whole reply: its usage is read all the same.
     body = {"choices": [{"index": 0, "message": {}, "finish_reason": ["stop"]}],
             "usage": {"prompt_tokens": 4}}
-    usage, _, kind = body_usage_and_reply("chat", json.dumps(body).encode(), capture=False)
+    usage, _, kind, _ = read_body("chat", json.dumps(body).encode(), capture=False)
     assert usage is not None and usage.prompt_tokens == 4 and kind is None
     calls = {"choices": [{"index": 0, "message": {"tool_calls": [{}]}, "finish_reason": [1]}]}
-    assert body_usage_and_reply("chat", json.dumps(calls).encode(), capture=False)[2] \
+    assert read_body("chat", json.dumps(calls).encode(), capture=False)[2] \
         is ReplyKind.TOOL_CALL
 
 
