@@ -106,10 +106,12 @@ def chunk(
     kind: Kind, rid: str, created: int, model: str, text: str | None,
     finish_reason: str | None = None, role: bool = False, fingerprint: bool = False,
     prompt_token_ids: list[int] | None = None, index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*-stream.txt).
     ``fingerprint``: the last chunk of a stream without a usage chunk carries
-    ``system_fingerprint``; ``prompt_token_ids``: the first chunk of a completions echo."""
+    ``system_fingerprint``; ``prompt_token_ids``: the first chunk of a completions echo;
+    ``logprobs``: the chunk's tokens' (the role chunk has none)."""
     choice: dict[str, Any]
     if kind == "chat":
         obj = "chat.completion.chunk"
@@ -123,8 +125,8 @@ def chunk(
                 "choices": [choice], "prompt_token_ids": None, "prompt_text": None,
             }
         choice = {
-            "index": index, "delta": {} if text is None else {"content": text}, "logprobs": None,
-            "finish_reason": finish_reason,
+            "index": index, "delta": {} if text is None else {"content": text},
+            "logprobs": logprobs, "finish_reason": finish_reason,
         }
         if finish_reason is not None:
             choice["stop_reason"] = None
@@ -132,8 +134,9 @@ def chunk(
     else:
         obj = "text_completion"
         choice = {
-            "index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason,
-            "stop_reason": None, "prompt_token_ids": prompt_token_ids, "token_ids": None,
+            "index": index, "text": text or "", "logprobs": logprobs,
+            "finish_reason": finish_reason, "stop_reason": None,
+            "prompt_token_ids": prompt_token_ids, "token_ids": None,
         }
     out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
     if fingerprint:
@@ -153,15 +156,17 @@ def usage_chunk(
 
 def choice(
     kind: Kind, index: int, text: str, finish_reason: str,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None, logprobs: dict[str, Any] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """One choice of a non-streamed response, keyed like vLLM 0.32's. With ``tool_calls`` (a
     forced tool choice) the message has ``content: ""`` and the calls (vLLM's ``ChatMessage``
-    leaves ``tool_calls`` out when there are none)."""
+    leaves ``tool_calls`` out when there are none). ``prompt_logprobs``: completions' echo
+    with ``logprobs``."""
     if kind == "completion":
         return {
-            "index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
-            "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+            "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": None, "token_ids": None, "prompt_logprobs": prompt_logprobs,
             "prompt_token_ids": None, "routed_experts": None,
         }
     message: dict[str, Any] = {
@@ -172,7 +177,7 @@ def choice(
         message["tool_calls"] = tool_calls
     message["reasoning"] = None
     return {
-        "index": index, "message": message, "logprobs": None, "finish_reason": finish_reason,
+        "index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
         "stop_reason": None, "token_ids": None, "routed_experts": None,
     }
 

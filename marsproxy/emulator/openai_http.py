@@ -6,7 +6,8 @@ choice is one engine request, as vLLM's engine runs each sequence of a request o
 the choices are numbered prompt by prompt (``prompt × n + sample``). Usage counts each prompt
 once and the tokens of every choice; a stream sends each choice's chunks with its ``index``
 (chat: every choice's role chunk first), each choice's last chunk with its ``finish_reason``,
-then the usage chunk and ``[DONE]`` once all are done.
+then the usage chunk and ``[DONE]`` once all are done. What vLLM's engine refuses as it takes a
+streamed request is a 200 stream of one error event and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from marsproxy.emulator.http_util import (
     sse,
     wait_update,
 )
+from marsproxy.emulator.logprobs import ChoiceLogprobs, prompt_logprobs, prompt_tokens
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
@@ -47,6 +49,7 @@ class _Choice:
     sent: int = 0  # tokens written (streamed)
     closed: bool = False  # its last chunk is written
     call_id: str = ""  # a forced tool call's id
+    lp: ChoiceLogprobs | None = None  # when the request asks for logprobs
 
     @property
     def fin(self) -> FinishedEvent:
@@ -72,6 +75,13 @@ class OpenAIHandlers:
                 self.runner.profile.effective_max_model_len)
         except api.ApiError as exc:
             return error_response(exc)
+        if parsed.engine_error is not None:  # streamed (not streamed, parse_request raised)
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            # vLLM writes it with json.dumps' default spacing, unlike its chunks
+            await resp.write(f"data: {json.dumps(parsed.engine_error.body())}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
         prompts = parsed.prompts()
         many = len(prompts) * parsed.n > 1
@@ -85,7 +95,8 @@ class OpenAIHandlers:
                         sub, prompt[0], parsed.max_tokens, parsed.ignore_eos, parsed.priority,
                         parsed.session_id, event)
                     choices.append(_Choice(len(choices), sub, prompt, stream,
-                                           call_id=tools.tool_call_id() if parsed.tool else ""))
+                                           call_id=tools.tool_call_id() if parsed.tool else "",
+                                           lp=_logprobs(parsed, prompt)))
             self.runner.server_load += 1
             try:
                 if parsed.stream:
@@ -110,12 +121,19 @@ class OpenAIHandlers:
         tool, out = parsed.tool, []
         for c in choices:
             fin = c.fin
-            text = (c.prompt[1] or "") + filler_text(0, fin.completion_tokens)
+            shown = 0 if parsed.echo_only else fin.completion_tokens
+            text = (c.prompt[1] or "") + filler_text(0, shown)
+            lp = None if c.lp is None else c.lp.of(0, shown, shows_prompt=True)
             if tool is None:
-                out.append(api.choice(parsed.kind, c.index, text, fin.finish_reason))
+                prompt_lp = None
+                if c.lp is not None and c.prompt[2] is not None:
+                    prompt_lp = prompt_logprobs(c.lp.prompt, c.lp.top)
+                out.append(api.choice(parsed.kind, c.index, text, fin.finish_reason,
+                                      logprobs=lp, prompt_logprobs=prompt_lp))
             else:  # a forced tool choice: the generated text becomes the call's arguments
                 out.append(api.choice(parsed.kind, c.index, "", tool.finish_reason(
-                    fin.finish_reason), tool_calls=[tools.tool_call(tool, c.call_id, text)]))
+                    fin.finish_reason), tool_calls=[tools.tool_call(tool, c.call_id, text)],
+                    logprobs=lp))
         u = self._usage(parsed, choices)
         return api.full_response(parsed.kind, rid, int(time.time()), self.model, out, u)
 
@@ -147,6 +165,8 @@ class OpenAIHandlers:
     ) -> None:
         """Write the choices' tokens as SSE events until all have finished."""
         kind, tool, model = parsed.kind, parsed.tool, self.model
+        # Chunks that differ by more than their text are built one by one.
+        slow = parsed.continuous_usage or parsed.logprobs is not None
         continuous = parsed.continuous_usage
         # Every token chunk of a choice is the same JSON except its text: build it once.
         frame_parts: list[tuple[bytes, bytes]] = []
@@ -169,18 +189,20 @@ class OpenAIHandlers:
             """Token ``i``'s chunk; ``reason`` on the last one (with the fingerprint when no
             usage chunk follows); a completions echo prefixes the first with the prompt."""
             last, piece = reason is not None, filler_chunk(i)
+            echo_ids = c.prompt[2] if i == 0 else None
+            lp = None if c.lp is None else c.lp.of(i, 1, shows_prompt=echo_ids is not None)
             if tool is not None:
                 obj = tools.tool_chunk(rid, created, model, tool, tool.piece(piece, i == 0, last),
                                        finish_reason=reason, index=c.index)
+                obj["choices"][0]["logprobs"] = lp
                 if last and not parsed.include_usage:
                     obj["system_fingerprint"] = api.SYSTEM_FINGERPRINT
                 return obj
-            echo_ids = c.prompt[2] if i == 0 else None
-            if echo_ids is not None:
-                piece = (c.prompt[1] or "") + piece
+            if echo_ids is not None:  # a prompt scoring shows the prompt alone
+                piece = (c.prompt[1] or "") + ("" if parsed.echo_only else piece)
             return api.chunk(kind, rid, created, model, piece, reason,
                              fingerprint=last and not parsed.include_usage,
-                             prompt_token_ids=echo_ids, index=c.index)
+                             prompt_token_ids=echo_ids, index=c.index, logprobs=lp)
 
         def choice_frames(c: _Choice) -> list[bytes]:
             fin, avail, sent = c.stream.finished, c.stream.available, c.sent
@@ -193,7 +215,7 @@ class OpenAIHandlers:
             head_b, tail_b = frame_parts[c.index]
             last = avail - 1 if fin is not None else avail
             for i in range(sent, last):
-                if continuous or (i == 0 and c.prompt[2] is not None):
+                if slow or (i == 0 and c.prompt[2] is not None):
                     parts.append(frame(token_chunk(c, i, None), c, i + 1))
                 elif tool is None:
                     parts.append(head_b + json.dumps(filler_chunk(i)).encode() + tail_b)
@@ -229,3 +251,12 @@ class OpenAIHandlers:
             return parts, done
 
         await pump_steps(resp, request, choices[0].stream, step)
+
+
+def _logprobs(parsed: req.ParsedRequest, prompt: req.Prompt) -> ChoiceLogprobs | None:
+    """A choice's logprobs writer when the request asks for logprobs; an echo scores its
+    prompt too (vLLM asks the engine for the prompt's logprobs then)."""
+    if parsed.logprobs is None:
+        return None
+    echoed = () if prompt[2] is None else tuple(prompt_tokens(prompt[2], prompt[1]))
+    return ChoiceLogprobs(parsed.kind, parsed.logprobs, echoed, parsed.echo_only)

@@ -4,18 +4,22 @@ vLLM checks a request in stages, and the first failing stage answers: the reques
 ``before`` validators on the raw body (tool usage, logprobs, ``stream_options``,
 ``response_format``; completions: the prompt's presence), the typed fields (``request_fields``:
 FastAPI's 400 ``Bad Request``), the model name (404), ``max_tokens`` against ``max_model_len``,
-the prompt and its length, then the sampling parameters' ranges (``SamplingParams``). The
-emulator keeps that order and vLLM's words (``VLLMValidationError``: 400 ``BadRequestError``,
-the message with its ``(parameter=..., value=...)`` suffix).
+the prompt and its length, then the sampling parameters' ranges (``SamplingParams``), and last
+what the engine checks when it takes the request (``logprobs`` against ``--max-logprobs``, then
+token ids out of the vocabulary): a 400 when not streamed, an error event in a 200 stream
+otherwise (:attr:`ParsedRequest.engine_error`). The emulator keeps that order and vLLM's words
+(``VLLMValidationError``: 400 ``BadRequestError``, the message with its ``(parameter=...,
+value=...)`` suffix).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from marsproxy.emulator.logprobs import MAX_LOGPROBS, too_many
 from marsproxy.emulator.openai_api import (
     ApiError,
     Kind,
@@ -56,6 +60,13 @@ class ParsedRequest:
     n: int = 1  # choices per prompt
     # completions with several prompts: the others, each (ids, echo, echo_ids) as above
     more_prompts: tuple[Prompt, ...] = ()
+    # per token, this many most likely (chat: top_logprobs with logprobs; completions: logprobs)
+    logprobs: int | None = None
+    # completions' echo with max_tokens 0 (prompt scoring): the engine runs one token (vLLM's
+    # max_tokens 1), the reply shows the prompt alone
+    echo_only: bool = False
+    # the engine's refusal: a 400 before the response, or an error event in a stream
+    engine_error: ApiError | None = None
 
     def prompts(self) -> list[Prompt]:
         """Every prompt (ids, echoed text, echoed ids); each gets ``n`` choices."""
@@ -172,28 +183,52 @@ def parse_request(
             # one of exactly max_model_len tokens leaves max_tokens 0: a sampling check, after
             # the others
             check_prompt_length(len(ids), max_model_len, text)
+    echo = kind == "completion" and bool(f.echo)
+    echo_only = echo and max_tokens == 0
     for ids in encoded:  # vLLM makes each prompt's sampling parameters in turn
         engine_max = max_tokens  # what the engine gets: cut to the room the prompt leaves
         if max_model_len is not None:
             room = max_model_len - len(ids)
             engine_max = room if max_tokens is None else min(max_tokens, room)
-        _check_sampling(f, engine_max)
+        _check_sampling(f, 1 if echo_only else engine_max)
+    # chat asks the engine for top_logprobs per token, completions for logprobs
+    chat = isinstance(f, ChatFields)
+    logprobs = (f.top_logprobs if f.logprobs else None) if chat else f.logprobs
+    engine_error = _engine_check(logprobs, encoded)
+    if engine_error is not None and not f.stream:
+        raise engine_error
     opts = f.stream_options
     include_usage = bool(opts and opts.include_usage)
-    echo = kind == "completion" and bool(f.echo)
     prompts: list[Prompt] = [
         # a token-id prompt cannot be detokenized here: it echoes no text
         (ids, one if echo and isinstance(one, str) else None, ids if echo else None)
         for ids, one in zip(encoded, batch, strict=True)
     ]
-    return ParsedRequest(
+    parsed = ParsedRequest(
         kind=kind, model=model, prompt_token_ids=prompts[0][0], max_tokens=max_tokens,
         ignore_eos=f.ignore_eos, priority=f.priority, stream=bool(f.stream),
         include_usage=include_usage, session_id=f.session_id, tool=tool,
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
         echo=prompts[0][1], echo_ids=prompts[0][2], n=f.n or 1,
-        more_prompts=tuple(prompts[1:]),
+        more_prompts=tuple(prompts[1:]), logprobs=logprobs, echo_only=echo_only,
+        engine_error=engine_error,
     )
+    if echo_only:  # the engine runs one token; the reply does not show it
+        return replace(parsed, max_tokens=1)
+    return parsed
+
+
+def _engine_check(logprobs: int | None, prompts: list[list[int]]) -> ApiError | None:
+    """What vLLM's engine refuses as it takes the request, in its order: ``logprobs`` (``-1``:
+    the whole vocabulary) over ``--max-logprobs``, then a prompt's ids out of the vocabulary
+    (its largest id)."""
+    wanted = VOCAB_SIZE if logprobs == -1 else logprobs
+    if wanted is not None and wanted > MAX_LOGPROBS:
+        return validation_error(too_many(wanted), "logprobs", wanted)
+    for ids in prompts:
+        if ids and max(ids) >= VOCAB_SIZE:  # vLLM's renderer names the largest id
+            return bad_request(f"Token id {max(ids)} is out of vocabulary")
+    return None
 
 
 def _check_sampling(f: ChatFields | CompletionFields, max_tokens: int | None) -> None:
@@ -255,10 +290,7 @@ def _completion_prompt(prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         return encode_text(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-        top = max(prompt)
-        if top >= VOCAB_SIZE:  # vLLM's renderer names the largest id
-            raise PromptError(f"Token id {top} is out of vocabulary")
-        return list(prompt)
+        return list(prompt)  # ids out of the vocabulary are the engine's to refuse
     raise PromptError("'prompt' must be a string or a list of token ids")
 
 
@@ -275,7 +307,11 @@ def tokenize_body(body: Any) -> list[int]:
         batch = _batch(body.get("prompt"))
         if len(batch) != 1:
             raise PromptError("'prompt' must be one prompt")
-        return _completion_prompt(batch[0])
+        ids = _completion_prompt(batch[0])
+        refused = _engine_check(None, [ids])
+        if refused is not None:
+            raise refused
+        return ids
     except PromptError as exc:
         raise bad_request(str(exc)) from exc
 
