@@ -308,7 +308,7 @@ class AdmissionCore(WorkerFit):
         for rec in (due := self.sessions.hold_expired(now)):
             self.peaks.release(rec.key)
             self.yields.away(rec.key)
-            self.overlaps.went_quiet(rec.admitted_at, rec.last_active)
+            self.overlaps.went_quiet(rec.key, rec.admitted_at, rec.last_active)
         return bool(due)
 
     def release_hold(self, session: str) -> bool:

@@ -48,7 +48,7 @@ class ControlPlane:
     def __init__(self, cfg: MarsConfig, workers: Sequence[str], *, tool_cpus: float,
                  tools: tuple[ToolPhaseTracker, ToolCpuSignal] | None = None,
                  log: DecisionLog | None = None) -> None:
-        self.cfg = cfg
+        self.cfg, self.tool_cpus, self.log = cfg, tool_cpus, log
         self.workers = tuple(workers)
         self.admission = AdmissionCore(cfg.admission, self.workers, cfg.placement)
         self.estimator = self.admission.estimator  # the one prompt estimator
@@ -59,7 +59,7 @@ class ControlPlane:
         self.passive = (s.priority_policy == "off" and s.retention_policy == "off"
                         and s.hint_encoder == "none")
         self.tracker, self.tool_signal = tools or tool_plane(cfg.tools, tool_cpus)
-        self.tool_cpus, self.log = tool_cpus, log
+        self.admission.overlaps.in_reported_tool = self.tracker.in_reported_tool
         self.observed = dict.fromkeys(self.workers, WorkerObservation())
         self.signals: dict[str, WorkerSignals] = {}  # what the admission core heard last tick
         self._arrival: dict[str, float] = {}  # waiting in the core since

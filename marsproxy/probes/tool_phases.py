@@ -182,6 +182,11 @@ class ToolPhaseTracker:
         window = self._by_kind.get(tool)
         return window.quantile(0.5) if window is not None else None
 
+    def in_reported_tool(self, session: str) -> bool:
+        """Whether ``session``'s harness reported a tool of it that has not ended yet."""
+        st = self._sessions.get(session)
+        return st is not None and st.explicit and st.phase_start is not None
+
     def sessions_in_tool_phase(self) -> list[tuple[str, str, float]]:
         """(session, tool, phase start) of every open tool phase."""
         return [

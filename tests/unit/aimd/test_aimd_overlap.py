@@ -36,15 +36,26 @@ def test_starts_strict_and_does_not_decay_before_a_session_has_finished() -> Non
 
 def test_a_session_gone_quiet_starts_the_decay_until_one_runs_its_course() -> None:
     t = tracker()
-    t.went_quiet(admitted_at=2.0, last_active=8.0)  # admitted 6 s until its last call
+    t.went_quiet("s1", admitted_at=2.0, last_active=8.0)  # admitted 6 s until its last call
     assert t.lifetime_s == pytest.approx(6.0)
-    t.went_quiet(admitted_at=0.0, last_active=100.0)  # a pace is known: no more guesses
+    t.went_quiet("s2", admitted_at=0.0, last_active=100.0)  # a pace is known: no more guesses
     assert t.lifetime_s == pytest.approx(6.0)
     read(t, 0.0, used=100)
     read(t, 6.0, used=100)
     assert t.overlap("w0") == pytest.approx(0.5)
     t.session_lived(30.0)  # one that ran its course counts beside it
     assert t.lifetime_s == pytest.approx(18.0)
+
+
+def test_a_session_quiet_in_a_tool_it_reported_is_not_taken_for_done() -> None:
+    # Its client said a tool runs: the task goes on (a long tool phase, not a finished task),
+    # and its time admitted so far would pace the decay far too fast.
+    t = tracker()
+    t.in_reported_tool = {"busy"}.__contains__
+    t.went_quiet("busy", admitted_at=2.0, last_active=8.0)
+    assert t.lifetime_s is None
+    t.went_quiet("done", admitted_at=2.0, last_active=8.0)
+    assert t.lifetime_s == pytest.approx(6.0)
 
 
 def test_decays_by_half_per_session_lifetime_down_to_what_is_held() -> None:

@@ -257,3 +257,27 @@ def test_a_hold_that_ends_while_a_session_waits_lets_it_in_at_that_moment() -> N
     out = plane.expire(4.1)
     assert out.proposed == ["late"] and plane.phase("late") is Phase.PENDING
     assert plane.next_deadline() is None
+
+
+def _quiet_past_hold(report_tool: bool) -> float | None:
+    """A session's one call, then silence past its KV hold (20 s): its time admitted paces the
+    measured overlap's decay unless its client reported a tool still running."""
+    plane, _ = _plane()
+    plane.tick(0.0, {"a": FRESH, "b": FRESH}, at=0.0, cpu=None)
+    ans = plane.request(0.1, "s", "t", chars=400)
+    p = plane.confirm(0.1, "s")
+    assert p is not None
+    t = plane.call_start(0.1, "s", p.worker, chars=400, max_new_tokens=10)
+    plane.call_end(1.0, "s", t, incarnation=ans.incarnation, ok=True, admitted=True,
+                   prompt_tokens=100, completion_tokens=10, chars=400, continues=True)
+    if report_tool:
+        plane.tracker.explicit_event("s", "tool_start", "pytest", 1.0, None)
+    for k in range(2, 40):  # past the hold, before the idle timeout (60 s)
+        plane.tick(float(k), {"a": FRESH, "b": FRESH}, at=float(k), cpu=None)
+    assert plane.phase("s") is Phase.DORMANT
+    return plane.admission.overlaps.lifetime_s
+
+
+def test_a_session_quiet_in_a_tool_its_client_reported_does_not_pace_the_decay() -> None:
+    assert _quiet_past_hold(report_tool=False) is not None  # as a plain client's: likely done
+    assert _quiet_past_hold(report_tool=True) is None  # its tool runs: the task goes on
