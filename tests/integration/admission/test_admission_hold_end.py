@@ -27,12 +27,14 @@ async def test_a_waiting_session_goes_in_when_the_hold_ends_not_at_the_tick(
     make_stack: _Factory,
 ) -> None:
     s = await make_stack(window=4, app=_small_worker, peak_free_sessions=0,
-                         peak_cheap_sessions=0, idle_admit=False, kv_hold_min_s=2.0,
+                         peak_cheap_sessions=0, idle_admit=False, kv_hold_min_s=6.0,
                          control_interval_s=600.0)
     for _ in range(2):  # an agent: back after a call, so its tool phase holds KV room
         assert (await s.chat("holder", content=_PROMPT))[0] == 200
     waiter = asyncio.create_task(s.chat("waiter", content=_PROMPT))
-    await s.until(lambda: _queued(s, 1))  # the holder's forecast keeps it out, 2 s
+    # The holder's forecast keeps it out for 6 s: long enough for a loaded machine to see it
+    # wait (with 2 s, a clean-clone run once let the hold end before the waiter was queued).
+    await s.until(lambda: _queued(s, 1))
     assert (await asyncio.wait_for(waiter, 30))[0] == 200  # the next tick is minutes away
     row = (await s.state())["admission"]["workers"]["w0"]
     assert sorted(row["sessions"]) == ["holder", "waiter"]  # the holder is admitted still
