@@ -193,8 +193,7 @@ class OpenAIHandlers:
             lp = None if c.lp is None else c.lp.of(i, 1, shows_prompt=echo_ids is not None)
             if tool is not None:
                 obj = tools.tool_chunk(rid, created, model, tool, tool.piece(piece, i == 0, last),
-                                       finish_reason=reason, index=c.index)
-                obj["choices"][0]["logprobs"] = lp
+                                       finish_reason=reason, index=c.index, logprobs=lp)
                 if last and not parsed.include_usage:
                     obj["system_fingerprint"] = api.SYSTEM_FINGERPRINT
                 return obj

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from marsproxy.emulator.logprobs import MAX_LOGPROBS, too_many
@@ -194,7 +194,9 @@ def parse_request(
     # chat asks the engine for top_logprobs per token, completions for logprobs
     chat = isinstance(f, ChatFields)
     logprobs = (f.top_logprobs if f.logprobs else None) if chat else f.logprobs
-    engine_error = _engine_check(logprobs, encoded)
+    # only a token-id prompt can hold ids out of the vocabulary: text is encoded into it
+    engine_error = _engine_check(logprobs, [ids for ids, one in zip(encoded, batch, strict=True)
+                                            if isinstance(one, list)])
     if engine_error is not None and not f.stream:
         raise engine_error
     opts = f.stream_options
@@ -204,8 +206,9 @@ def parse_request(
         (ids, one if echo and isinstance(one, str) else None, ids if echo else None)
         for ids, one in zip(encoded, batch, strict=True)
     ]
-    parsed = ParsedRequest(
-        kind=kind, model=model, prompt_token_ids=prompts[0][0], max_tokens=max_tokens,
+    return ParsedRequest(
+        kind=kind, model=model, prompt_token_ids=prompts[0][0],
+        max_tokens=1 if echo_only else max_tokens,  # prompt scoring: one token, not shown
         ignore_eos=f.ignore_eos, priority=f.priority, stream=bool(f.stream),
         include_usage=include_usage, session_id=f.session_id, tool=tool,
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
@@ -213,9 +216,6 @@ def parse_request(
         more_prompts=tuple(prompts[1:]), logprobs=logprobs, echo_only=echo_only,
         engine_error=engine_error,
     )
-    if echo_only:  # the engine runs one token; the reply does not show it
-        return replace(parsed, max_tokens=1)
-    return parsed
 
 
 def _engine_check(logprobs: int | None, prompts: list[list[int]]) -> ApiError | None:

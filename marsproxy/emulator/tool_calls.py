@@ -145,17 +145,19 @@ def tool_call_id() -> str:
 def tool_chunk(
     rid: str, created: int, model: str, tool: ForcedTool, arguments: str,
     call_id: str | None = None, finish_reason: str | None = None, index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A streamed chat chunk of the tool call, keyed as vLLM 0.32's deltas: with ``call_id``
     the one that names the call (id, type, index, name; ``arguments`` unused), else one that
-    appends ``arguments`` at ``index`` 0; ``index`` is the choice's."""
+    appends ``arguments`` at ``index`` 0; ``index`` is the choice's; ``logprobs``: its
+    token's."""
     call: dict[str, Any]
     if call_id is not None:
         call = {"id": call_id, "type": "function", "index": 0, "function": {"name": tool.name}}
     else:
         call = {"index": 0, "function": {"arguments": arguments}}
     choice: dict[str, Any] = {
-        "index": index, "delta": {"content": None, "tool_calls": [call]}, "logprobs": None,
+        "index": index, "delta": {"content": None, "tool_calls": [call]}, "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
     if finish_reason is not None:

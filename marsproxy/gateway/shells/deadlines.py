@@ -92,26 +92,26 @@ class Alarm:
     the plane's next hold end): armed again for a sooner one, left for a later one; ``fire``
     runs at the deadline and names the next."""
 
-    __slots__ = ("_fire", "_handle", "at")
+    __slots__ = ("_at", "_fire", "_handle")
 
     def __init__(self, fire: Callable[[], None]) -> None:
         self._fire = fire
         self._handle: asyncio.TimerHandle | None = None
-        self.at: float | None = None
+        self._at: float | None = None
 
     def arm(self, at: float | None, now: float) -> None:
-        if at is None or (self.at is not None and self.at <= at):
+        if at is None or (self._at is not None and self._at <= at):
             return
         if self._handle is not None:
             self._handle.cancel()
-        self.at = at
+        self._at = at
         self._handle = asyncio.get_running_loop().call_later(max(0.0, at - now), self._ring)
 
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = self.at = None
+        self._handle = self._at = None
 
     def _ring(self) -> None:
-        self._handle = self.at = None
+        self._handle = self._at = None
         self._fire()

@@ -204,3 +204,24 @@ async def test_engine_errors_are_an_event_in_a_stream(
         assert status == 200 and frames == [err]
     engine = server.app[RUNNER_KEY].engine
     assert not engine.has_work() and engine.kv.usage == 0.0
+
+
+async def test_a_forced_tool_calls_tokens_carry_their_logprobs(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    # The arguments are the generated tokens: the reply's logprobs list them as a text reply's
+    # would; streamed, each argument chunk has its token's entry (the naming chunk: null).
+    server = await start_emulator()
+    tool = {"type": "function", "function": {"name": "run", "parameters": {
+        "type": "object", "properties": {"cmd": {"type": "string"}}}}}
+    body = {**BASE, "messages": MESSAGES, "max_tokens": 3, "logprobs": True, "top_logprobs": 1,
+            "tools": [tool], "tool_choice": "required"}
+    status, got = await post(http, server, CHAT, body)
+    assert status == 200 and got["choices"][0]["message"]["tool_calls"]
+    content = got["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == [filler_chunk(i) for i in range(3)]
+    status, chunks = await post(http, server, CHAT, {**body, "stream": True})
+    assert status == 200
+    entries = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
+    assert entries[0] is None  # the chunk that names the call
+    assert [e["content"] for e in entries[1:] if e is not None] == [[e] for e in content]
