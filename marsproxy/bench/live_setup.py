@@ -17,6 +17,7 @@ import yaml
 from marsproxy.bench.live_vllm import VllmFacts
 from marsproxy.bench.procs import CLI, free_port, wait_up
 from marsproxy.emulator.profiles import EngineProfile, get_profile
+from marsproxy.runs import options
 
 CALL_TIMEOUT_S = 900.0
 """What an agent allows one call once admitted, on top of the queue deadline."""
@@ -155,7 +156,7 @@ def start_proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
     if kv:
         entries = [{**(e if isinstance(e, dict) else {"url": e}), "kv_events": kv[w]}
                    for e, w in zip(entries, workers, strict=True)]
-    tree: dict[str, Any] = {**setup.sets, "workers": entries}
+    tree: dict[str, Any] = {**options.policy_sets(policy, setup.sets), "workers": entries}
     if setup.vllm is not None:
         # The proxy estimates a new session's first prompt from its characters.
         tree.setdefault("admission", {}).setdefault("tuning", {}).setdefault(
@@ -166,7 +167,8 @@ def start_proxy(policy: str, workers: list[str], setup: LiveSetup, out: Path,
         tree.setdefault("probes", {}).setdefault("cpu", {})["tool_cpus"] = setup.tool_cpus
     cfg = out / f"proxy-{policy}.yaml"
     cfg.write_text(yaml.safe_dump(tree, sort_keys=False))
-    args = [*CLI, "serve", "--config", str(cfg), "--policy", policy, "--port", str(port)]
+    args = [*CLI, "serve", "--config", str(cfg), "--policy", options.preset_of(policy),
+            "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     with run_process(args, out / f"proxy-{policy}.log", f"{url}/readyz",
                      setup.start_timeout_s) as proc:

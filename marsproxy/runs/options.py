@@ -10,6 +10,7 @@ finishes (the simulator's horizon; a day live); a tight one shows what refusals 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,10 @@ from marsproxy.runs.results import load_label
 from marsproxy.runs.workload import REGIMES, WorkloadSpec
 
 DIRECT = "direct"
+WINDOW = "window-"
+"""A fixed window's policy name: ``window-N``."""
+MAX_WINDOW = 64
+"""The largest fixed window: ``window-1..1000`` is a typo, not a thousand runs."""
 DEFAULT_POLICIES = ("direct", "fcfs", "autellix", "continuum", "mars")
 ABLATIONS = ("mars-no-admission", "mars-no-priority", "mars-no-retention", "mars-no-trees")
 QUEUE_DEADLINE_KEY = "admission.queue_deadline_s"
@@ -90,7 +95,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, sessions: int, rates: str,
     q.add_argument(
         "--policies", default=",".join(DEFAULT_POLICIES),
         help="comma-separated presets to compare ('direct' is always included; 'all' adds the"
-        f" ablations); known: {DIRECT}, {', '.join(policy_names())}",
+        f" ablations); known: {DIRECT}, {', '.join(policy_names())}; and fixed windows,"
+        f" {WINDOW}N or {WINDOW}A..B: mars holding exactly N sessions per worker, without the"
+        " forecast fit (the best one in hindsight is a yardstick for mars)",
     )
     q.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
@@ -121,15 +128,66 @@ class Case:
 
 
 def policies(text: str) -> list[str]:
-    names = _csv(text)
-    if "all" in names:
-        names = [n for n in names if n != "all"] + [*DEFAULT_POLICIES, *ABLATIONS]
+    """The policies to compare, ``direct`` first: presets, ``all`` (the defaults and the
+    ablations) and fixed windows, ``window-N`` or ``window-A..B`` (one per size)."""
+    names: list[str] = []
+    for n in _csv(text):
+        if n == "all":
+            names += [*DEFAULT_POLICIES, *ABLATIONS]
+        elif n.startswith(WINDOW):
+            names += _windows(n)
+        else:
+            names.append(n)
     known = {DIRECT, *policy_names()}
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if n not in known and window_size(n) is None]
     if bad:
-        raise ValueError(f"unknown policy {', '.join(bad)}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown policy {', '.join(bad)}; known: {', '.join(sorted(known))},"
+                         f" {WINDOW}N, {WINDOW}A..B")
     out = [DIRECT]
     out += [n for n in dict.fromkeys(names) if n != DIRECT]
+    return out
+
+
+def _windows(name: str) -> list[str]:
+    """``window-N`` or ``window-A..B`` as the sizes' policy names."""
+    lo, sep, hi = name[len(WINDOW):].partition("..")
+    try:
+        a, b = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise ValueError(f"{name!r}: a fixed window is {WINDOW}N or {WINDOW}A..B, N sessions"
+                         " per worker") from None
+    if a < 1 or b < a:
+        raise ValueError(f"{name!r}: window sizes are at least 1, and A..B runs upwards"
+                         f" (got {a}..{b})")
+    if b > MAX_WINDOW:
+        raise ValueError(f"{name!r}: window sizes are at most {MAX_WINDOW}")
+    return [f"{WINDOW}{n}" for n in range(a, b + 1)]
+
+
+def window_size(policy: str) -> int | None:
+    """N of a fixed window's policy name (``window-N``), else ``None``."""
+    if not policy.startswith(WINDOW):
+        return None
+    n = policy[len(WINDOW):]
+    return int(n) if n.isdigit() and 1 <= int(n) <= MAX_WINDOW else None
+
+
+def preset_of(policy: str) -> str:
+    """The preset a proxied policy runs: a fixed window is mars with its window pinned."""
+    return "mars" if window_size(policy) is not None else policy
+
+
+def policy_sets(policy: str, sets: dict[str, Any]) -> dict[str, Any]:
+    """The overrides ``policy`` runs with: ``sets``, and for a fixed window of N its window
+    pinned at N sessions per worker without the forecast-peak fit (a new session needs only its
+    first prompt to fit the free KV: the yardstick ``docs/methodology.md`` describes)."""
+    n = window_size(policy)
+    if n is None:
+        return sets
+    out = copy.deepcopy(sets)
+    adm = out.setdefault("admission", {})
+    adm.update(window_min=n, window_init=n, window_max=n)
+    adm.setdefault("tuning", {})["kv_fit_peak"] = False
     return out
 
 
@@ -297,7 +355,8 @@ def check_mix(groups: tuple[MixGroup, ...], sets: dict[str, Any]) -> None:
 
 def proxy_config(policy: str, sets: dict[str, Any], workers: list[str]) -> MarsConfig:
     """The proxy config of ``policy``: preset < ``--set`` overrides; env is not read."""
-    return load_config(None, environ={}, overrides={**sets, "policy": policy, "workers": workers})
+    return load_config(None, environ={}, overrides={
+        **policy_sets(policy, sets), "policy": preset_of(policy), "workers": workers})
 
 
 def out_dir(arg: str | None, kind: str) -> Path:

@@ -152,3 +152,30 @@ def test_sim_counts_refused_sessions_and_lifts_the_deadline_by_default(tmp_path:
     assert row.count(f"({pct} vs 100.0 %)") == 4 and f"| {24 - len(refused)}/24 ({pct}) |" in row
     (line,) = [x for x in err if x.startswith("trace poisson 0/s mars: done")]
     assert f"refused {len(refused)}, failed 0; mean ≥" in line and f"({pct} vs 100.0 %)" in line
+
+
+def test_a_fixed_window_holds_n_sessions_in_the_sim_and_live(tmp_path: Path) -> None:
+    # The yardstick "the best fixed window chosen in hindsight" in one command: window-N runs
+    # mars with its window pinned at N and no forecast fit, beside the other policies.
+    args = [*WORKLOAD, "--sessions", "8", "--policies", "mars,window-2", "--no-plots",
+            "--state-every", "0.2"]
+    sim = _run(["sim", *args], tmp_path / "sim")
+    live = _run(["bench", "live", *args[:-2]], tmp_path / "live")
+    for data, out in ((sim, tmp_path / "sim"), (live, tmp_path / "live")):
+        runs = {r["policy"]: r for r in data["runs"]}
+        assert set(runs) == {"direct", "mars", "window-2"}
+        assert all(r["summary"]["finished"] == 8 for r in runs.values())
+        (state,) = (out / "logs").glob("state-*-window-2.jsonl")
+        rows = [json.loads(line) for line in state.read_text().splitlines()]
+        workers = [next(iter(x["admission"]["workers"].values()))
+                   for x in rows if "error" not in x]
+        assert workers and all(w["window"] == w["effective_limit"] == 2 and w["admitted"] <= 2
+                               for w in workers)
+        assert max(w["admitted"] for w in workers) == 2
+        # mars, beside it, is not held to 2: the 8 sessions arrive at once
+        (state,) = (out / "logs").glob("state-*-mars.jsonl")
+        assert max(next(iter(json.loads(line)["admission"]["workers"].values()))["admitted"]
+                   for line in state.read_text().splitlines()
+                   if "error" not in json.loads(line)) > 2
+    proxy_cfg = (tmp_path / "live" / "logs" / "proxy-window-2.yaml").read_text()
+    assert "window_max: 2" in proxy_cfg and "kv_fit_peak: false" in proxy_cfg

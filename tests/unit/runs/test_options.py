@@ -27,8 +27,35 @@ def test_direct_is_always_first_and_all_adds_ablations() -> None:
     everything = options.policies("all")
     assert everything[0] == "direct" and "mars-no-retention" in everything
     assert len(everything) == len(set(everything)) == 9
+    assert not any(n.startswith("window-") for n in everything)
     with pytest.raises(ValueError, match="unknown policy bogus"):
         options.policies("mars,bogus")
+
+
+def test_fixed_windows_are_policies_with_ranges() -> None:
+    assert options.policies("mars,window-2..4,window-6,window-3") == [
+        "direct", "mars", "window-2", "window-3", "window-4", "window-6"]
+    for bad, why in (("window-0", "at least 1"), ("window-x", "window-N"),
+                     ("window-5..3", "5..3"), ("window-", "window-N"),
+                     ("window-1..99", "at most 64")):
+        with pytest.raises(ValueError, match=why):
+            options.policies(f"mars,{bad}")
+
+
+def test_a_fixed_window_is_mars_holding_exactly_n_sessions() -> None:
+    # mars' decisions with the window pinned to N and the forecast fit off: the yardstick
+    # "the best fixed window chosen in hindsight"; --set items still apply, except where the
+    # window's own keys say otherwise.
+    sets = options.parse_sets(["admission.window_max=40", "admission.tuning.max_bypass=8"], 60.0)
+    cfg = options.proxy_config("window-3", sets, ["http://w0"])
+    mars = options.proxy_config("mars", sets, ["http://w0"])
+    a = cfg.admission
+    assert (a.window_min, a.window_init, a.window_max) == (3, 3, 3)
+    assert a.tuning.kv_fit_peak is False and mars.admission.tuning.kv_fit_peak is True
+    assert (a.queue_deadline_s, a.tuning.max_bypass) == (60.0, 8)
+    assert cfg.scheduler == mars.scheduler and cfg.placement == mars.placement
+    assert sets["admission"]["window_max"] == 40  # the caller's overrides are not touched
+    assert options.preset_of("window-3") == "mars" and options.preset_of("fcfs") == "fcfs"
 
 
 def test_overrides_nest_parse_yaml_and_win_over_bench_defaults() -> None:
