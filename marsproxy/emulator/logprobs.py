@@ -6,7 +6,8 @@ alternatives share the rest geometrically, so every value is ≤ 0, each list is
 probabilities of a step sum below 1. vLLM's engine returns, per step, the sampled token then the
 top ``N``; with the sampled token the most likely, that is ``max(N, 1)`` distinct tokens. Chat
 shows the first ``top_logprobs`` of them, completions all (``i <= N``: at least the sampled one).
-Prompt tokens (a completions ``echo``) are scored the same way, except the first (vLLM: null).
+Prompt tokens (a completions ``echo``, a request's ``prompt_logprobs``) are scored the same way,
+except the first (vLLM: null).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 from marsproxy.emulator.tokenizer import (
     BYTES_PER_TOKEN,
     FILLER_TEXT,
+    chat_segments,
     chunk_id,
+    encode_text,
     filler_chunk,
     filler_token_id,
 )
@@ -46,6 +49,15 @@ def prompt_tokens(ids: Sequence[int], text: str | None) -> list[Token]:
     pieces = [data[i : i + BYTES_PER_TOKEN].decode("utf-8", "replace")
               for i in range(0, len(data), BYTES_PER_TOKEN)]
     return list(zip(pieces, ids, strict=True))
+
+
+def chat_prompt_tokens(messages: Sequence[Any]) -> list[Token]:
+    """A chat prompt's tokens as :func:`~marsproxy.emulator.tokenizer.encode_chat` counts
+    them: its special tokens by name, its text in pieces."""
+    out: list[Token] = []
+    for seg, special in chat_segments(messages):
+        out += [(seg, special)] if special is not None else prompt_tokens(encode_text(seg), seg)
+    return out
 
 
 def ranked(token: Token, count: int) -> list[tuple[str, int, float]]:
@@ -138,7 +150,8 @@ class ChoiceLogprobs:
         return completion_logprobs(out, self.top, self.prompt_chars + BYTES_PER_TOKEN * start)
 
 
-def too_many(requested: int) -> str:
-    """vLLM's words for ``logprobs`` (or chat's ``top_logprobs``) over ``--max-logprobs``."""
-    return (f"Requested sample logprobs of {requested}, which is greater than max allowed:"
+def too_many(requested: int, what: str = "sample") -> str:
+    """vLLM's words for ``logprobs`` (or chat's ``top_logprobs``; ``what`` "prompt": the
+    request's ``prompt_logprobs``) over ``--max-logprobs``."""
+    return (f"Requested {what} logprobs of {requested}, which is greater than max allowed:"
             f" {MAX_LOGPROBS}")

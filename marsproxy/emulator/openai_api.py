@@ -184,15 +184,17 @@ def choice(
 
 def full_response(
     kind: Kind, rid: str, created: int, model: str, choices: list[dict[str, Any]],
-    u: dict[str, Any],
+    u: dict[str, Any], prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed response, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*.json)."""
+    """A non-streamed response, keyed like vLLM 0.32's (tests/fixtures/vllm-0.32-*.json);
+    ``prompt_logprobs``: chat's, for the request's ``prompt_logprobs``."""
     u = {**u, "completion_tokens_details": None}
     if kind == "chat":
         return {
             "id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": choices, "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
-            "usage": u, "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
+            "usage": u, "prompt_logprobs": prompt_logprobs, "prompt_token_ids": None,
+            "prompt_text": None,
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         }
     return {

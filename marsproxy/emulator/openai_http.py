@@ -119,6 +119,9 @@ class OpenAIHandlers:
         self, parsed: req.ParsedRequest, rid: str, choices: list[_Choice]
     ) -> dict[str, Any]:
         tool, out = parsed.tool, []
+        # the request's prompt_logprobs, per prompt (each of its n choices carries its own)
+        asked = [] if parsed.prompt_logprobs is None else [
+            prompt_logprobs(toks, parsed.prompt_logprobs) for toks in parsed.scored]
         for c in choices:
             fin = c.fin
             shown = 0 if parsed.echo_only else fin.completion_tokens
@@ -126,7 +129,9 @@ class OpenAIHandlers:
             lp = None if c.lp is None else c.lp.of(0, shown, shows_prompt=True)
             if tool is None:
                 prompt_lp = None
-                if c.lp is not None and c.prompt[2] is not None:
+                if asked and parsed.kind == "completion":
+                    prompt_lp = asked[c.index // parsed.n]
+                elif c.lp is not None and c.prompt[2] is not None:
                     prompt_lp = prompt_logprobs(c.lp.prompt, c.lp.top)
                 out.append(api.choice(parsed.kind, c.index, text, fin.finish_reason,
                                       logprobs=lp, prompt_logprobs=prompt_lp))
@@ -135,7 +140,9 @@ class OpenAIHandlers:
                     fin.finish_reason), tool_calls=[tools.tool_call(tool, c.call_id, text)],
                     logprobs=lp))
         u = self._usage(parsed, choices)
-        return api.full_response(parsed.kind, rid, int(time.time()), self.model, out, u)
+        return api.full_response(parsed.kind, rid, int(time.time()), self.model, out, u,
+                                 prompt_logprobs=asked[0] if asked and parsed.kind == "chat"
+                                 else None)
 
     def _usage(
         self, parsed: req.ParsedRequest, choices: list[_Choice], streamed: bool = False

@@ -19,7 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marsproxy.emulator.logprobs import MAX_LOGPROBS, too_many
+from marsproxy.emulator.logprobs import (
+    MAX_LOGPROBS,
+    Token,
+    chat_prompt_tokens,
+    prompt_tokens,
+    too_many,
+)
 from marsproxy.emulator.openai_api import (
     ApiError,
     Kind,
@@ -67,6 +73,10 @@ class ParsedRequest:
     echo_only: bool = False
     # the engine's refusal: a 400 before the response, or an error event in a stream
     engine_error: ApiError | None = None
+    # the request's prompt_logprobs (not streamed): this many most likely per prompt token,
+    # and each prompt's tokens (in prompts()' order) to score
+    prompt_logprobs: int | None = None
+    scored: tuple[tuple[Token, ...], ...] = ()
 
     def prompts(self) -> list[Prompt]:
         """Every prompt (ids, echoed text, echoed ids); each gets ``n`` choices."""
@@ -195,8 +205,9 @@ def parse_request(
     chat = isinstance(f, ChatFields)
     logprobs = (f.top_logprobs if f.logprobs else None) if chat else f.logprobs
     # only a token-id prompt can hold ids out of the vocabulary: text is encoded into it
-    engine_error = _engine_check(logprobs, [ids for ids, one in zip(encoded, batch, strict=True)
-                                            if isinstance(one, list)])
+    engine_error = _engine_check(logprobs, f.prompt_logprobs,
+                                 [ids for ids, one in zip(encoded, batch, strict=True)
+                                  if isinstance(one, list)])
     if engine_error is not None and not f.stream:
         raise engine_error
     opts = f.stream_options
@@ -206,6 +217,11 @@ def parse_request(
         (ids, one if echo and isinstance(one, str) else None, ids if echo else None)
         for ids, one in zip(encoded, batch, strict=True)
     ]
+    scored: tuple[tuple[Token, ...], ...] = ()
+    if f.prompt_logprobs is not None and not f.stream:
+        scored = (tuple(chat_prompt_tokens(f.messages)),) if chat else tuple(
+            tuple(prompt_tokens(ids, one if isinstance(one, str) else None))
+            for ids, one in zip(encoded, batch, strict=True))
     return ParsedRequest(
         kind=kind, model=model, prompt_token_ids=prompts[0][0],
         max_tokens=1 if echo_only else max_tokens,  # prompt scoring: one token, not shown
@@ -214,17 +230,22 @@ def parse_request(
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
         echo=prompts[0][1], echo_ids=prompts[0][2], n=f.n or 1,
         more_prompts=tuple(prompts[1:]), logprobs=logprobs, echo_only=echo_only,
-        engine_error=engine_error,
+        engine_error=engine_error, prompt_logprobs=f.prompt_logprobs if scored else None,
+        scored=scored,
     )
 
 
-def _engine_check(logprobs: int | None, prompts: list[list[int]]) -> ApiError | None:
-    """What vLLM's engine refuses as it takes the request, in its order: ``logprobs`` (``-1``:
-    the whole vocabulary) over ``--max-logprobs``, then a prompt's ids out of the vocabulary
-    (its largest id)."""
-    wanted = VOCAB_SIZE if logprobs == -1 else logprobs
-    if wanted is not None and wanted > MAX_LOGPROBS:
-        return validation_error(too_many(wanted), "logprobs", wanted)
+def _engine_check(
+    logprobs: int | None, prompt_logprobs: int | None, prompts: list[list[int]]
+) -> ApiError | None:
+    """What vLLM's engine refuses as it takes the request, in its order: ``logprobs``, then
+    ``prompt_logprobs`` (``-1``: the whole vocabulary) over ``--max-logprobs``, then a prompt's
+    ids out of the vocabulary (its largest id)."""
+    for name, what, asked in (("logprobs", "sample", logprobs),
+                              ("prompt_logprobs", "prompt", prompt_logprobs)):
+        wanted = VOCAB_SIZE if asked == -1 else asked
+        if wanted is not None and wanted > MAX_LOGPROBS:
+            return validation_error(too_many(wanted, what), name, wanted)
     for ids in prompts:
         if ids and max(ids) >= VOCAB_SIZE:  # vLLM's renderer names the largest id
             return bad_request(f"Token id {max(ids)} is out of vocabulary")
@@ -308,7 +329,7 @@ def tokenize_body(body: Any) -> list[int]:
         if len(batch) != 1:
             raise PromptError("'prompt' must be one prompt")
         ids = _completion_prompt(batch[0])
-        refused = _engine_check(None, [ids])
+        refused = _engine_check(None, None, [ids])
         if refused is not None:
             raise refused
         return ids

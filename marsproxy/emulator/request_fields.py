@@ -63,6 +63,7 @@ class ChatFields(_Body):
     stop_token_ids: list[int] | None = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
     echo: bool = False
     priority: _Int64 = 0
     session_id: str | None = None
@@ -92,6 +93,7 @@ class CompletionFields(_Body):
     stop_token_ids: list[int] | None = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
     priority: _Int64 = 0
     session_id: str | None = None
 

@@ -131,6 +131,12 @@ def encode_chat(messages: Sequence[Any]) -> list[int]:
     return ids
 
 
+def chat_segments(messages: Sequence[Any]) -> list[tuple[str, int | None]]:
+    """The segments :func:`encode_chat` tokenizes, each with its special token's id (``None``:
+    text, encoded by :func:`encode_text`)."""
+    return [(seg, _SPECIAL_IDS.get(seg)) for seg in _segments(messages)]
+
+
 def validate_token_ids(ids: Sequence[Any]) -> list[int]:
     """A completions prompt given as token ids: integers inside the vocabulary."""
     out: list[int] = []

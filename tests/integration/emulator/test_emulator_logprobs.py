@@ -225,3 +225,63 @@ async def test_a_forced_tool_calls_tokens_carry_their_logprobs(
     entries = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
     assert entries[0] is None  # the chunk that names the call
     assert [e["content"] for e in entries[1:] if e is not None] == [[e] for e in content]
+
+
+async def test_a_requests_prompt_logprobs(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    # Real: `prompt_logprobs: N` scores every prompt token after the first, each
+    # {id: {logprob, rank, decoded_token}} with the token's own entry first, then the top N
+    # (0: the token alone); completions put it in each choice (every choice of a prompt the
+    # same), chat at the top. It wins over an echo's logprobs; over 20 (-1: the vocabulary)
+    # it is the engine's 400, after sample logprobs' and before an id out of the vocabulary.
+    server = await start_emulator()
+    prompt = "def main():"  # 3 emulated tokens
+    status, got = await post(http, server, CMPL, {
+        **BASE, "prompt": prompt, "max_tokens": 2, "prompt_logprobs": 2})
+    assert status == 200
+    assert _shape(got) == _shape(_real("vllm-0.32-completion-prompt-logprobs.json"))
+    plp = got["choices"][0]["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == 3 and got["choices"][0]["logprobs"] is None
+    for step, token in zip(plp[1:], ["main", "():"], strict=True):
+        entries = list(step.values())
+        assert len(entries) == 2 and entries[0]["decoded_token"] == token
+        assert [e["rank"] for e in entries] == [1, 2]
+        _check_ranked([(e["decoded_token"], e["logprob"]) for e in entries], token,
+                      entries[0]["logprob"])
+    status, got = await post(http, server, CHAT, {
+        **BASE, "messages": MESSAGES, "max_tokens": 2, "prompt_logprobs": 1})
+    real = _real("vllm-0.32-chat-prompt-logprobs.json")
+    assert status == 200 and _shape(got) == _shape(real)
+    plp = got["prompt_logprobs"]
+    # every token of the rendered chat prompt, its special tokens by name
+    assert plp[0] is None and len(plp) == got["usage"]["prompt_tokens"]
+    assert "<|im_end|>" in [next(iter(s.values()))["decoded_token"] for s in plp[1:]]
+    assert all(len(s) == 1 for s in plp[1:])
+    # 0: the token alone; an echo's logprobs keep their own count
+    _, got = await post(http, server, CMPL, {**BASE, "prompt": [5, 6, 7], "max_tokens": 1,
+                                             "n": 2, "temperature": 1, "prompt_logprobs": 0})
+    assert [c["prompt_logprobs"] for c in got["choices"]] == [
+        [None, {"6": {"logprob": got["choices"][0]["prompt_logprobs"][1]["6"]["logprob"],
+                      "rank": 1, "decoded_token": ""}},
+         {"7": {"logprob": got["choices"][0]["prompt_logprobs"][2]["7"]["logprob"],
+                "rank": 1, "decoded_token": ""}}]] * 2
+    _, got = await post(http, server, CMPL, {**BASE, "prompt": prompt, "max_tokens": 1,
+                                             "echo": True, "logprobs": 1, "prompt_logprobs": 3})
+    choice = got["choices"][0]
+    assert [len(s) for s in choice["prompt_logprobs"][1:]] == [3, 3]
+    assert [len(t) for t in choice["logprobs"]["top_logprobs"][1:]] == [1, 1, 1]
+    for value, param, body in ((21, "prompt_logprobs", {"prompt": [5, 999_999]}),
+                               (151_936, "prompt_logprobs", {"prompt": "hi"}),
+                               (21, "logprobs", {"prompt": "hi", "logprobs": 21})):
+        what = "prompt" if param == "prompt_logprobs" else "sample"
+        status, err = await post(http, server, CMPL, {
+            **body, "max_tokens": 1, "prompt_logprobs": -1 if value > 21 else 21})
+        assert status == 400 and err["error"] == {
+            "message": f"Requested {what} logprobs of {value}, which is greater than max"
+                       f" allowed: 20 (parameter={param}, value={value})",
+            "type": "BadRequestError", "param": param, "code": 400}
+    real_err = json.loads((FIXTURES / "vllm-0.32-completion-prompt-logprobs-21.json").read_text())
+    status, err = await post(http, server, CMPL, {"prompt": prompt, "max_tokens": 1,
+                                                  "prompt_logprobs": 21})
+    assert status == 400 and err == real_err
