@@ -122,8 +122,7 @@ def encode_chat(messages: Sequence[Any]) -> list[int]:
     if not messages:
         raise PromptError("messages must be a non-empty list")
     ids: list[int] = []
-    for seg in _segments(messages):
-        special = _SPECIAL_IDS.get(seg)
+    for seg, special in chat_segments(messages):
         if special is not None:
             ids.append(special)
         else:
