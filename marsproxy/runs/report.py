@@ -157,6 +157,35 @@ def seeds_table(fig: dict[str, Any]) -> list[str]:
     return lines
 
 
+def yardstick(fig: dict[str, Any]) -> list[str]:
+    """With fixed windows among the policies (``window-N``): the best over the seeds by mean
+    ×direct, among those that finished as many sessions as any of them (one with a higher
+    ratio but fewer done is named beside it), against mars."""
+    wins = {p: f["mean"] for p, f in fig["policies"].items() if p.startswith("window-")}
+    ok = {p: m for p, m in wins.items() if not math.isnan(m["mean_vs_direct"])}
+    if not ok:
+        return []
+    most = max(m["completion"] for m in ok.values())
+    best = max((p for p in ok if ok[p]["completion"] == most),
+               key=lambda p: ok[p]["mean_vs_direct"])
+    b = ok[best]
+
+    def named(p: str, m: dict[str, float]) -> str:
+        return f"{p} {_f(m['mean_vs_direct'], 2)}, done {_pct(m['completion'])}"
+
+    line = f"Best fixed window over these seeds (mean ×direct): `{best}` " + named(
+        best, b).removeprefix(f"{best} ")
+    higher = [named(p, m) for p, m in ok.items() if m["mean_vs_direct"] > b["mean_vs_direct"]]
+    if higher:
+        line += f" ({'; '.join(higher)})"
+    mars = fig["policies"].get("mars")
+    if mars is not None:
+        m = mars["mean"]
+        line += (f"; {named('mars', m)}: {_f(m['mean_vs_direct'] / b['mean_vs_direct'], 2)}"
+                 " of it")
+    return ["", line + "."]
+
+
 def _seeds_ratio(f: dict[str, Any], key: str) -> str:
     """A mean over seeds of one ratio, with the count of seeds where it compared a run that
     left sessions unfinished."""
@@ -313,6 +342,7 @@ def render(runs: Sequence[RunResult], title: str, meta: dict[str, Any],
                 "Each figure is the mean over the seeds (done: the mean completion); each ratio "
                 "is the mean of the per-seed ratios.", ""]
         out += seeds_table(fig)
+        out += yardstick(fig)
     return "\n".join(out) + "\n"
 
 

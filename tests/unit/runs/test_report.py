@@ -201,6 +201,25 @@ def test_several_seeds_are_separate_workloads_then_averaged(tmp_path: Path) -> N
     assert data["runs"][3]["seed"] == 1
 
 
+def test_the_best_fixed_window_over_the_seeds_is_named_beside_mars(tmp_path: Path) -> None:
+    # direct 30 / 20 s; mars 10 / 40 s (3×, 0.5×: 1.75); window-2 15 / 10 s (2×, 2×: 2.0);
+    # window-3 10 / 20 s (3×, 1×: 2.0 as well; the first best stands); window-4 refuses seed 1's
+    # session (its mean is over unlike runs: named with its completion).
+    def run(p: str, seed: int, end: float) -> RunResult:
+        return RunResult(p, "trace", "heavy", [_session("a", 0, 10, end, [0.1], [0])], seed=seed)
+    runs = [*_seeded(0, 30, 10), run("window-2", 0, 15), run("window-3", 0, 10),
+            run("window-4", 0, 30), *_seeded(1, 20, 40), run("window-2", 1, 10),
+            run("window-3", 1, 20),
+            RunResult("window-4", "trace", "heavy", [_refused("a", 0, 1)], seed=1)]
+    [fig] = report.over_seeds(runs)
+    assert report.yardstick(fig) == [
+        "", "Best fixed window over these seeds (mean ×direct): `window-2` 2.00, done 100.0 %"
+        " (window-4 10.50, done 50.0 %); mars 1.75, done 100.0 %: 0.88 of it."]
+    text = report.write(tmp_path, runs, "seeds", {}, make_plots=False).read_text()
+    assert "Best fixed window over these seeds" in text
+    assert report.yardstick(report.over_seeds(_seeded(0, 30, 10) + _seeded(1, 20, 40))[0]) == []
+
+
 def test_one_seed_has_no_average() -> None:
     runs = _runs()
     assert report.over_seeds(runs) == []
