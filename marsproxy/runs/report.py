@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from marsproxy.runs.mix import group_table
+from marsproxy.runs.options import window_size
 from marsproxy.runs.results import RunResult, Summary, group_summaries
 
 DIRECT = "direct"
@@ -161,28 +162,26 @@ def yardstick(fig: dict[str, Any]) -> list[str]:
     """With fixed windows among the policies (``window-N``): the best over the seeds by mean
     ×direct, among those that finished as many sessions as any of them (one with a higher
     ratio but fewer done is named beside it), against mars."""
-    wins = {p: f["mean"] for p, f in fig["policies"].items() if p.startswith("window-")}
-    ok = {p: m for p, m in wins.items() if not math.isnan(m["mean_vs_direct"])}
+    ok = {p: f["mean"] for p, f in fig["policies"].items()
+          if window_size(p) is not None and not math.isnan(f["mean"]["mean_vs_direct"])}
     if not ok:
         return []
     most = max(m["completion"] for m in ok.values())
     best = max((p for p in ok if ok[p]["completion"] == most),
                key=lambda p: ok[p]["mean_vs_direct"])
-    b = ok[best]
+    top = ok[best]["mean_vs_direct"]
 
-    def named(p: str, m: dict[str, float]) -> str:
-        return f"{p} {_f(m['mean_vs_direct'], 2)}, done {_pct(m['completion'])}"
+    def figures(m: dict[str, float]) -> str:
+        return f"{_f(m['mean_vs_direct'], 2)}, done {_pct(m['completion'])}"
 
-    line = f"Best fixed window over these seeds (mean ×direct): `{best}` " + named(
-        best, b).removeprefix(f"{best} ")
-    higher = [named(p, m) for p, m in ok.items() if m["mean_vs_direct"] > b["mean_vs_direct"]]
+    line = f"Best fixed window over these seeds (mean ×direct): `{best}` {figures(ok[best])}"
+    higher = [f"{p} {figures(m)}" for p, m in ok.items() if m["mean_vs_direct"] > top]
     if higher:
         line += f" ({'; '.join(higher)})"
     mars = fig["policies"].get("mars")
     if mars is not None:
         m = mars["mean"]
-        line += (f"; {named('mars', m)}: {_f(m['mean_vs_direct'] / b['mean_vs_direct'], 2)}"
-                 " of it")
+        line += f"; mars {figures(m)}: {_f(m['mean_vs_direct'] / top, 2)} of it"
     return ["", line + "."]
 
 
