@@ -14,8 +14,9 @@ their append-only history:
 
 A Responses API request that names ``previous_response_id`` (and no explicit id) belongs to the
 session whose reply carried that id: each session keeps the hashes of its latest replies' ids
-(:data:`RESPONSE_IDS_KEPT`), forgotten with it. An id not known here (forgotten, or another
-replica's) is no link: the request is placed as it would be without it.
+(:data:`RESPONSE_IDS_KEPT`), forgotten with it. An id another replica made is found in the
+store's reply index by the caller, which passes the session's key (``linked_key``); an id known
+nowhere is no link: the request is placed as it would be without it.
 
 Sessions are forgotten after their final turn, after ``idle_ttl_s`` unseen, or when more than
 ``max_sessions`` are kept (least recently seen first). Everything is scoped by tenant.
@@ -126,13 +127,19 @@ class SessionTable:
         final: bool,
         now: float,
         previous_response: str | None = None,
+        linked_key: str | None = None,
     ) -> Turn:
         """A request arrives: find or create its session and mark it in flight.
 
-        ``previous_response``: the reply id a Responses API request continues from."""
+        ``previous_response``: the reply id a Responses API request continues from;
+        ``linked_key``: the session another replica knows by that id (the store's reply index),
+        joined or added under that key where this table does not know the id."""
         self.expire(now)
         source: Source
         linked = None if previous_response is None else self.of_response(tenant, previous_response)
+        if linked is None and linked_key is not None and explicit_id is None:
+            linked = self._sessions.get(linked_key) or self._add(
+                Session(linked_key, tenant, chained=False, last_seen=now))
         if explicit_id is not None:
             key = f"{tenant}/id/{explicit_id}"
             source = explicit_source
@@ -294,6 +301,11 @@ class SessionTable:
             del lengths.counts[ikey[2]]
             if not lengths.counts:
                 del self._lengths[lkey]
+
+
+def reply_key(tenant: str, response_id: str) -> str:
+    """A reply id as replicas share it: its tenant and a hash, never the id itself."""
+    return f"{tenant}:{_id_hash(response_id).hex()}"
 
 
 def _id_hash(response_id: str) -> bytes:

@@ -175,6 +175,13 @@ class WindowStore(Protocol):
 
     async def delete_session(self, key: str) -> None: ...
 
+    async def save_reply(self, reply: str, session: str) -> None:
+        """Remember for ``session_ttl_s`` that the reply ``reply`` (``reply_key``) is the store
+        key ``session``'s: a next call naming it may reach another replica."""
+
+    async def load_reply(self, reply: str) -> str | None:
+        """The store key of the session whose reply that was (``None``: not known)."""
+
 
 class WakeupHub:
     """Fans wake-ups out to local waiters; one pending wake-up per waiter is enough."""

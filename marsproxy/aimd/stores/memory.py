@@ -50,6 +50,7 @@ class MemoryState:
     order: list[tuple[float, str]] = field(default_factory=list)  # sorted like a Redis ZSET
     replicas: dict[str, int] = field(default_factory=dict)  # replica → heartbeat expiry_ms
     sessions: dict[str, tuple[int, str]] = field(default_factory=dict)  # key → (expiry, json)
+    replies: dict[str, tuple[int, str]] = field(default_factory=dict)  # reply → (expiry, key)
     tenants: dict[str, float] = field(default_factory=dict)  # tenant → virtual token counter
     hub: WakeupHub = field(default_factory=WakeupHub)
 
@@ -359,3 +360,18 @@ class MemoryStore:
 
     async def delete_session(self, key: str) -> None:
         self._s.sessions.pop(key, None)
+
+    async def save_reply(self, reply: str, session: str) -> None:
+        now, replies = self._clock(), self._s.replies
+        # One TTL for all: the oldest expire first, so the expired are pruned from the front.
+        while replies and next(iter(replies.values()))[0] <= now:
+            del replies[next(iter(replies))]
+        replies.pop(reply, None)
+        replies[reply] = (now + round(self._cfg.session_ttl_s * 1000), session)
+
+    async def load_reply(self, reply: str) -> str | None:
+        hit = self._s.replies.get(reply)
+        if hit is None or hit[0] <= self._clock():
+            self._s.replies.pop(reply, None)
+            return None
+        return hit[1]

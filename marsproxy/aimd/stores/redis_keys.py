@@ -62,6 +62,10 @@ class Keys:
     def session(self, key: str) -> str:
         return f"{self.base}sess:{key}"
 
+    def reply(self, reply: str) -> str:
+        """A reply id's (``reply_key``) session, for a next call that names it elsewhere."""
+        return f"{self.base}reply:{reply}"
+
     def saved(self, key: str, worker: str) -> list[str]:
         """The KEYS of ``save.lua``: the record, its worker's lease owners, its tombstone."""
         return [self.session(key), self.own(worker), self.tomb(key)]

@@ -131,3 +131,22 @@ class RedisRecords:
                 self.link.fail(exc)
         self.deleted.add(key)
         self.gen += 1
+
+    async def save_reply(self, reply: str, session: str) -> None:
+        # Not mirrored: this replica knows its own replies; while Redis is away, others don't.
+        if self.link.up:
+            try:
+                await self.link.io(self.redis.set(self.keys.reply(reply), session,
+                                                  px=self.session_ms))
+            except FAILURES as exc:
+                self.link.fail(exc)
+
+    async def load_reply(self, reply: str) -> str | None:
+        if not self.link.up:
+            return None
+        try:
+            raw = await self.link.io(self.redis.get(self.keys.reply(reply)))
+        except FAILURES as exc:
+            self.link.fail(exc)
+            return None
+        return None if raw is None else str(raw)

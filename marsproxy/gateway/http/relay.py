@@ -154,16 +154,13 @@ class Relay:
             live=lambda sid: gw.sessions.get(f"{tenant}/id/{sid}") is not None)
         history = (history_of(route, body.obj)
                    if explicit is None and cfg.sessions.chain_matching else None)
+        prev = None if explicit else previous_response_id(route, body.obj)
         try:
             turn = gw.sessions.start(
-                tenant=tenant,
-                explicit_id=explicit.value if explicit else None,
+                tenant=tenant, explicit_id=explicit.value if explicit else None,
                 explicit_source=explicit.source if explicit else "header",
-                history=history,
-                final=final,
-                now=gw.now(),
-                previous_response=None if explicit else previous_response_id(route, body.obj),
-            )
+                history=history, final=final, now=gw.now(), previous_response=prev,
+                linked_key=None if prev is None else await gw.reply_session(tenant, prev))
         except SessionRefused as exc:  # bad session id, or the tenant's session cap
             return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
@@ -178,7 +175,7 @@ class Relay:
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
             parent_key = None if parent is None else f"{tenant}/id/{parent}"
             refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix,
-                                        parent_key)
+                                        parent_key, turn.source == "response")
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
@@ -228,14 +225,14 @@ class Relay:
 
     async def _admit(
         self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome,
-        cls: str, prefix: dict[str, int] | None = None, parent: str | None = None,
+        cls: str, prefix: dict[str, int] | None, parent: str | None, by_reply: bool,
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         t, chars = time.perf_counter(), len(raw)
         try:
             verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls,
-                                     prefix=prefix, parent=parent)
+                                     prefix=prefix, parent=parent, by_reply=by_reply)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise
@@ -270,8 +267,8 @@ class Relay:
                 incarnation=out.incarnation, reply=out.reply_kind)
         # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
         # it, so a client that goes on after the answer continues the same session.
-        gw.sessions.finish(turn, ok=out.ok, reply=out.reply, now=gw.now(),
-                           response_id=out.response_id if out.stores else None)
+        gw.turn_finished(turn, ok=out.ok, reply=out.reply,
+                         response_id=out.response_id if out.stores else None)
         if out.ok and not answered:  # no tool phase follows an answer
             gw.response_ended(turn)
 

@@ -214,18 +214,20 @@ class AdmissionShell(StoreConfirmations):
         self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None,
         tokens: int | None = None, cls: str | None = None,
         prefix: dict[str, int] | None = None, parent: str | None = None,
+        by_reply: bool = False,
     ) -> Verdict:
         """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
 
         ``body`` (the raw request) is only read to count a new session's first prompt with
         ``/tokenize`` when ``admission.tokenize`` is on; ``tokens``: its size when known;
-        ``cls``: its service class (the x-session-class header's, or the tenant's).
+        ``cls``: its service class (the x-session-class header's, or the tenant's);
+        ``by_reply``: it names a reply id of the session (another replica may hold it).
         """
         core = self.core
         if core.sessions.get(key) is None:
             if self._store_calls:  # the id's ended session leaves the store before it is read
                 await self._key_settled(self.replicas.store_key(key))
-            adopted = await self.replicas.adopt(key, tenant, chars, final)
+            adopted = await self.replicas.adopt(key, tenant, chars, final, by_reply)
             if adopted is not None:
                 return Granted(adopted, 0.0, self.plane.incarnation(key))
             if body is not None and self.acfg.tokenize:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from marsproxy.aimd.stores import WindowStore, wall_clock_ms
+from marsproxy.core.sessions import reply_key
 from marsproxy.policy.plane import ControlPlane
 from marsproxy.probes.tool_phases import ToolPhaseTracker
 
@@ -44,8 +45,11 @@ class Replicas:
         return key.split("/", 2)[1:2] == ["id"]
 
     def store_key(self, key: str) -> str:
-        # Chain and anonymous ids are counters of this replica's table: scope them to it.
-        return key if self.shared(key) else f"{key}@{self.store.replica_id}"
+        # Chain and anonymous ids are counters of this replica's table: scope them to it. One
+        # joined through another replica's reply id is kept under that replica's store key.
+        if self.shared(key) or "@" in key:
+            return key
+        return f"{key}@{self.store.replica_id}"
 
     def core_key(self, skey: str) -> str:
         return skey.removesuffix(f"@{self.store.replica_id}")
@@ -128,10 +132,12 @@ class Replicas:
         if record is not None:
             await self.store.save_session(skey, record)
 
-    async def adopt(self, key: str, tenant: str, chars: int, final: bool) -> str | None:
+    async def adopt(self, key: str, tenant: str, chars: int, final: bool,
+                    by_reply: bool = False) -> str | None:
         """A session another replica admitted: claim its lease, serve it on its worker;
-        returns the worker (``None``: nothing to adopt)."""
-        if not self.on or not self.shared(key):
+        returns the worker (``None``: nothing to adopt). ``by_reply``: the request names a
+        reply id of the session (any session may have gone to another replica since)."""
+        if not self.on or not (by_reply or self.shared(key)):
             return None
         skey = self.store_key(key)
         rec = await self.store.load_session(skey)
@@ -155,6 +161,22 @@ class Replicas:
             self._carried_tool_s[key] = float(usual)
         log.debug("adopted session %s on %s from replica %s", key, worker, rec.get("replica"))
         return str(worker)
+
+    def publish_reply(self, tenant: str, response_id: str, key: str) -> None:
+        """``key``'s call got the reply ``response_id``: a next call naming it may reach
+        another replica, which finds the session by it (in the key's store-call order)."""
+        if not self.on:
+            return
+        skey, reply = self.store_key(key), reply_key(tenant, response_id)
+        self._in_key_order(skey, lambda: self.store.save_reply(reply, skey))
+
+    async def reply_session(self, tenant: str, response_id: str) -> str | None:
+        """The session (this replica's key for it) whose call got ``response_id`` on any
+        replica, as the store knows it (``None``: not known, or one replica)."""
+        if not self.on:
+            return None
+        skey = await self.store.load_reply(reply_key(tenant, response_id))
+        return None if skey is None else self.core_key(skey)
 
     async def end_elsewhere(self, key: str) -> bool:
         """``DELETE`` of a session this replica does not hold: end it in the store, wherever

@@ -19,6 +19,7 @@ from typing import Any
 from marsproxy.aimd.admission import DecisionKind
 from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.answers import ReplyKind
+from marsproxy.core.canon import Reply
 from marsproxy.core.events import SessionEnd
 from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
@@ -191,13 +192,14 @@ class Gateway:
     async def admit(self, key: str, tenant: str, chars: int, final: bool,
                     body: bytes | None = None, tokens: int | None = None,
                     cls: str | None = None, prefix: dict[str, int] | None = None,
-                    parent: str | None = None) -> Verdict:
+                    parent: str | None = None, by_reply: bool = False) -> Verdict:
         """The worker for a request of ``key`` (held until admitted), or its refusal;
         ``prefix``: its prompt's resident prefix per indexed worker (prefix placement);
-        ``parent``: the session a new one names as its parent (agent trees)."""
+        ``parent``: the session a new one names as its parent (agent trees); ``by_reply``: it
+        names a reply id of the session."""
         if self.admission is not None:
             return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
-                                              prefix, parent)
+                                              prefix, parent, by_reply)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
                                  final=final, cls=cls, prefix=prefix, parent=parent)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
@@ -236,6 +238,23 @@ class Gateway:
             tel = self.telemetry
             tel.publish_tools(tel.tracker.request_started(turn.session, tel.wall()))
         return sess.turns
+
+    async def reply_session(self, tenant: str, response_id: str) -> str | None:
+        """The session another replica relayed ``response_id`` for, where this one does not
+        know the id (``None``: known here, unknown everywhere, or one replica)."""
+        if self.admission is None or self.sessions.of_response(tenant, response_id) is not None:
+            return None
+        return await self.admission.replicas.reply_session(tenant, response_id)
+
+    def turn_finished(self, turn: Turn, *, ok: bool, reply: Reply | None,
+                      response_id: str | None) -> None:
+        """The session table learns how ``turn`` ended; a Responses reply id it may be
+        continued from is published for the other replicas."""
+        sess = self.sessions.of(turn)
+        self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
+        if ok and response_id and not turn.final and sess is not None and (
+                self.admission is not None):
+            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session)
 
     def response_ended(self, turn: Turn) -> None:
         """A response ended well and the session goes on: its tool phase begins (inferred)."""

@@ -60,7 +60,8 @@ def keys_for(tenant: str, session_id: str) -> tuple[str, ...]:
     """The keys a tenant's ``session_id`` may name (explicit ids first)."""
     keys = [f"{tenant}/id/{session_id}"]
     kind, _, n = session_id.partition("/")
-    if kind in ("chain", "anon") and n.isdigit():
+    # ``chain/3@r1``: another replica's session joined here by a Responses reply id.
+    if kind in ("chain", "anon") and n.partition("@")[0].isdigit():
         keys.append(f"{tenant}/{session_id}")
     return tuple(keys)
 
@@ -106,6 +107,7 @@ class ObservedSessions(SessionTable):
         final: bool,
         now: float,
         previous_response: str | None = None,
+        linked_key: str | None = None,
     ) -> Turn:
         self._now = now
         if explicit_id is not None and self._max_id_chars is not None:
@@ -116,7 +118,7 @@ class ObservedSessions(SessionTable):
         if cap is not None and self._per_tenant[tenant] >= cap:
             self.expire(now)  # idle ones may make room
             if self._per_tenant[tenant] >= cap and self._would_create(
-                tenant, explicit_id, history, previous_response
+                tenant, explicit_id, history, previous_response, linked_key
             ):
                 self._evict_for(tenant, cap)
         turn = super().start(
@@ -127,6 +129,7 @@ class ObservedSessions(SessionTable):
             final=final,
             now=now,
             previous_response=previous_response,
+            linked_key=linked_key,
         )
         if turn.session not in self._born:
             self._born[turn.session] = now
@@ -156,12 +159,14 @@ class ObservedSessions(SessionTable):
         )
 
     def _would_create(self, tenant: str, explicit_id: str | None, history: History | None,
-                      previous_response: str | None) -> bool:
+                      previous_response: str | None, linked_key: str | None) -> bool:
         """Whether :meth:`start` would add a session (the same decision, without making it)."""
         if explicit_id is not None:
             return self.get(f"{tenant}/id/{explicit_id}") is None
         if previous_response is not None and self.of_response(tenant, previous_response):
             return False
+        if linked_key is not None:
+            return self.get(linked_key) is None
         if self._chain_matching and history is not None and history.length > 0:
             return self._match(tenant, history) is None
         return True

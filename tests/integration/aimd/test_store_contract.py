@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -204,6 +204,25 @@ async def test_session_records_outlive_the_replica_that_wrote_them(replicas: Rep
     await b.delete_session("t:abc")
     assert await b.load_session("t:abc") is None
     assert await b.load_session("t:never") is None
+
+
+async def test_a_reply_names_its_session_to_every_replica_for_the_session_ttl(
+    replicas: Replicas,
+) -> None:
+    a, b = await replicas.new(), await replicas.new()
+    await a.save_reply("t:r1", "t/chain/1@a")
+    await b.save_reply("t:r2", "t/chain/1@a")  # the session's next reply, relayed by b
+    assert [await b.load_reply("t:r1"), await a.load_reply("t:r2")] == ["t/chain/1@a"] * 2
+    assert await a.load_reply("t:never") is None
+    if replicas.backend == "redis":  # Redis' own clock expires it: its TTL is set
+        redis = cast(RedisStore, a)
+        ttl = await redis.redis.pttl(redis.keys.reply("t:r1"))
+        assert 0 < ttl <= replicas.cfg.session_ttl_s * 1000
+        return
+    await replicas.pass_ms(round(replicas.cfg.session_ttl_s * 1000) + 1)
+    await a.save_reply("t:r3", "t/anon/4@a")  # prunes the expired
+    assert [await b.load_reply("t:r1"), await b.load_reply("t:r3")] == [None, "t/anon/4@a"]
+    assert list(replicas.state.replies) == ["t:r3"]
 
 
 async def test_release_wakes_other_replicas(replicas: Replicas) -> None:

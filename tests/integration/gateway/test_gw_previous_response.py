@@ -120,3 +120,42 @@ async def test_an_unknown_previous_id_is_a_new_session_and_an_explicit_id_wins(
     sessions = state["sessions"]
     assert sessions["total"] == 3, sessions
     assert "run-7" in {d["id"] for d in sessions["details"]}
+
+
+async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
+    two: list[StoringWorker], http: aiohttp.ClientSession, private_redis: Any
+) -> None:
+    """Two replicas sharing a real Redis: each call of a chain reaches the other replica, which
+    knows the id only from the store's reply index, joins the session there (its lease moves)
+    and sends the call to the worker that made the id: no 404, one session."""
+    store = {"backend": "redis", "redis_url": private_redis.url, "pool": "replies",
+             "lease_ttl_s": 2.0, "heartbeat_interval_s": 0.2, "leader_ttl_s": 1.0,
+             "op_timeout_s": 2.0, "reconnect_interval_s": 0.2}
+    # Replica b already serves a session on w0: a new session there would go to w1 (the
+    # least loaded), wherever the chain's first reply was made.
+    g = [await gateway(config([w.url for w in two], store=store)) for _ in range(2)]
+    try:
+        async with http.post(url(g[1], "/v1/chat/completions"), headers={"x-session-id": "busy"},
+                             json={"model": "fake",
+                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status == 200, await r.text()
+        ids = [await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})]
+        for turn in range(1, 5):  # b, a, b, a: every call on the replica that did not relay it
+            ids.append(await _call(http, g[turn % 2], {
+                "model": "fake", "input": f"tool output {turn}",
+                "previous_response_id": ids[-1], "stream": turn == 2}))
+        states = []
+        for gi in g:
+            async with http.get(url(gi, "/mars/v1/state?sessions=1")) as r:
+                states.append(await r.json())
+    finally:
+        for gi in g:
+            await gi.stop()
+    maker = next(w for w in two if ids[0] in w.made)
+    assert all(i in maker.made for i in ids), (ids, maker.made)
+    responses = [s for w in two for s in w.seen if s.path_qs == "/v1/responses"]
+    assert len(responses) == len(maker.made) == 5
+    # One session: a's own (its turns 1, 3, 5), and b's copy of it under a's store key.
+    a, b = ([d for d in st["sessions"]["details"] if d["id"] != "busy"] for st in states)
+    assert [(d["id"], d["turns"]) for d in a] == [("chain/1", 3)], a
+    assert len(b) == 1 and b[0]["id"].startswith("chain/1@") and b[0]["turns"] == 2, b

@@ -99,3 +99,26 @@ def test_previous_response_id_is_read_from_responses_bodies_only() -> None:
         assert previous_response_id("responses", {"previous_response_id": odd}) is None
     assert previous_response_id("responses", {}) is None
     assert previous_response_id("responses", None) is None
+
+
+def test_an_id_another_replica_made_joins_the_session_the_store_names() -> None:
+    t = table()
+    # Unknown here; the store's reply index names another replica's session: added under its key.
+    a = t.start(tenant="t", explicit_id=None, history=said("tool output"), final=False, now=0,
+                previous_response="resp_9", linked_key="t/chain/3@r1")
+    assert (a.session, a.source, a.history) == ("t/chain/3@r1", "response", None)
+    t.finish(a, ok=True, reply=None, now=1, response_id="resp_10")
+    # Its next reply is known here: the same session, without the store.
+    b = start(t, "more output", prev="resp_10", now=2)
+    # Back on this replica after another hop: the store names the session it holds.
+    c = t.start(tenant="t", explicit_id=None, history=None, final=False, now=3,
+                previous_response="resp_11", linked_key="t/chain/3@r1")
+    assert b.session == c.session == a.session
+    sess = t.get(a.session)
+    assert len(t) == 1 and sess is not None and sess.turns == 3
+    # An id known here wins over the store's answer; an explicit id over both.
+    d = t.start(tenant="t", explicit_id=None, history=None, final=False, now=4,
+                previous_response="resp_10", linked_key="t/chain/7@r2")
+    e = t.start(tenant="t", explicit_id="run-1", history=None, final=False, now=5,
+                previous_response="resp_10", linked_key="t/chain/3@r1")
+    assert (d.session, e.session) == (a.session, "t/id/run-1")

@@ -51,6 +51,10 @@ def test_ids_and_keys() -> None:
     assert unscoped_id("abc/chain/3") == "chain/3"
     assert keys_for("abc", "x") == ("abc/id/x",)
     assert keys_for("abc", "chain/3") == ("abc/id/chain/3", "abc/chain/3")
+    # Another replica's session, joined here through a Responses reply id.
+    assert unscoped_id("abc/chain/3@r1") == "chain/3@r1"
+    assert keys_for("abc", "chain/3@r1") == ("abc/id/chain/3@r1", "abc/chain/3@r1")
+    assert keys_for("abc", "chain/x@r1") == ("abc/id/chain/x@r1",)
 
 
 def test_served_span_ends_with_the_last_good_response() -> None:

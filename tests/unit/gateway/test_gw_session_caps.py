@@ -102,3 +102,7 @@ def test_a_continuation_by_response_id_at_the_tenant_cap_is_no_new_session() -> 
     with pytest.raises(SessionRefused):  # in flight, at the cap: a new session is refused
         t.start(tenant="t", explicit_id=None, history=History.of_text("other"), final=False,
                 now=3.0, previous_response="resp_unknown")
+    # Named by the store's reply index (another replica's reply of it): no new session either.
+    c = t.start(tenant="t", explicit_id=None, history=History.of_text("more"), final=False,
+                now=4.0, previous_response="resp_2", linked_key=a.session)
+    assert c.session == a.session and t.tenant_sessions("t") == 1
