@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -99,6 +100,9 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         served_model_name=args.served_model_name,
         kv_events=kv_events,
+        # vLLM's own switch: keep responses for previous_response_id (off: every id is a 404).
+        responses_store=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0").lower()
+        in ("1", "true"),
     )
     try:
         asyncio.run(serve(opts))

@@ -23,6 +23,8 @@ from marsproxy.emulator.kv_events import KVEventsConfig, StartError
 from marsproxy.emulator.messages_http import MessagesHandlers
 from marsproxy.emulator.openai_http import OpenAIHandlers
 from marsproxy.emulator.profiles import get_profile
+from marsproxy.emulator.responses_api import ResponseStore
+from marsproxy.emulator.responses_http import ResponsesHandlers
 from marsproxy.emulator.runner import EngineRunner
 
 VLLM_VERSION = "0.32.0"
@@ -41,6 +43,7 @@ class EmulatorOptions:
     max_model_len: int | None = None
     served_model_name: str | None = None
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config
+    responses_store: bool = False  # vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1
 
 
 RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
@@ -99,7 +102,7 @@ class _Handlers:
 
     async def load(self, request: web.Request) -> web.Response:
         """The generation requests being served, as vLLM's ``/load`` with
-        ``--enable-server-load-tracking`` (chat, completions and Messages)."""
+        ``--enable-server-load-tracking`` (chat, completions, Messages and Responses)."""
         return _json({"server_load": self.runner.server_load})
 
     async def version(self, request: web.Request) -> web.Response:
@@ -133,10 +136,12 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     h = _Handlers(runner)
     gen = OpenAIHandlers(runner)
     msgs = MessagesHandlers(runner)
+    resps = ResponsesHandlers(runner, ResponseStore(enabled=opts.responses_store))
     app.router.add_post("/v1/chat/completions", gen.chat)
     app.router.add_post("/v1/completions", gen.completions)
     app.router.add_post("/v1/messages", msgs.messages)
     app.router.add_post("/v1/messages/count_tokens", msgs.count_tokens)
+    app.router.add_post("/v1/responses", resps.responses)
     app.router.add_get("/v1/models", h.models)
     app.router.add_post("/tokenize", h.tokenize)
     app.router.add_get("/health", h.health)

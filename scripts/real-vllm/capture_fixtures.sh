@@ -23,6 +23,8 @@ mkdir -p "$OUT" "$RAW"
 cleanup() { [ "${KEEP_SERVER:-0}" = "1" ] || "$SCRIPT_DIR/stop.sh" "$PORT" || true; }
 trap cleanup EXIT
 
+# The Responses API keeps responses (previous_response_id) only with this switch.
+export VLLM_ENABLE_RESPONSES_API_STORE=1
 "$SCRIPT_DIR/start.sh" "$MODEL_DIR" "$PORT"
 T0=$(date +%s)
 
@@ -74,6 +76,20 @@ req err404_stream "$RAW/error-404-stream.txt" POST /v1/chat/completions \
 
 req oov "$RAW/error-400-token-id.json" POST /v1/completions \
   "{\"model\":\"$M\",\"prompt\":[5,99999],\"max_tokens\":2}"
+
+echo "== the Responses API (store on)"
+req responses "$OUT/vllm-0.32-responses.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":5,\"temperature\":0}"
+RID=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$OUT/vllm-0.32-responses.json")
+req responses_stream "$OUT/vllm-0.32-responses-stream.txt" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":3,\"temperature\":0,\"stream\":true}"
+req responses_continued "$OUT/vllm-0.32-responses-continued.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Go on.\",\"max_output_tokens\":5,\"temperature\":0,\"previous_response_id\":\"$RID\"}"
+req responses_items "$OUT/vllm-0.32-responses-items.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"instructions\":\"You are terse.\",\"input\":[{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Say hello.\"}]},{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hi.\"}]},{\"role\":\"user\",\"content\":\"Again.\"}],\"max_output_tokens\":4,\"temperature\":0,\"store\":false}"
+req responses_err404 "$OUT/vllm-0.32-responses-error-404.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Go on.\",\"max_output_tokens\":5,\"previous_response_id\":\"resp_nope\"}"
+req responses_err400 "$OUT/vllm-0.32-responses-error-400.json" POST /v1/responses "{\"model\":\"$M\"}"
 
 echo "== priority without --scheduling-policy priority"
 req prio "$RAW/priority-fcfs.json" POST /v1/completions \

@@ -1,0 +1,90 @@
+"""The emulator's ``POST /v1/responses`` (vLLM 0.32's Responses API) over the emulated engine:
+one reply message, streamed as vLLM's event sequence, kept in the store when it is on."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+
+from aiohttp import web
+
+from marsproxy.emulator import responses_api as api
+from marsproxy.emulator.http_util import (
+    SSE_HEADERS,
+    error_response,
+    json_response,
+    pump,
+    read_json,
+    wait_update,
+)
+from marsproxy.emulator.openai_api import ApiError, bad_request
+from marsproxy.emulator.request import FinishedEvent, RequestError
+from marsproxy.emulator.runner import EngineRunner, TokenStream
+from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+
+
+class ResponsesHandlers:
+    def __init__(self, runner: EngineRunner, store: api.ResponseStore) -> None:
+        self.runner, self.store = runner, store
+        self.model = runner.profile.model_name
+        self.block = runner.profile.block_size
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            req = api.parse(await read_json(request), self.model,
+                            self.runner.profile.effective_max_model_len, self.store)
+        except ApiError as exc:
+            return error_response(exc)
+        rid, mid = "resp_" + uuid.uuid4().hex[:16], "msg_" + uuid.uuid4().hex[:16]
+        created = int(time.time())
+        try:
+            stream = self.runner.submit(rid, req.prompt_token_ids, req.max_tokens, False, 0)
+        except RequestError as exc:
+            return error_response(bad_request(str(exc)))
+        self.runner.server_load += 1
+        try:
+            if req.stream:
+                resp = web.StreamResponse(headers=SSE_HEADERS)
+                await resp.prepare(request)
+                with contextlib.suppress(ConnectionResetError):
+                    await self._pump(resp, request, req, rid, mid, created, stream)
+                return resp
+            try:
+                while stream.finished is None:
+                    await wait_update(stream, request)
+            except ConnectionResetError:
+                return web.Response(status=499)  # nobody reads it; the request is aborted below
+            return json_response(self._final(req, rid, mid, created, stream.finished))
+        finally:
+            self.runner.server_load -= 1
+            self.runner.release(rid)
+
+    def _final(self, req: api.ResponsesRequest, rid: str, mid: str, created: int,
+               fin: FinishedEvent) -> dict[str, object]:
+        """The finished response; kept when the store keeps it."""
+        text = filler_text(0, fin.completion_tokens)
+        if req.store:
+            self.store.put(rid, api.Stored(req.messages, text))
+        status = "incomplete" if fin.finish_reason == "length" else "completed"
+        return api.response(rid, created, self.model, req, [api.message_item(mid, text)], status,
+                            api.usage(fin.prompt_tokens, fin.completion_tokens,
+                                      fin.cached_tokens, self.block))
+
+    async def _pump(self, resp: web.StreamResponse, request: web.Request,
+                    req: api.ResponsesRequest, rid: str, mid: str, created: int,
+                    stream: TokenStream) -> None:
+        """``response.created``, ``in_progress``, the item and its part opened, a text delta
+        per token, the text, part and item done, ``response.completed`` with usage."""
+        events = api.Events()
+        start = api.response(rid, created, self.model, req, [], "in_progress", None)
+
+        def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
+            parts = [] if events.seq else events.opening(start, mid)
+            parts.extend(events.delta(mid, filler_chunk(i)) for i in range(sent, avail))
+            if fin is not None:
+                final = self._final(req, rid, mid, created, fin)
+                parts.extend(events.closing(final, mid, filler_text(0, fin.completion_tokens)))
+            return parts, avail
+
+        await pump(resp, request, stream, frames)

@@ -1,0 +1,190 @@
+"""The emulator's ``/v1/responses`` over real sockets, against what real vLLM 0.32 sent
+(``tests/fixtures/vllm-0.32-responses*``): the response object and its fields' order, the
+event sequence, usage with its cache split, the prompt rendered from instructions, items and a
+stored previous response, and the errors (an id the store does not hold is a 404)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from marsproxy.emulator.profiles import get_profile
+from marsproxy.emulator.tokenizer import encode_chat, filler_text
+
+from .sse_events import anthropic_events
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+MODEL = "tiny-emulated"
+StartEmulator = Callable[..., Awaitable[TestServer]]
+BODY = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 5, "temperature": 0}
+
+
+def _keys(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _keys(v) for k, v in obj.items()}
+    if isinstance(obj, list) and obj:
+        return [_keys(obj[0])]
+    return None
+
+
+def _fixture(name: str) -> Any:
+    return json.loads((FIXTURES / f"vllm-0.32-{name}.json").read_text())
+
+
+async def _post(http: aiohttp.ClientSession, server: TestServer,
+                body: Any) -> tuple[int, str, str]:
+    async with http.post(server.make_url("/v1/responses"), json=body) as r:
+        return r.status, r.content_type, await r.text()
+
+
+async def _ok(http: aiohttp.ClientSession, server: TestServer, body: Any) -> dict[str, Any]:
+    status, _, text = await _post(http, server, body)
+    assert status == 200, text
+    return dict(json.loads(text))
+
+
+async def test_non_streaming_matches_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator()
+    real = _fixture("responses")
+    status, ctype, text = await _post(http, server, BODY)
+    assert (status, ctype) == (200, "application/json")
+    mine = json.loads(text)
+    assert _keys(mine) == _keys(real) and list(mine) == list(real)
+    for k in ("usage", "incomplete_details"):
+        assert list(mine[k]) == list(real[k])
+    assert list(mine["output"][0]) == list(real["output"][0])
+    assert mine["output"][0]["content"][0]["text"] == filler_text(0, 5)
+    assert mine["id"].startswith("resp_") and mine["output"][0]["id"].startswith("msg_")
+    assert (mine["status"], mine["max_output_tokens"], mine["tool_choice"]) == (
+        "incomplete", 5, "none")
+    u = mine["usage"]
+    prompt = len(encode_chat([{"role": "user", "content": "Say hello."}]))
+    assert (u["input_tokens"], u["output_tokens"], u["total_tokens"]) == (prompt, 5, prompt + 5)
+    # Without max_output_tokens: the room left in the context, as vLLM reports it.
+    big = await _ok(http, server, {**BODY, "max_output_tokens": None, "input": "hi"})
+    room = get_profile("tiny").effective_max_model_len - big["usage"]["input_tokens"]
+    assert big["max_output_tokens"] == room
+
+
+async def test_streaming_matches_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator()
+    real = anthropic_events((FIXTURES / "vllm-0.32-responses-stream.txt").read_text())
+    status, ctype, text = await _post(http, server, {**BODY, "max_output_tokens": 3,
+                                                      "stream": True})
+    assert (status, ctype) == (200, "text/event-stream")
+    mine = anthropic_events(text)
+    names = [n for n, _ in mine]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * 3,
+                     "response.output_text.done", "response.content_part.done",
+                     "response.output_item.done", "response.completed"]
+    assert [o["sequence_number"] for _, o in mine] == list(range(len(mine)))
+    real_by_name = {n: o for n, o in real}
+    for name, obj in mine:
+        assert _keys(obj) == _keys(real_by_name[name]), name
+        assert list(obj) == list(real_by_name[name]), name
+    by_name = dict(mine)
+    said = "".join(o["delta"] for n, o in mine if n == "response.output_text.delta")
+    assert said == by_name["response.output_text.done"]["text"] == filler_text(0, 3)
+    done = by_name["response.completed"]["response"]
+    assert done["usage"]["output_tokens"] == 3 and done["output"][0]["content"][0]["text"] == said
+    assert by_name["response.created"]["response"]["usage"] is None
+
+
+async def test_a_stored_response_continues_by_its_id_and_others_are_404(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator(responses_store=True)
+    first = await _ok(http, server, BODY)
+    said = first["output"][0]["content"][0]["text"]
+    nxt = await _ok(http, server, {**BODY, "input": "Go on.",
+                                   "previous_response_id": first["id"]})
+    real = _fixture("responses-continued")
+    assert list(nxt) == list(real) and nxt["previous_response_id"] == first["id"]
+    # The prompt is the earlier conversation, then the new input; its prefix is cached.
+    convo = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": said},
+             {"role": "user", "content": "Go on."}]
+    u = nxt["usage"]
+    assert u["input_tokens"] == len(encode_chat(convo))
+    assert u["input_tokens_details"]["cached_tokens"] > 0
+    # Not kept: store false; never made here (another server's, or gone): vLLM's 404.
+    unkept = await _ok(http, server, {**BODY, "store": False})
+    for rid in (unkept["id"], "resp_elsewhere"):
+        status, _, text = await _post(http, server, {**BODY, "previous_response_id": rid})
+        assert status == 404
+        err = json.loads(text)
+        assert _keys(err) == _keys(_fixture("responses-error-404"))
+        assert err["error"]["message"] == f"Response with id '{rid}' not found."
+    # Without the store (vLLM's default) nothing is kept: every id is unknown.
+    plain = await start_emulator()
+    made = await _ok(http, plain, BODY)
+    status, _, _ = await _post(http, plain, {**BODY, "previous_response_id": made["id"]})
+    assert status == 404
+
+
+async def test_instructions_and_items_render_as_vllm_renders_them(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator()
+    items = await _ok(http, server, {**BODY, "instructions": "You are terse.", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                         "text": "Say hello."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                                                              "text": "Hi."}]},
+        {"role": "user", "content": "Again."}]})
+    assert list(items) == list(_fixture("responses-items"))
+    assert items["instructions"] == "You are terse."
+    assert items["usage"]["input_tokens"] == len(encode_chat([
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."}]))
+    # A tool call and its output: the assistant's tool_calls, then a tool message.
+    call = {"type": "function_call", "call_id": "c1", "name": "run",
+            "arguments": '{"command":"ls"}'}
+    tool = {"type": "function", "name": "run", "parameters": {"type": "object"}}
+    called = await _ok(http, server, {**BODY, "tools": [tool], "input": [
+        {"type": "message", "role": "user", "content": "run ls"}, call,
+        {"type": "function_call_output", "call_id": "c1", "output": "a.py"}]})
+    assert called["usage"]["input_tokens"] == len(encode_chat([
+        {"role": "user", "content": "run ls"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "run", "arguments": '{"command":"ls"}'}}]},
+        {"role": "tool", "content": "a.py", "tool_call_id": "c1"}]))
+    assert called["tool_choice"] == "auto" and called["tools"][0]["name"] == "run"
+    assert called["tools"][0]["strict"] is None  # every field of vLLM's tool model
+
+
+async def test_bad_requests_get_vllms_errors(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator(max_model_len=4096)
+    status, _, text = await _post(http, server, {"model": MODEL})
+    real = _fixture("responses-error-400")
+    assert status == 400 and _keys(json.loads(text)) == _keys(real)
+    err = json.loads(text)["error"]
+    assert (err["type"], err["param"]) == (real["error"]["type"], real["error"]["param"])
+    assert "'loc': 'body.input', 'msg': 'Field required'" in err["message"]
+    cases = [
+        ({**BODY, "model": "nope"}, 404, "model", "The model `nope` does not exist."),
+        ({**BODY, "max_output_tokens": 5000}, 400, "max_output_tokens",
+         "max_output_tokens=5000 cannot be greater than max_model_len=4096."),
+        ({**BODY, "input": "word " * 5000}, 400, "input_tokens",
+         "This model's maximum context length is 4096 tokens."),
+        ({**BODY, "max_output_tokens": 0}, 400, "max_tokens", "max_tokens must be at least 1"),
+        ({**BODY, "input": [{"type": "bogus"}]}, 400, "body.input",
+         "Unsupported input item type: bogus"),
+    ]
+    for body, code, param, message in cases:
+        status, _, text = await _post(http, server, body)
+        assert status == code, text
+        err = json.loads(text)["error"]
+        assert err["param"] == param, text
+        assert message in err["message"], text
