@@ -67,10 +67,11 @@ def start_vllm() -> StartVllm:
 @pytest.fixture(scope="session")
 def vllm_dev(start_vllm: StartVllm) -> Iterator[str]:
     """One server for every module that can share it: ``--scheduling-policy priority``,
-    ``--enable-prompt-tokens-details`` (cached tokens in usage) and the dev routes
-    (``VLLM_SERVER_DEV_MODE``: ``/reset_prefix_cache``)."""
-    with start_vllm("priority", "--enable-prompt-tokens-details",
-                    VLLM_SERVER_DEV_MODE="1") as url:
+    ``--enable-prompt-tokens-details`` (cached tokens in usage), the dev routes
+    (``VLLM_SERVER_DEV_MODE``: ``/reset_prefix_cache``) and the Responses API's store
+    (``previous_response_id``)."""
+    with start_vllm("priority", "--enable-prompt-tokens-details", VLLM_SERVER_DEV_MODE="1",
+                    VLLM_ENABLE_RESPONSES_API_STORE="1") as url:
         yield url
 
 
