@@ -10,25 +10,23 @@ than its effective limit; a shrinking window evicts nobody; continuations are ne
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 
 from marsproxy.aimd.config import AdmissionConfig, PlacementConfig
 from marsproxy.aimd.controller import AimdController
+from marsproxy.aimd.decisions import Actions, Decision, DecisionKind, Expiry
 from marsproxy.aimd.fit import DEFAULT_BLOCK_SIZE, WorkerFit, WorkerSignals
 from marsproxy.aimd.gauge import GaugeLag
 from marsproxy.aimd.overlap import OverlapTracker
 from marsproxy.aimd.peak import PeakForecast
 from marsproxy.aimd.prefix import PrefixBook, prefer_prefix
-from marsproxy.aimd.queue import Admission, AdmissionQueue, QueueEntry
+from marsproxy.aimd.queue import Admission, AdmissionQueue
 from marsproxy.aimd.yields import Yields
 from marsproxy.core.events import (
-    Event,
     Rejected,
     SessionAdmitted,
     SessionEnd,
     SessionQueued,
-    WindowChange,
 )
 from marsproxy.core.kv import PromptEstimator, blocks_for_tokens, fits, reprefill_seconds
 from marsproxy.core.lifecycle import SessionLifecycle
@@ -36,43 +34,6 @@ from marsproxy.core.session_record import RAN_ITS_COURSE, EndReason, SessionStat
 
 # WorkerSignals is the core's input: importable from here with the core that reads it.
 __all__ = ["Actions", "AdmissionCore", "Decision", "DecisionKind", "Expiry", "WorkerSignals"]
-
-
-class DecisionKind(StrEnum):
-    ADMITTED = "admitted"
-    WAIT = "wait"
-    REJECT = "reject"
-
-
-@dataclass(frozen=True, slots=True)
-class Expiry:
-    """A waiting request that must be answered with an error now."""
-
-    session: str
-    status: int
-    retry_after_s: int
-    reason: str
-
-
-@dataclass(slots=True)
-class Actions:
-    admitted: list[Admission] = field(default_factory=list)  # wake: their requests go there
-    expired: list[Expiry] = field(default_factory=list)
-    ended: list[tuple[str, EndReason]] = field(default_factory=list)
-    window_changes: list[WindowChange] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)  # to publish, in order (window too)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    kind: DecisionKind
-    worker: str | None = None
-    status: int = 0
-    retry_after_s: int | None = None
-    reason: str = ""
-    idle: bool = False  # admitted past the limit onto an idle worker (tuning.idle_admit)
-    actions: Actions = field(default_factory=Actions)  # events, others admitted in its pass
-    entry: QueueEntry | None = None  # admitted: as which queue entry (tenant, class, lane)
 
 
 class AdmissionCore(WorkerFit):
@@ -99,6 +60,7 @@ class AdmissionCore(WorkerFit):
         self.gauge = GaugeLag(self.workers)  # what the free-block gauge cannot show yet
         self.placement = placement or PlacementConfig()
         self.prefixes = PrefixBook(self.placement)  # waiting sessions' resident prefixes
+        self._bound: dict[str, str] = {}  # session → the only worker it may go to
         if self.placement.policy == "prefix":
             self.queue.waits = self.prefixes.waits
 
@@ -106,10 +68,13 @@ class AdmissionCore(WorkerFit):
     def on_request(
         self, now: float, session: str, tenant: str, est_tokens: int, *, final: bool = False,
         cls: str | None = None, prefix: Mapping[str, int] | None = None, child: bool = False,
+        bound: str | None = None,
     ) -> Decision:
         """A request arrives: serve it now, hold it, or reject it; ``cls``: a new session's
         class (``None``: the default); ``prefix``: its prompt's resident tokens per indexed
-        worker (placement); ``child``: its parent is admitted (the children's lane, first)."""
+        worker (placement); ``child``: its parent is admitted (the children's lane, first);
+        ``bound``: the only worker a new session may go to (it continues a reply kept there:
+        no prefix placement, no relocation)."""
         rec = self.sessions.get(session)
         if rec is not None and rec.state is SessionState.ADMITTED:
             self.sessions.request(now, session, final)
@@ -120,11 +85,13 @@ class AdmissionCore(WorkerFit):
         if rec is not None:
             self.sessions.add_waiter(session, final)
             return Decision(DecisionKind.WAIT, reason="queued")
+        if bound is not None:
+            self._bound[session] = bound
         if not self.cfg.enabled:
             return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
-        self.prefixes.note(session, prefix)
+        self.prefixes.note(session, None if bound is not None else prefix)
         entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child,
-                                 grows=self._grows(tenant))
+                                 grows=self._grows(tenant), bound=bound)
         # Nothing waits (every new session at light load): the pass's decision without its
         # lanes (AdmissionQueue.admit_alone), where its waiting would change no view.
         alone = not len(self.queue) and self.yields.single_tenant(tenant)
@@ -186,6 +153,8 @@ class AdmissionCore(WorkerFit):
             return None
         if rec.turns > rec.in_flight or not self.gauge.is_promised(session):
             return None  # it was served there already: its prefix lives on that worker
+        if session in self._bound:
+            return None  # only its worker knows the reply it continues
         best: tuple[int, str] | None = None
         for v in self._views():
             if v.name == rec.worker or v.name not in candidates or not v.placeable:
@@ -369,6 +338,8 @@ class AdmissionCore(WorkerFit):
         # alone gates: a worker not read yet (just started) takes its share of a burst at once.
         names = [w for w in self.workers if self._signals[w].healthy]
         worker = min(names or self.workers, key=self.sessions.spread_key)
+        if self._bound.get(session) in names:
+            worker, prefix = self._bound[session], None
         if prefix:
             views = [v for v in self._views() if v.name in names] or self._views()
             worker = prefer_prefix(self.placement, views, prefix, worker, est_tokens,
@@ -383,6 +354,7 @@ class AdmissionCore(WorkerFit):
 
     def _end(self, now: float, session: str, reason: EndReason, actions: Actions) -> bool:
         rec = self.sessions.end(now, session, reason)
+        self._bound.pop(session, None)
         self.gauge.settle(session)
         self.queue.forget(session)
         self.prefixes.forget(session)

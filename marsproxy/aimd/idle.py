@@ -33,7 +33,8 @@ def idle_admits(
         if r.view.name in busy:
             continue
         for e in waiting:
-            if e.long and r.long_admitted >= tuning.max_long_in_flight:
+            if (e.long and r.long_admitted >= tuning.max_long_in_flight) or (
+                    e.bound is not None and e.bound != r.view.name):
                 continue
             if fits(blocks_for_tokens(e.est_tokens, r.view.block_size),
                     r.view.free_budget_blocks):

@@ -49,6 +49,9 @@ class QueueEntry:
     grows: bool = True
     """Forecast to grow by the learnt growth (false: its tenant's sessions are known not to
     return, ``core/returns.py``): not fitted (``Room.budget_of``)."""
+    bound: str | None = None
+    """The only worker it may go to: it continues a reply that worker keeps (a Responses
+    ``previous_response_id``), any other would not know it."""
 
 
 def _deadline_key(e: QueueEntry) -> tuple[float, float, int]:

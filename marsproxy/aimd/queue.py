@@ -74,14 +74,14 @@ class AdmissionQueue:
     # -- membership -------------------------------------------------------------------------
     def entry(
         self, session: str, tenant: str, now: float, est_tokens: int, cls: str | None = None,
-        *, child: bool = False, grows: bool = True,
+        *, child: bool = False, grows: bool = True, bound: str | None = None,
     ) -> QueueEntry:
         """A new entry of class ``cls`` (``None`` or unknown: the default) with its class's
-        deadline; ``child``: a child of an admitted parent (the children's lane, first)."""
+        deadline; ``child``: of an admitted parent (its lane first); ``bound``: its only worker."""
         c = cls if cls in self.classes.order else self.classes.default
         deadline = self.classes.deadline_s(c, self.cfg.queue_deadline_s)
         return QueueEntry(session, tenant, now, est_tokens, now + deadline, cls=c, child=child,
-                          long=self._is_long(est_tokens), grows=grows)
+                          long=self._is_long(est_tokens), grows=grows, bound=bound)
 
     def _is_long(self, est_tokens: int) -> bool:  # set by entry() and by push
         return est_tokens > self.cfg.tuning.long_prompt_tokens
@@ -123,7 +123,7 @@ class AdmissionQueue:
             room, _ = self._place(entry, rooms, shorts_wait)
         forced = room is None
         if room is None:  # _no_deadlock's rule
-            empty = _empty(rooms)
+            empty = _empty(rooms, entry)
             if not empty:
                 return None
             room = max(empty, key=Room.rank)
@@ -354,8 +354,8 @@ class AdmissionQueue:
     def _no_deadlock(self, rooms: list[Room]) -> list[Admission]:
         # A worker holding no session takes the oldest, fitting or not: a prompt above the KV
         # reserve would wait forever, and nothing admitted there needs the room.
-        empty = _empty(rooms)
         oldest = self._index.oldest()
+        empty = [] if oldest is None else _empty(rooms, oldest)
         if not empty or oldest is None:
             return []
         return [Admission(oldest, max(empty, key=Room.rank).view.name, forced=True)]
@@ -395,5 +395,6 @@ def _taken(e: QueueEntry, room: Room, rooms: list[Room], tally: Tally, out: list
     out.append(Admission(e, room.view.name))
 
 
-def _empty(rooms: list[Room]) -> list[Room]:  # a free slot, and no session admitted there
-    return [r for r in rooms if r.slots > 0 and r.view.admitted == 0]
+def _empty(rooms: list[Room], e: QueueEntry) -> list[Room]:  # free, nobody admitted, e may go
+    return [r for r in rooms if r.slots > 0 and r.view.admitted == 0
+            and (e.bound is None or r.view.name == e.bound)]

@@ -169,7 +169,7 @@ def place(e: QueueEntry, rooms: list[Room], shorts_wait: bool, *, protected: boo
     best: Room | None = None
     capped = False
     for r in rooms:
-        if r.slots <= 0:
+        if r.slots <= 0 or (e.bound is not None and r.view.name != e.bound):
             continue
         blocks = blocks_for_tokens(e.est_tokens, r.view.block_size)
         budget = r.budget_of(protected, e.grows)

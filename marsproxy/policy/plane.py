@@ -120,13 +120,13 @@ class ControlPlane:
     def request(
         self, now: float, key: str, tenant: str, *, chars: int = 0, tokens: int | None = None,
         final: bool = False, cls: str | None = None, prefix: Mapping[str, int] | None = None,
-        parent: str | None = None, parent_elsewhere: bool = False,
+        parent: str | None = None, parent_elsewhere: bool = False, bound: str | None = None,
     ) -> Answer:
         """A request of ``key`` arrives: serve it, hold it, or refuse it. ``tokens``: its
         prompt's size (else estimated from ``chars``); ``cls``: a new session's class;
         ``prefix``: its prompt's resident tokens per indexed worker (prefix placement);
         ``parent``: a new one's parent (agent trees), ``parent_elsewhere``: admitted on
-        another replica (its record is in the store): a child all the same."""
+        another replica: a child all the same; ``bound``: a new one's only worker."""
         core = self.admission
         self.answers.arrived(key, now)
         child = parent is not None and self.cfg.sessions.trees and (
@@ -136,7 +136,7 @@ class ControlPlane:
         self._ledger()
         est = tokens if tokens is not None else self.estimator.estimate(key, chars)
         d = core.on_request(now, key, tenant, est, final=final, cls=cls, prefix=prefix,
-                            child=child)
+                            child=child, bound=bound)
         out = Outcome()
         self._absorb(now, d.actions, out)  # others admitted in the same pass go first
         if d.kind is DecisionKind.WAIT:

@@ -175,12 +175,12 @@ class WindowStore(Protocol):
 
     async def delete_session(self, key: str) -> None: ...
 
-    async def save_reply(self, reply: str, session: str) -> None:
-        """Remember for ``session_ttl_s`` that the reply ``reply`` (``reply_key``) is the store
-        key ``session``'s: a next call naming it may reach another replica."""
+    async def save_reply(self, reply: str, entry: str) -> None:
+        """Keep ``entry`` (which session got the reply, from which worker) under the reply's
+        ``reply_key`` for ``session_ttl_s``: a next call naming it may reach another replica."""
 
     async def load_reply(self, reply: str) -> str | None:
-        """The store key of the session whose reply that was (``None``: not known)."""
+        """The entry kept for the reply (``None``: not known)."""
 
 
 class WakeupHub:

@@ -50,7 +50,7 @@ class MemoryState:
     order: list[tuple[float, str]] = field(default_factory=list)  # sorted like a Redis ZSET
     replicas: dict[str, int] = field(default_factory=dict)  # replica → heartbeat expiry_ms
     sessions: dict[str, tuple[int, str]] = field(default_factory=dict)  # key → (expiry, json)
-    replies: dict[str, tuple[int, str]] = field(default_factory=dict)  # reply → (expiry, key)
+    replies: dict[str, tuple[int, str]] = field(default_factory=dict)  # reply → (expiry, entry)
     tenants: dict[str, float] = field(default_factory=dict)  # tenant → virtual token counter
     hub: WakeupHub = field(default_factory=WakeupHub)
 
@@ -361,13 +361,13 @@ class MemoryStore:
     async def delete_session(self, key: str) -> None:
         self._s.sessions.pop(key, None)
 
-    async def save_reply(self, reply: str, session: str) -> None:
+    async def save_reply(self, reply: str, entry: str) -> None:
         now, replies = self._clock(), self._s.replies
         # One TTL for all: the oldest expire first, so the expired are pruned from the front.
         while replies and next(iter(replies.values()))[0] <= now:
             del replies[next(iter(replies))]
         replies.pop(reply, None)
-        replies[reply] = (now + round(self._cfg.session_ttl_s * 1000), session)
+        replies[reply] = (now + round(self._cfg.session_ttl_s * 1000), entry)
 
     async def load_reply(self, reply: str) -> str | None:
         hit = self._s.replies.get(reply)

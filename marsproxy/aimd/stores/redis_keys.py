@@ -63,7 +63,7 @@ class Keys:
         return f"{self.base}sess:{key}"
 
     def reply(self, reply: str) -> str:
-        """A reply id's (``reply_key``) session, for a next call that names it elsewhere."""
+        """A reply id's (``reply_key``) session and worker, for a next call naming it elsewhere."""
         return f"{self.base}reply:{reply}"
 
     def saved(self, key: str, worker: str) -> list[str]:

@@ -132,11 +132,11 @@ class RedisRecords:
         self.deleted.add(key)
         self.gen += 1
 
-    async def save_reply(self, reply: str, session: str) -> None:
+    async def save_reply(self, reply: str, entry: str) -> None:
         # Not mirrored: this replica knows its own replies; while Redis is away, others don't.
         if self.link.up:
             try:
-                await self.link.io(self.redis.set(self.keys.reply(reply), session,
+                await self.link.io(self.redis.set(self.keys.reply(reply), entry,
                                                   px=self.session_ms))
             except FAILURES as exc:
                 self.link.fail(exc)

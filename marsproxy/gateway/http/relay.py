@@ -48,6 +48,7 @@ from marsproxy.gateway.shells.admission_types import Refused
 from marsproxy.gateway.shells.kv_events import sets_session_id
 from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
+from marsproxy.gateway.shells.replicas import ReplyLink
 from marsproxy.gateway.shells.scheduler import Prepared, Rerouted
 from marsproxy.gateway.shells.service import Gateway
 from marsproxy.gateway.shells.sessions import SessionRefused
@@ -155,12 +156,13 @@ class Relay:
         history = (history_of(route, body.obj)
                    if explicit is None and cfg.sessions.chain_matching else None)
         prev = None if explicit else previous_response_id(route, body.obj)
+        found = None if prev is None else await gw.reply_session(tenant, prev)
         try:
             turn = gw.sessions.start(
                 tenant=tenant, explicit_id=explicit.value if explicit else None,
                 explicit_source=explicit.source if explicit else "header",
                 history=history, final=final, now=gw.now(), previous_response=prev,
-                linked_key=None if prev is None else await gw.reply_session(tenant, prev))
+                linked_key=None if found is None else found.key)
         except SessionRefused as exc:  # bad session id, or the tenant's session cap
             return error(clock, out, exc.status, exc.code, exc.message)
         out.session, out.turn_ref = turn.session, turn
@@ -175,7 +177,7 @@ class Relay:
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
             parent_key = None if parent is None else f"{tenant}/id/{parent}"
             refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix,
-                                        parent_key, turn.source == "response")
+                                        parent_key, gw.reply_link(turn, found))
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk
@@ -225,14 +227,14 @@ class Relay:
 
     async def _admit(
         self, turn: Turn, tenant: str, raw: bytes, final: bool, clock: Clock, out: Outcome,
-        cls: str, prefix: dict[str, int] | None, parent: str | None, by_reply: bool,
+        cls: str, prefix: dict[str, int] | None, parent: str | None, reply: ReplyLink | None,
     ) -> web.Response | None:
         """Admission: go on (None), after waiting if the window is full, or the refusal."""
         gw = self.gw
         t, chars = time.perf_counter(), len(raw)
         try:
             verdict = await gw.admit(turn.session, tenant, chars, final, raw, cls=cls,
-                                     prefix=prefix, parent=parent, by_reply=by_reply)
+                                     prefix=prefix, parent=parent, reply=reply)
         except BaseException:  # the client left while its request was held
             clock.held_s += time.perf_counter() - t
             raise

@@ -45,7 +45,7 @@ from marsproxy.gateway.shells.deadlines import Alarm
 from marsproxy.gateway.shells.held import HeldRequests
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
-from marsproxy.gateway.shells.replicas import Replicas
+from marsproxy.gateway.shells.replicas import Replicas, ReplyLink
 from marsproxy.gateway.shells.telemetry import Telemetry
 from marsproxy.policy.observe import WorkerObservation
 from marsproxy.policy.plane import ControlPlane, Outcome
@@ -214,20 +214,21 @@ class AdmissionShell(StoreConfirmations):
         self, key: str, tenant: str, chars: int, final: bool, body: bytes | None = None,
         tokens: int | None = None, cls: str | None = None,
         prefix: dict[str, int] | None = None, parent: str | None = None,
-        by_reply: bool = False,
+        reply: ReplyLink | None = None,
     ) -> Verdict:
         """Admit a request of session ``key`` now, hold it until admitted, or refuse it.
 
         ``body`` (the raw request) is only read to count a new session's first prompt with
         ``/tokenize`` when ``admission.tokenize`` is on; ``tokens``: its size when known;
         ``cls``: its service class (the x-session-class header's, or the tenant's);
-        ``by_reply``: it names a reply id of the session (another replica may hold it).
+        ``reply``: the reply it continues (another replica may hold its session; only the
+        reply's worker keeps it).
         """
         core = self.core
         if core.sessions.get(key) is None:
             if self._store_calls:  # the id's ended session leaves the store before it is read
                 await self._key_settled(self.replicas.store_key(key))
-            adopted = await self.replicas.adopt(key, tenant, chars, final, by_reply)
+            adopted = await self.replicas.adopt(key, tenant, chars, final, reply is not None)
             if adopted is not None:
                 return Granted(adopted, 0.0, self.plane.incarnation(key))
             if body is not None and self.acfg.tokenize:
@@ -242,7 +243,8 @@ class AdmissionShell(StoreConfirmations):
             await self._carry(self._plane_tick())
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
                                  final=final, cls=cls, prefix=prefix, parent=parent,
-                                 parent_elsewhere=elsewhere)
+                                 parent_elsewhere=elsewhere,
+                                 bound=None if reply is None else reply.worker)
         self._arm()  # it may wait for a hold's end
         if ans.kind is DecisionKind.REJECT:
             await self._carry(ans.outcome)

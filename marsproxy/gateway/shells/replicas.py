@@ -11,8 +11,10 @@ never adopted.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from marsproxy.aimd.stores import WindowStore, wall_clock_ms
@@ -21,6 +23,15 @@ from marsproxy.policy.plane import ControlPlane
 from marsproxy.probes.tool_phases import ToolPhaseTracker
 
 log = logging.getLogger("marsproxy.gateway.shells.admission")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyLink:
+    """A request continues a reply (``previous_response_id``): the session that got it (this
+    replica's key) and the worker that made it, the only one that keeps it (``None``: unknown)."""
+
+    key: str
+    worker: str | None
 
 
 class Replicas:
@@ -162,21 +173,34 @@ class Replicas:
         log.debug("adopted session %s on %s from replica %s", key, worker, rec.get("replica"))
         return str(worker)
 
-    def publish_reply(self, tenant: str, response_id: str, key: str) -> None:
-        """``key``'s call got the reply ``response_id``: a next call naming it may reach
-        another replica, which finds the session by it (in the key's store-call order)."""
+    def publish_reply(self, tenant: str, response_id: str, key: str, worker: str) -> None:
+        """``key``'s call got the reply ``response_id`` from ``worker``: a next call naming it
+        may reach another replica, which finds the session and the worker by it (sent in the
+        key's store-call order)."""
         if not self.on:
             return
         skey, reply = self.store_key(key), reply_key(tenant, response_id)
-        self._in_key_order(skey, lambda: self.store.save_reply(reply, skey))
+        value = json.dumps({"session": skey, "worker": worker}, separators=(",", ":"))
+        self._in_key_order(skey, lambda: self.store.save_reply(reply, value))
 
-    async def reply_session(self, tenant: str, response_id: str) -> str | None:
+    async def reply_session(self, tenant: str, response_id: str) -> ReplyLink | None:
         """The session (this replica's key for it) whose call got ``response_id`` on any
-        replica, as the store knows it (``None``: not known, or one replica)."""
+        replica and the worker that made it, as the store knows them (``None``: not known, or
+        one replica)."""
         if not self.on:
             return None
-        skey = await self.store.load_reply(reply_key(tenant, response_id))
-        return None if skey is None else self.core_key(skey)
+        raw = await self.store.load_reply(reply_key(tenant, response_id))
+        if raw is None:
+            return None
+        try:
+            rec = json.loads(raw)
+            worker = rec.get("worker")
+            return ReplyLink(self.core_key(str(rec["session"])),
+                             worker if isinstance(worker, str) else None)
+        except (ValueError, KeyError, AttributeError):  # not an entry this version writes
+            log.warning("reply entry %r in the store is not readable; the call is placed as"
+                        " a new session's", raw[:200])
+            return None
 
     async def end_elsewhere(self, key: str) -> bool:
         """``DELETE`` of a session this replica does not hold: end it in the store, wherever

@@ -32,6 +32,7 @@ from marsproxy.gateway.shells.kv_events import KVEventsShell
 from marsproxy.gateway.shells.kv_use import KVUse
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
+from marsproxy.gateway.shells.replicas import ReplyLink
 from marsproxy.gateway.shells.scheduler import Prepared, SchedulerShell
 from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
 from marsproxy.gateway.shells.telemetry import Telemetry
@@ -192,16 +193,17 @@ class Gateway:
     async def admit(self, key: str, tenant: str, chars: int, final: bool,
                     body: bytes | None = None, tokens: int | None = None,
                     cls: str | None = None, prefix: dict[str, int] | None = None,
-                    parent: str | None = None, by_reply: bool = False) -> Verdict:
+                    parent: str | None = None, reply: ReplyLink | None = None) -> Verdict:
         """The worker for a request of ``key`` (held until admitted), or its refusal;
         ``prefix``: its prompt's resident prefix per indexed worker (prefix placement);
-        ``parent``: the session a new one names as its parent (agent trees); ``by_reply``: it
-        names a reply id of the session."""
+        ``parent``: the session a new one names as its parent (agent trees); ``reply``: the
+        reply it continues (:meth:`reply_link`)."""
         if self.admission is not None:
             return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
-                                              prefix, parent, by_reply)
+                                              prefix, parent, reply)
         ans = self.plane.request(self.now(), key, tenant, chars=chars, tokens=tokens,
-                                 final=final, cls=cls, prefix=prefix, parent=parent)
+                                 final=final, cls=cls, prefix=prefix, parent=parent,
+                                 bound=None if reply is None else reply.worker)
         if ans.kind is DecisionKind.ADMITTED and ans.worker is not None:
             return Granted(ans.worker, 0.0, ans.incarnation)
         return Refused(503, "no_healthy_worker", 1, "no worker to place the session on")
@@ -239,22 +241,37 @@ class Gateway:
             tel.publish_tools(tel.tracker.request_started(turn.session, tel.wall()))
         return sess.turns
 
-    async def reply_session(self, tenant: str, response_id: str) -> str | None:
+    async def reply_session(self, tenant: str, response_id: str) -> ReplyLink | None:
         """The session another replica relayed ``response_id`` for, where this one does not
         know the id (``None``: known here, unknown everywhere, or one replica)."""
         if self.admission is None or self.sessions.of_response(tenant, response_id) is not None:
             return None
         return await self.admission.replicas.reply_session(tenant, response_id)
 
+    def reply_link(self, turn: Turn, found: ReplyLink | None) -> ReplyLink | None:
+        """What admission needs of a request continuing a reply (``None``: it continues none):
+        its worker, the only one that keeps the reply, where known and healthy (the one that
+        served the session here last, else the store's)."""
+        if turn.source != "response":
+            return None
+        url = self.placement.worker_of(turn.session)
+        worker = (self.workers[url].label if url is not None
+                  else None if found is None else found.worker)
+        healthy = worker is not None and any(
+            w.label == worker and self.health.is_healthy(u) for u, w in self.workers.items())
+        return ReplyLink(turn.session, worker if healthy else None)
+
     def turn_finished(self, turn: Turn, *, ok: bool, reply: Reply | None,
                       response_id: str | None) -> None:
         """The session table learns how ``turn`` ended; a Responses reply id it may be
-        continued from is published for the other replicas."""
+        continued from is published for the other replicas, with the worker that made it."""
         sess = self.sessions.of(turn)
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        if ok and response_id and not turn.final and sess is not None and (
+        url = self.placement.worker_of(turn.session)
+        if ok and response_id and not turn.final and sess is not None and url is not None and (
                 self.admission is not None):
-            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session)
+            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session,
+                                                  self.workers[url].label)
 
     def response_ended(self, turn: Turn) -> None:
         """A response ended well and the session goes on: its tool phase begins (inferred)."""

@@ -4,6 +4,7 @@ with no session header, must stay on the worker that made the id: one session, o
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -133,7 +134,8 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
              "op_timeout_s": 2.0, "reconnect_interval_s": 0.2}
     # Replica b already serves a session on w0: a new session there would go to w1 (the
     # least loaded), wherever the chain's first reply was made.
-    g = [await gateway(config([w.url for w in two], store=store)) for _ in range(2)]
+    g = [await gateway(config([w.url for w in two], store=store,
+                              admission={"idle_timeout_min_s": 0.5})) for _ in range(3)]
     try:
         async with http.post(url(g[1], "/v1/chat/completions"), headers={"x-session-id": "busy"},
                              json={"model": "fake",
@@ -145,17 +147,62 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
                 "model": "fake", "input": f"tool output {turn}",
                 "previous_response_id": ids[-1], "stream": turn == 2}))
         states = []
-        for gi in g:
+        for gi in g[:2]:
             async with http.get(url(gi, "/mars/v1/state?sessions=1")) as r:
                 states.append(await r.json())
+        # The session idles out (its lease and record go); a third replica that never saw it
+        # learns the worker from the store's reply entry, while least-loaded placement would
+        # pick the other one (a session of its own takes w0 when the chain's worker is w0).
+        await asyncio.sleep(1.5)
+        maker = next(w for w in two if ids[0] in w.made)
+        if maker is two[0]:
+            async with http.post(url(g[2], "/v1/chat/completions"),
+                                 headers={"x-session-id": "c-busy"}, json={
+                                     "model": "fake",
+                                     "messages": [{"role": "user", "content": "hi"}]}) as r:
+                assert r.status == 200
+        ids.append(await _call(http, g[2], {"model": "fake", "input": "later",
+                                            "previous_response_id": ids[-1]}))
     finally:
         for gi in g:
             await gi.stop()
-    maker = next(w for w in two if ids[0] in w.made)
     assert all(i in maker.made for i in ids), (ids, maker.made)
     responses = [s for w in two for s in w.seen if s.path_qs == "/v1/responses"]
-    assert len(responses) == len(maker.made) == 5
+    assert len(responses) == len(maker.made) == 6
     # One session: a's own (its turns 1, 3, 5), and b's copy of it under a's store key.
     a, b = ([d for d in st["sessions"]["details"] if d["id"] != "busy"] for st in states)
     assert [(d["id"], d["turns"]) for d in a] == [("chain/1", 3)], a
     assert len(b) == 1 and b[0]["id"].startswith("chain/1@") and b[0]["turns"] == 2, b
+
+
+async def test_a_chain_whose_session_ended_goes_back_to_the_worker_keeping_its_reply(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """The user reads the answer longer than the admission idle timeout: the session ends
+    (its slot goes back) while the table still knows the reply id. The next call is a new
+    admission, yet only the worker that made the reply keeps it: it goes there, not to the
+    least loaded worker."""
+    g = await gateway(config([w.url for w in two], admission={"idle_timeout_min_s": 0.3}))
+    try:
+        async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": "busy"},
+                             json={"model": "fake",
+                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status == 200
+        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        # The busy one ends, the chain's session idles out: both workers are empty, and the
+        # least loaded in worker order is not the one that made the reply.
+        async with http.delete(url(g, "/mars/v1/sessions/busy")) as r:
+            assert r.status == 200
+        await asyncio.sleep(1.0)
+        async with http.get(url(g, "/mars/v1/state")) as r:
+            rows = (await r.json())["admission"]["workers"].values()
+        assert [row["admitted"] for row in rows] == [0, 0]
+        second = await _call(http, g, {"model": "fake", "input": "and the tests?",
+                                       "previous_response_id": first})
+        third = await _call(http, g, {"model": "fake", "input": "done",
+                                      "previous_response_id": second})
+    finally:
+        await g.stop()
+    maker = next(w for w in two if first in w.made)
+    assert maker is two[1]  # the busy session had w0
+    assert [second in maker.made, third in maker.made] == [True, True]
