@@ -206,3 +206,39 @@ async def test_a_chain_whose_session_ended_goes_back_to_the_worker_keeping_its_r
     maker = next(w for w in two if first in w.made)
     assert maker is two[1]  # the busy session had w0
     assert [second in maker.made, third in maker.made] == [True, True]
+
+
+async def test_a_hung_store_costs_a_reply_lookup_its_timeout_not_the_request(
+    two: list[StoringWorker], http: aiohttp.ClientSession, private_redis: Any
+) -> None:
+    """Redis stops answering (SIGSTOP): a replica asked for a reply id it does not know waits
+    at most the store's op timeout for the lookup, then places the call as a new session's (the
+    documented degradation: vLLM answers it as it would without the proxy's link), and the
+    replica that knows the id serves its chain on as before."""
+    store = {"backend": "redis", "redis_url": private_redis.url, "pool": "hung",
+             "lease_ttl_s": 5.0, "heartbeat_interval_s": 0.2, "leader_ttl_s": 1.0,
+             "op_timeout_s": 0.3, "reconnect_interval_s": 0.2}
+    g = [await gateway(config([w.url for w in two], store=store)) for _ in range(2)]
+    try:
+        first = await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})
+        private_redis.pause()
+        try:
+            t0 = asyncio.get_running_loop().time()
+            async with http.post(url(g[1], "/v1/responses"), json={
+                    "model": "fake", "input": "go on", "previous_response_id": first}) as r:
+                status = r.status
+                body = await r.json()
+            waited = asyncio.get_running_loop().time() - t0
+            # Answered by a worker: the one that made the id, or vLLM's 404 from the other.
+            assert status == 200 or body["error"]["message"] == (
+                f"Response with id '{first}' not found."), body
+            assert waited < 5.0
+            second = await asyncio.wait_for(_call(http, g[0], {
+                "model": "fake", "input": "go on", "previous_response_id": first}), 5.0)
+        finally:
+            private_redis.resume()
+    finally:
+        for gi in g:
+            await gi.stop()
+    maker = next(w for w in two if first in w.made)
+    assert second in maker.made
