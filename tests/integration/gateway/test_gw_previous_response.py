@@ -153,7 +153,15 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
         # The session idles out (its lease and record go); a third replica that never saw it
         # learns the worker from the store's reply entry, while least-loaded placement would
         # pick the other one (a session of its own takes w0 when the chain's worker is w0).
-        await asyncio.sleep(1.5)
+        for _ in range(200):  # up to 10 s: a bounded poll for the idle end on a and b
+            ended = True
+            for gi in g[:2]:
+                async with http.get(url(gi, "/mars/v1/state")) as r:
+                    rows = (await r.json())["admission"]["workers"].values()
+                ended = ended and all(row["sessions"] == [] for row in rows)
+            if ended:
+                break
+            await asyncio.sleep(0.05)
         maker = next(w for w in two if ids[0] in w.made)
         if maker is two[0]:
             async with http.post(url(g[2], "/v1/chat/completions"),
@@ -193,9 +201,12 @@ async def test_a_chain_whose_session_ended_goes_back_to_the_worker_keeping_its_r
         # least loaded in worker order is not the one that made the reply.
         async with http.delete(url(g, "/mars/v1/sessions/busy")) as r:
             assert r.status == 200
-        await asyncio.sleep(1.0)
-        async with http.get(url(g, "/mars/v1/state")) as r:
-            rows = (await r.json())["admission"]["workers"].values()
+        for _ in range(200):  # up to 10 s: a bounded poll
+            async with http.get(url(g, "/mars/v1/state")) as r:
+                rows = (await r.json())["admission"]["workers"].values()
+            if [row["admitted"] for row in rows] == [0, 0]:
+                break
+            await asyncio.sleep(0.05)
         assert [row["admitted"] for row in rows] == [0, 0]
         second = await _call(http, g, {"model": "fake", "input": "and the tests?",
                                        "previous_response_id": first})
