@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run an emulated vLLM worker",
         description="Run an emulated vLLM OpenAI server: paged KV with prefix caching, continuous"
         " batching and a step-time model; output text is filler, timing follows the profile.",
+        epilog="Environment: VLLM_ENABLE_RESPONSES_API_STORE=1 keeps /v1/responses replies for"
+        " previous_response_id, as it does for vLLM.",
         formatter_class=_FMT,
     )
     e.add_argument(

@@ -127,7 +127,8 @@ async def test_cli_emulate_subprocess(http: aiohttp.ClientSession) -> None:
         str(port),
         "--num-blocks",
         "128",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # vLLM's own switch for the Responses store, read from the environment as vLLM does.
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_ENABLE_RESPONSES_API_STORE": "1"},
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -146,6 +147,11 @@ async def test_cli_emulate_subprocess(http: aiohttp.ClientSession) -> None:
             assert (await resp.json())["usage"]["completion_tokens"] == 3
         m = await _metrics(http, f"{base}/metrics")
         assert m["vllm:cache_config_info"] == 1.0
+        async with http.post(f"{base}/v1/responses", json={"input": "hi"}) as resp:
+            first = (await resp.json())["id"]
+        async with http.post(f"{base}/v1/responses", json={
+                "input": "go on", "previous_response_id": first}) as resp:
+            assert resp.status == 200, await resp.text()  # kept: the store is on
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(10):
             assert await proc.wait() == 0  # clean shutdown on SIGTERM
