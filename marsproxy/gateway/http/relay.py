@@ -359,10 +359,9 @@ class Relay:
             raw = await read_limited(request, gw.cfg.server.max_body_bytes)
         except BodyError as exc:
             return error(clock, out, exc.status, exc.code, f"{request.path}: {exc.message}")
+        pick = await gw.passthrough_picker(request.path, request.headers)
         opened = await self._open(
-            request, request_headers(request.headers, identity=False), raw, gw.pick_any,
-            clock, out,
-        )
+            request, request_headers(request.headers, identity=False), raw, pick, clock, out)
         if not isinstance(opened, Opened):
             return opened
         upstream = opened.response

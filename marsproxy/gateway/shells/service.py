@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from marsproxy.aimd.admission import DecisionKind
@@ -21,11 +21,13 @@ from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.answers import ReplyKind
 from marsproxy.core.canon import Reply
 from marsproxy.core.events import SessionEnd
+from marsproxy.core.identity import tenant_of
 from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
+from marsproxy.gateway.http.routes import stored_response_id
 from marsproxy.gateway.http.sse import Usage
-from marsproxy.gateway.http.upstream import Upstream
+from marsproxy.gateway.http.upstream import Picker, Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Refused, Verdict
 from marsproxy.gateway.shells.kv_events import KVEventsShell
@@ -327,6 +329,30 @@ class Gateway:
         url = next(u for u, w in self.workers.items() if w.label == label)
         if self.health.is_healthy(url):  # else placement's failover decides, as without admission
             self.placement.pin(session, url)
+
+    async def passthrough_picker(self, path: str, headers: Mapping[str, str]) -> Picker:
+        """Where a pass-through request goes: a stored response's routes (``GET
+        /v1/responses/{id}``, its ``cancel``: a background response polled) to the worker that
+        made it, as this replica or the store knows it (no other keeps it); the rest, and those
+        whose worker is unknown or down, to the least loaded."""
+        rid = stored_response_id(path)
+        if rid is None:
+            return self.pick_any
+        tenant = tenant_of(headers.get("Authorization") or headers.get("x-api-key"))
+        sess = self.sessions.of_response(tenant, rid)
+        url = None if sess is None else self.placement.worker_of(sess.key)
+        if url is None and self.admission is not None:
+            link = await self.admission.replicas.reply_session(tenant, rid)
+            url = next((u for u, w in self.workers.items()
+                        if link is not None and w.label == link.worker), None)
+
+        def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+            if url is not None and self.health.is_healthy(url) and all(
+                    w.url != url for w in tried):
+                return self._sent(url)
+            return self.pick_any(tried)
+
+        return pick
 
     def pick_any(self, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
         url = self.placement.least_loaded(self.healthy(), exclude={w.url for w in tried})

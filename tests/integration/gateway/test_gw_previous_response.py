@@ -57,6 +57,19 @@ class StoringWorker(FakeWorker):
         ]
         return await self._sse_events(request, events)
 
+    async def _echo(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a kept response, or vLLM's 404 for one made elsewhere."""
+        rid = request.path.removeprefix("/v1/responses/")
+        if request.method != "GET" or rid == request.path:
+            return await super()._echo(request)
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), b""))
+        if rid not in self.made:
+            return web.json_response({"error": {
+                "message": f"Response with id '{rid}' not found.",
+                "type": "invalid_request_error", "param": "response_id", "code": 404}},
+                status=404)
+        return web.json_response({"id": rid, "object": "response", "status": "completed"})
+
 
 @pytest.fixture
 async def two() -> AsyncIterator[list[StoringWorker]]:
@@ -171,6 +184,9 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
                 assert r.status == 200
         ids.append(await _call(http, g[2], {"model": "fake", "input": "later",
                                             "previous_response_id": ids[-1]}))
+        # A reply b relayed, fetched through c: the store names its worker.
+        async with http.get(url(g[2], f"/v1/responses/{ids[1]}")) as r:
+            assert (r.status, (await r.json())["id"]) == (200, ids[1])
     finally:
         for gi in g:
             await gi.stop()
@@ -253,3 +269,27 @@ async def test_a_hung_store_costs_a_reply_lookup_its_timeout_not_the_request(
             await gi.stop()
     maker = next(w for w in two if first in w.made)
     assert second in maker.made
+
+
+async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """``GET /v1/responses/{id}`` (a background response polled) passes through to the worker
+    that made the id, not to the least loaded one, which would answer 404."""
+    g = await gateway(config([w.url for w in two]))
+    try:
+        async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": "busy"},
+                             json={"model": "fake",
+                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status == 200
+        made = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        statuses = []
+        for _ in range(3):
+            async with http.get(url(g, f"/v1/responses/{made}")) as r:
+                statuses.append((r.status, (await r.json()).get("id")))
+        async with http.get(url(g, "/v1/responses/resp_never")) as r:
+            unknown = r.status
+    finally:
+        await g.stop()
+    assert statuses == [(200, made)] * 3
+    assert unknown == 404  # known nowhere: the least loaded worker's answer
