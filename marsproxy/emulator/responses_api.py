@@ -88,6 +88,11 @@ def parse(body: Any, served_model: str, max_model_len: int,
     model = body.get("model")
     if model is not None and model != served_model:
         raise model_not_found(str(model), served_model)
+    if body.get("background") is True and body.get("store") is not False and not store.enabled:
+        raise ApiError(400, "This vLLM engine does not support `store=True` and therefore does"
+                       " not support the background mode. To enable these features, set the"
+                       " environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching"
+                       " the vLLM server.", "invalid_request_error", "background")
     prev_id = body.get("previous_response_id")
     prev = None if prev_id is None else store.get(str(prev_id))
     if prev_id is not None and prev is None:

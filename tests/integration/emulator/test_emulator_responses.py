@@ -181,6 +181,8 @@ async def test_bad_requests_get_vllms_errors(
         ({**BODY, "max_output_tokens": 0}, 400, "max_tokens", "max_tokens must be at least 1"),
         ({**BODY, "input": [{"type": "bogus"}]}, 400, "body.input",
          "Unsupported input item type: bogus"),
+        ({**BODY, "background": True}, 400, "background",
+         "does not support `store=True` and therefore does not support the background mode"),
     ]
     for body, code, param, message in cases:
         status, _, text = await _post(http, server, body)
