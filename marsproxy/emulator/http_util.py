@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from types import MappingProxyType
@@ -13,7 +14,7 @@ from aiohttp import web
 from marsproxy.emulator.openai_api import ApiError
 from marsproxy.emulator.request import FinishedEvent
 from marsproxy.emulator.request_fields import fastapi_error
-from marsproxy.emulator.runner import TokenStream
+from marsproxy.emulator.runner import EngineRunner, TokenStream
 
 # How often a handler waiting for tokens checks whether its client is still connected.
 DISCONNECT_POLL_S = 0.25
@@ -123,3 +124,29 @@ async def pump_steps(
         if done:
             break
     await resp.write_eof()
+
+
+async def serve_one(
+    request: web.Request, runner: EngineRunner, rid: str, stream: TokenStream, *, streamed: bool,
+    frames: Frames, body: Callable[[FinishedEvent], Any],
+) -> web.StreamResponse:
+    """Answer one engine request ``rid``: as SSE (``frames`` turns its tokens into events) or,
+    once finished, as the JSON ``body(finished)``; counted in ``/load`` meanwhile, released (and
+    aborted in the engine if still running) at the end, also when the client left."""
+    runner.server_load += 1
+    try:
+        if streamed:
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            with contextlib.suppress(ConnectionResetError):
+                await pump(resp, request, stream, frames)
+            return resp
+        try:
+            while stream.finished is None:
+                await wait_update(stream, request)
+        except ConnectionResetError:
+            return web.Response(status=499)  # nobody reads it; the request is aborted below
+        return json_response(body(stream.finished))
+    finally:
+        runner.server_load -= 1
+        runner.release(rid)

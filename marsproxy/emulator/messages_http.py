@@ -3,24 +3,16 @@ Anthropic Messages surface) over the emulated engine."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 
 from aiohttp import web
 
 from marsproxy.emulator import anthropic_api as anth
-from marsproxy.emulator.http_util import (
-    SSE_HEADERS,
-    error_response,
-    json_response,
-    pump,
-    read_json,
-    wait_update,
-)
+from marsproxy.emulator.http_util import Frames, error_response, json_response, read_json, serve_one
 from marsproxy.emulator.openai_api import ApiError
 from marsproxy.emulator.openai_request import ParsedRequest, check_prompt_length
 from marsproxy.emulator.request import FinishedEvent, RequestError
-from marsproxy.emulator.runner import EngineRunner, TokenStream
+from marsproxy.emulator.runner import EngineRunner
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 from marsproxy.emulator.tool_calls import tool_call_id
 
@@ -54,35 +46,21 @@ class MessagesHandlers:
             stream = self.runner.submit(rid, parsed.prompt_token_ids, parsed.max_tokens, False, 0)
         except RequestError as exc:
             return error_response(anth.AnthropicError(400, str(exc), "BadRequestError"))
-        self.runner.server_load += 1
-        try:
-            if parsed.stream:
-                resp = web.StreamResponse(headers=SSE_HEADERS)
-                await resp.prepare(request)
-                with contextlib.suppress(ConnectionResetError):
-                    await self._pump(resp, request, rid, stream, parsed)
-                return resp
-            try:
-                while stream.finished is None:
-                    await wait_update(stream, request)
-            except ConnectionResetError:
-                return web.Response(status=499)  # nobody reads it; the request is aborted below
-            fin = stream.finished
-            tool, reason = parsed.tool, fin.finish_reason
-            return json_response(anth.full_response(
+        tool = parsed.tool
+
+        def body(fin: FinishedEvent) -> dict[str, object]:
+            reason = fin.finish_reason
+            return anth.full_response(
                 rid, self.model, filler_text(0, fin.completion_tokens),
                 reason if tool is None else tool.finish_reason(reason),
-                anth.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block),
-                tool, tool_call_id() if tool is not None else "",
-            ))
-        finally:
-            self.runner.server_load -= 1
-            self.runner.release(rid)
+                anth.usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens,
+                           self.block),
+                tool, tool_call_id() if tool is not None else "")
 
-    async def _pump(
-        self, resp: web.StreamResponse, request: web.Request, rid: str, stream: TokenStream,
-        parsed: ParsedRequest,
-    ) -> None:
+        return await serve_one(request, self.runner, rid, stream, streamed=parsed.stream,
+                               frames=self._frames(rid, parsed), body=body)
+
+    def _frames(self, rid: str, parsed: ParsedRequest) -> Frames:
         """vLLM's event sequence: ``message_start`` (with the prompt's size), one block (start, a
         delta per token, stop), ``message_delta`` with the stop reason and usage,
         ``message_stop``. The block is text, or with a forced tool choice a ``tool_use`` block
@@ -109,4 +87,4 @@ class MessagesHandlers:
                     fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block)))
             return parts, avail
 
-        await pump(resp, request, stream, frames)
+        return frames

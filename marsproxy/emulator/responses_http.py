@@ -3,24 +3,16 @@ one reply message, streamed as vLLM's event sequence, kept in the store when it 
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 
 from aiohttp import web
 
 from marsproxy.emulator import responses_api as api
-from marsproxy.emulator.http_util import (
-    SSE_HEADERS,
-    error_response,
-    json_response,
-    pump,
-    read_json,
-    wait_update,
-)
+from marsproxy.emulator.http_util import Frames, error_response, read_json, serve_one
 from marsproxy.emulator.openai_api import ApiError, bad_request
 from marsproxy.emulator.request import FinishedEvent, RequestError
-from marsproxy.emulator.runner import EngineRunner, TokenStream
+from marsproxy.emulator.runner import EngineRunner
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 
 
@@ -42,23 +34,12 @@ class ResponsesHandlers:
             stream = self.runner.submit(rid, req.prompt_token_ids, req.max_tokens, False, 0)
         except RequestError as exc:
             return error_response(bad_request(str(exc)))
-        self.runner.server_load += 1
-        try:
-            if req.stream:
-                resp = web.StreamResponse(headers=SSE_HEADERS)
-                await resp.prepare(request)
-                with contextlib.suppress(ConnectionResetError):
-                    await self._pump(resp, request, req, rid, mid, created, stream)
-                return resp
-            try:
-                while stream.finished is None:
-                    await wait_update(stream, request)
-            except ConnectionResetError:
-                return web.Response(status=499)  # nobody reads it; the request is aborted below
-            return json_response(self._final(req, rid, mid, created, stream.finished))
-        finally:
-            self.runner.server_load -= 1
-            self.runner.release(rid)
+
+        def body(fin: FinishedEvent) -> dict[str, object]:
+            return self._final(req, rid, mid, created, fin)
+
+        return await serve_one(request, self.runner, rid, stream, streamed=req.stream,
+                               frames=self._frames(req, rid, mid, created), body=body)
 
     def _final(self, req: api.ResponsesRequest, rid: str, mid: str, created: int,
                fin: FinishedEvent) -> dict[str, object]:
@@ -71,9 +52,7 @@ class ResponsesHandlers:
                             api.usage(fin.prompt_tokens, fin.completion_tokens,
                                       fin.cached_tokens, self.block))
 
-    async def _pump(self, resp: web.StreamResponse, request: web.Request,
-                    req: api.ResponsesRequest, rid: str, mid: str, created: int,
-                    stream: TokenStream) -> None:
+    def _frames(self, req: api.ResponsesRequest, rid: str, mid: str, created: int) -> Frames:
         """``response.created``, ``in_progress``, the item and its part opened, a text delta
         per token, the text, part and item done, ``response.completed`` with usage."""
         events = api.Events()
@@ -87,4 +66,4 @@ class ResponsesHandlers:
                 parts.extend(events.closing(final, mid, filler_text(0, fin.completion_tokens)))
             return parts, avail
 
-        await pump(resp, request, stream, frames)
+        return frames

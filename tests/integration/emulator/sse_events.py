@@ -39,3 +39,13 @@ def anthropic_events(text: str) -> list[tuple[str, Any]]:
         assert obj["type"] == name[7:]
         out.append((name[7:], obj))
     return out
+
+
+def key_shape(obj: Any) -> Any:
+    """Key structure of a JSON value (dict keys recursively, first list element): what a
+    response must share with the fixture real vLLM sent."""
+    if isinstance(obj, dict):
+        return {k: key_shape(v) for k, v in obj.items()}
+    if isinstance(obj, list) and obj:
+        return [key_shape(obj[0])]
+    return None

@@ -14,20 +14,11 @@ from aiohttp.test_utils import TestServer
 from marsproxy.emulator.server import RUNNER_KEY
 from marsproxy.emulator.tokenizer import encode_chat, filler_text
 
-from .sse_events import openai_frames, post
+from .sse_events import key_shape, openai_frames, post
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "tiny-emulated"
 StartEmulator = Callable[..., Awaitable[TestServer]]
-
-
-def _keys(obj: Any) -> Any:
-    """Key structure of a JSON value (dict keys recursively, first list element)."""
-    if isinstance(obj, dict):
-        return {k: _keys(v) for k, v in obj.items()}
-    if isinstance(obj, list) and obj:
-        return [_keys(obj[0])]
-    return None
 
 
 async def test_chat_non_streaming(
@@ -53,10 +44,10 @@ async def test_chat_non_streaming(
         "cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": None}
     real = FIXTURES / "vllm-0.32-chat.json"
     if real.exists():  # same keys as a real vLLM 0.32 answer (plus prompt_tokens_details)
-        want = _keys(json.loads(real.read_text()))
+        want = key_shape(json.loads(real.read_text()))
         want["usage"]["prompt_tokens_details"] = dict.fromkeys(
             ("cached_tokens", "created_cache_tokens", "multimodal_tokens"))
-        assert _keys(body) == want
+        assert key_shape(body) == want
 
 
 async def test_chat_streaming_with_usage(
@@ -86,9 +77,9 @@ async def test_chat_streaming_with_usage(
     real = FIXTURES / "vllm-0.32-chat-stream.txt"
     if real.exists():
         ref = openai_frames(real.read_text())
-        assert _keys(chunks[0]) == _keys(ref[0])
-        assert _keys(chunks[1]) == _keys(ref[1])
-        assert _keys(chunks[-2]) == _keys(ref[-2])
+        assert key_shape(chunks[0]) == key_shape(ref[0])
+        assert key_shape(chunks[1]) == key_shape(ref[1])
+        assert key_shape(chunks[-2]) == key_shape(ref[-2])
         assert set(chunks[-1]) == set(ref[-1])
 
 
@@ -126,7 +117,8 @@ async def test_completions(start_emulator: StartEmulator, http: aiohttp.ClientSe
     real = FIXTURES / "vllm-0.32-completions-stream.txt"
     if real.exists():
         ref = openai_frames(real.read_text())
-        assert _keys(chunks[0]) == _keys(ref[0]) and _keys(chunks[-2]) == _keys(ref[-2])
+        assert key_shape(chunks[0]) == key_shape(ref[0])
+        assert key_shape(chunks[-2]) == key_shape(ref[-2])
     # several prompts: a choice each (tests/integration/emulator/test_emulator_request_parity.py)
     status, body = await post(http, server, "/v1/completions", {"prompt": ["a", "b"]})
     assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1]
@@ -213,7 +205,7 @@ async def test_side_routes(start_emulator: StartEmulator, http: aiohttp.ClientSe
         assert [m["id"] for m in models["data"]] == ["my-model"]
         real = FIXTURES / "vllm-0.32-models.json"
         if real.exists():
-            assert _keys(models) == _keys(json.loads(real.read_text()))
+            assert key_shape(models) == key_shape(json.loads(real.read_text()))
     status, tok = await post(
         http, server, "/tokenize", {"model": "my-model", "prompt": "abcdefghi"}
     )

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from marsproxy.emulator.tokenizer import filler_text
 
-from .sse_events import anthropic_events
+from .sse_events import anthropic_events, key_shape
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "tiny-emulated"
@@ -23,14 +23,6 @@ SYSTEM = "You are a careful coding agent. " * 10
 BODY = {"model": MODEL, "max_tokens": 5, "system": [
     {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=1f2e;"},
     {"type": "text", "text": SYSTEM}], "messages": [{"role": "user", "content": "Say hello."}]}
-
-
-def _keys(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _keys(v) for k, v in obj.items()}
-    if isinstance(obj, list) and obj:
-        return [_keys(obj[0])]
-    return None
 
 
 async def _post(http: aiohttp.ClientSession, server: TestServer, body: Any,
@@ -47,7 +39,7 @@ async def test_non_streaming_matches_vllm(
     status, ctype, text = await _post(http, server, BODY)
     assert (status, ctype) == (200, "application/json")
     cold = json.loads(text)
-    assert _keys(cold) == _keys(real) and list(cold) == list(real)
+    assert key_shape(cold) == key_shape(real) and list(cold) == list(real)
     assert list(cold["usage"]) == list(real["usage"])
     assert cold["content"] == [{"type": "text", "text": filler_text(0, 5)}]
     assert cold["stop_reason"] == "max_tokens" and cold["id"].startswith("chatcmpl-")
@@ -74,7 +66,7 @@ async def test_streaming_matches_vllm(
                      "content_block_stop", "message_delta", "message_stop"]
     real_by_name = {n: o for n, o in real}
     for name, obj in mine:
-        assert _keys(obj) == _keys(real_by_name[name]), name
+        assert key_shape(obj) == key_shape(real_by_name[name]), name
         assert list(obj) == list(real_by_name[name]), name
     assert "".join(o["delta"]["text"] for n, o in mine if n == "content_block_delta") == (
         filler_text(0, 5))
@@ -115,7 +107,7 @@ async def test_errors_in_both_of_vllms_shapes(
     no_max = {k: v for k, v in BODY.items() if k != "max_tokens"}
     status, _, text = await _post(http, server, no_max)
     body = json.loads(text)
-    assert status == 400 and _keys(body) == _keys(real_400)
+    assert status == 400 and key_shape(body) == key_shape(real_400)
     assert body["error"]["param"] == "body.max_tokens" and body["error"]["type"] == "Bad Request"
     assert "'type': 'missing'" in body["error"]["message"]
     for bad, param in (({**BODY, "max_tokens": 0}, "body.max_tokens"),
@@ -128,7 +120,7 @@ async def test_errors_in_both_of_vllms_shapes(
         assert (status, json.loads(text)["error"]["param"]) == (400, param)
     status, _, text = await _post(http, server, {**BODY, "model": "nope", "stream": True})
     body = json.loads(text)
-    assert status == 404 and _keys(body) == _keys(real_404)
+    assert status == 404 and key_shape(body) == key_shape(real_404)
     assert body["error"]["message"] == f"The model `nope` does not exist. Valid aliases: {MODEL}."
     status, _, text = await _post(http, server, {"model": MODEL, "max_tokens": 2, "messages": []})
     assert status == 400 and json.loads(text)["error"]["type"] == "BadRequestError"

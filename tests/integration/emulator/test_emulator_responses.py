@@ -16,20 +16,12 @@ from aiohttp.test_utils import TestServer
 from marsproxy.emulator.profiles import get_profile
 from marsproxy.emulator.tokenizer import encode_chat, filler_text
 
-from .sse_events import anthropic_events
+from .sse_events import anthropic_events, key_shape
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "tiny-emulated"
 StartEmulator = Callable[..., Awaitable[TestServer]]
 BODY = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 5, "temperature": 0}
-
-
-def _keys(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _keys(v) for k, v in obj.items()}
-    if isinstance(obj, list) and obj:
-        return [_keys(obj[0])]
-    return None
 
 
 def _fixture(name: str) -> Any:
@@ -56,7 +48,7 @@ async def test_non_streaming_matches_vllm(
     status, ctype, text = await _post(http, server, BODY)
     assert (status, ctype) == (200, "application/json")
     mine = json.loads(text)
-    assert _keys(mine) == _keys(real) and list(mine) == list(real)
+    assert key_shape(mine) == key_shape(real) and list(mine) == list(real)
     for k in ("usage", "incomplete_details"):
         assert list(mine[k]) == list(real[k])
     assert list(mine["output"][0]) == list(real["output"][0])
@@ -90,7 +82,7 @@ async def test_streaming_matches_vllm(
     assert [o["sequence_number"] for _, o in mine] == list(range(len(mine)))
     real_by_name = {n: o for n, o in real}
     for name, obj in mine:
-        assert _keys(obj) == _keys(real_by_name[name]), name
+        assert key_shape(obj) == key_shape(real_by_name[name]), name
         assert list(obj) == list(real_by_name[name]), name
     by_name = dict(mine)
     said = "".join(o["delta"] for n, o in mine if n == "response.output_text.delta")
@@ -122,7 +114,7 @@ async def test_a_stored_response_continues_by_its_id_and_others_are_404(
         status, _, text = await _post(http, server, {**BODY, "previous_response_id": rid})
         assert status == 404
         err = json.loads(text)
-        assert _keys(err) == _keys(_fixture("responses-error-404"))
+        assert key_shape(err) == key_shape(_fixture("responses-error-404"))
         assert err["error"]["message"] == f"Response with id '{rid}' not found."
     # Without the store (vLLM's default) nothing is kept: every id is unknown.
     plain = await start_emulator()
@@ -168,7 +160,7 @@ async def test_bad_requests_get_vllms_errors(
     server = await start_emulator(max_model_len=4096)
     status, _, text = await _post(http, server, {"model": MODEL})
     real = _fixture("responses-error-400")
-    assert status == 400 and _keys(json.loads(text)) == _keys(real)
+    assert status == 400 and key_shape(json.loads(text)) == key_shape(real)
     err = json.loads(text)["error"]
     assert (err["type"], err["param"]) == (real["error"]["type"], real["error"]["param"])
     assert "'loc': 'body.input', 'msg': 'Field required'" in err["message"]

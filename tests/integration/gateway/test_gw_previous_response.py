@@ -79,6 +79,27 @@ async def two() -> AsyncIterator[list[StoringWorker]]:
         await w.stop()
 
 
+async def _busy(http: aiohttp.ClientSession, g: Running, sid: str) -> None:
+    """A chat session of its own (``sid``) on ``g``: it holds a worker, steering placement."""
+    async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": sid}, json={
+            "model": "fake", "messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.status == 200, await r.text()
+
+
+async def _until_idle(http: aiohttp.ClientSession, gateways: list[Running]) -> None:
+    """Until no worker of any of ``gateways`` holds a session (a bounded poll, 10 s)."""
+    for _ in range(200):
+        held = []
+        for gi in gateways:
+            async with http.get(url(gi, "/mars/v1/state")) as r:
+                held += [row["admitted"] for row in (await r.json())["admission"]["workers"]
+                         .values()]
+        if not any(held):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"sessions still admitted: {held}")
+
+
 async def _call(http: aiohttp.ClientSession, g: Running, body: dict[str, Any]) -> str:
     """The reply's id, read as the client reads it (the body, or the stream's events)."""
     async with http.post(url(g, "/v1/responses"), json=body) as r:
@@ -150,10 +171,7 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
     g = [await gateway(config([w.url for w in two], store=store,
                               admission={"idle_timeout_min_s": 0.5})) for _ in range(3)]
     try:
-        async with http.post(url(g[1], "/v1/chat/completions"), headers={"x-session-id": "busy"},
-                             json={"model": "fake",
-                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
-            assert r.status == 200, await r.text()
+        await _busy(http, g[1], "busy")
         ids = [await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})]
         for turn in range(1, 5):  # b, a, b, a: every call on the replica that did not relay it
             ids.append(await _call(http, g[turn % 2], {
@@ -166,22 +184,10 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
         # The session idles out (its lease and record go); a third replica that never saw it
         # learns the worker from the store's reply entry, while least-loaded placement would
         # pick the other one (a session of its own takes w0 when the chain's worker is w0).
-        for _ in range(200):  # up to 10 s: a bounded poll for the idle end on a and b
-            ended = True
-            for gi in g[:2]:
-                async with http.get(url(gi, "/mars/v1/state")) as r:
-                    rows = (await r.json())["admission"]["workers"].values()
-                ended = ended and all(row["sessions"] == [] for row in rows)
-            if ended:
-                break
-            await asyncio.sleep(0.05)
+        await _until_idle(http, g[:2])
         maker = next(w for w in two if ids[0] in w.made)
         if maker is two[0]:
-            async with http.post(url(g[2], "/v1/chat/completions"),
-                                 headers={"x-session-id": "c-busy"}, json={
-                                     "model": "fake",
-                                     "messages": [{"role": "user", "content": "hi"}]}) as r:
-                assert r.status == 200
+            await _busy(http, g[2], "c-busy")
         ids.append(await _call(http, g[2], {"model": "fake", "input": "later",
                                             "previous_response_id": ids[-1]}))
         # A reply b relayed, fetched through c: the store names its worker.
@@ -208,22 +214,13 @@ async def test_a_chain_whose_session_ended_goes_back_to_the_worker_keeping_its_r
     least loaded worker."""
     g = await gateway(config([w.url for w in two], admission={"idle_timeout_min_s": 0.3}))
     try:
-        async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": "busy"},
-                             json={"model": "fake",
-                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
-            assert r.status == 200
+        await _busy(http, g, "busy")
         first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         # The busy one ends, the chain's session idles out: both workers are empty, and the
         # least loaded in worker order is not the one that made the reply.
         async with http.delete(url(g, "/mars/v1/sessions/busy")) as r:
             assert r.status == 200
-        for _ in range(200):  # up to 10 s: a bounded poll
-            async with http.get(url(g, "/mars/v1/state")) as r:
-                rows = (await r.json())["admission"]["workers"].values()
-            if [row["admitted"] for row in rows] == [0, 0]:
-                break
-            await asyncio.sleep(0.05)
-        assert [row["admitted"] for row in rows] == [0, 0]
+        await _until_idle(http, [g])
         second = await _call(http, g, {"model": "fake", "input": "and the tests?",
                                        "previous_response_id": first})
         third = await _call(http, g, {"model": "fake", "input": "done",
@@ -278,10 +275,7 @@ async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
     that made the id, not to the least loaded one, which would answer 404."""
     g = await gateway(config([w.url for w in two]))
     try:
-        async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": "busy"},
-                             json={"model": "fake",
-                                   "messages": [{"role": "user", "content": "hi"}]}) as r:
-            assert r.status == 200
+        await _busy(http, g, "busy")
         made = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         statuses = []
         for _ in range(3):

@@ -7,16 +7,21 @@ sets it); every test in this folder is skipped otherwise, saying which is missin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from marsproxy.bench.procs import free_port
+from marsproxy.config import load_config
+from marsproxy.gateway.http.app import Running, start
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts" / "real-vllm"
 HOME = Path(os.environ.get("MARS_REAL_VLLM_HOME")
@@ -73,6 +78,61 @@ def vllm_dev(start_vllm: StartVllm) -> Iterator[str]:
     with start_vllm("priority", "--enable-prompt-tokens-details", VLLM_SERVER_DEV_MODE="1",
                     VLLM_ENABLE_RESPONSES_API_STORE="1") as url:
         yield url
+
+
+@pytest.fixture
+async def dev_proxy(vllm_dev: str) -> AsyncIterator[Running]:
+    """The proxy on defaults in front of the shared server, marked ``priority: true``."""
+    cfg = load_config(environ={}, overrides={
+        "server": {"port": 0},
+        "workers": [{"url": vllm_dev, "name": "vllm", "priority": True}],
+        "probes": {"nvml": {"enabled": False}},
+    })
+    running = await start(cfg)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+class LlmEnds:
+    """The proxy's ``llm_end`` events as they come (``/mars/v1/events``)."""
+
+    def __init__(self, base: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._reader = asyncio.create_task(self._read(base))
+
+    async def _read(self, base: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(
+            f"{base}/mars/v1/events?format=ndjson&type=llm_end"
+        ) as r:
+            async for line in r.content:
+                if line.strip():
+                    self.events.append(json.loads(line))
+
+    async def wait(self, n: int) -> list[dict[str, Any]]:
+        """The first ``n`` events (a bounded poll)."""
+        for _ in range(200):
+            if len(self.events) >= n:
+                break
+            await asyncio.sleep(0.05)
+        assert len(self.events) >= n, self.events
+        return self.events
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+
+@pytest.fixture
+async def llm_ends(dev_proxy: Running) -> AsyncIterator[LlmEnds]:
+    """``dev_proxy``'s ``llm_end`` events, subscribed before the test's first call."""
+    ends = LlmEnds(f"http://127.0.0.1:{dev_proxy.port}")
+    await asyncio.sleep(0.2)
+    try:
+        yield ends
+    finally:
+        ends.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,54 +10,17 @@ install and ``MARS_REAL_VLLM_TESTS=1``; shares the ``vllm_dev`` server (conftest
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
 
-import aiohttp
 import anthropic
 import pytest
 from anthropic.types import MessageParam, Usage
 
-from marsproxy.config import load_config
-from marsproxy.gateway.http.app import Running, start
+from marsproxy.gateway.http.app import Running
+
+from .conftest import LlmEnds
 
 SYSTEM = "You are a careful coding agent. Read the code before you change it. " * 10
-
-
-@pytest.fixture
-async def proxy(vllm_dev: str) -> AsyncIterator[Running]:
-    cfg = load_config(environ={}, overrides={
-        "server": {"port": 0},
-        "workers": [{"url": vllm_dev, "name": "vllm", "priority": True}],
-        "probes": {"nvml": {"enabled": False}},
-    })
-    running = await start(cfg)
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
-async def _llm_ends(base: str, into: list[dict[str, Any]]) -> None:
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.get(
-        f"{base}/mars/v1/events?format=ndjson&type=llm_end"
-    ) as r:
-        async for line in r.content:
-            if line.strip():
-                into.append(json.loads(line))
-
-
-async def _wait(events: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    for _ in range(200):
-        if len(events) >= n:
-            break
-        await asyncio.sleep(0.05)
-    assert len(events) >= n, events
-    return events
 
 
 def _prompt(u: Usage) -> int:
@@ -65,11 +28,8 @@ def _prompt(u: Usage) -> int:
         u.cache_creation_input_tokens or 0)
 
 
-async def test_anthropic_sdk_through_the_proxy(proxy: Running) -> None:
-    base = f"http://127.0.0.1:{proxy.port}"
-    events: list[dict[str, Any]] = []
-    reader = asyncio.create_task(_llm_ends(base, events))
-    await asyncio.sleep(0.2)
+async def test_anthropic_sdk_through_the_proxy(dev_proxy: Running, llm_ends: LlmEnds) -> None:
+    base = f"http://127.0.0.1:{dev_proxy.port}"
     sid = str(uuid.uuid4())
     headers = {"x-claude-code-session-id": sid}
     client = anthropic.AsyncAnthropic(base_url=base, api_key="EMPTY", default_headers=headers,
@@ -101,7 +61,7 @@ async def test_anthropic_sdk_through_the_proxy(proxy: Running) -> None:
         assert _prompt(m2.usage) > _prompt(m1.usage)
         # The proxy's view: the main agent's session (the header) and the sub-agent's own,
         # linked to it; prompts with their cached part.
-        e1, e2 = await _wait(events, 2)
+        e1, e2 = await llm_ends.wait(2)
         assert e1["session"].endswith(f"/id/{sid}")
         assert e2["session"] == f"{e1['session']}/agent/{sub['x-claude-code-agent-id']}"
         assert (e1["prompt_tokens"], e1["completion_tokens"]) == (
@@ -120,5 +80,4 @@ async def test_anthropic_sdk_through_the_proxy(proxy: Running) -> None:
         assert isinstance(nf.value.body, dict) and nf.value.body["type"] == "error"
         assert nf.value.body["error"]["type"] == "NotFoundError"
     finally:
-        reader.cancel()
         await client.close()

@@ -9,9 +9,6 @@ Needs the real-vLLM install and ``MARS_REAL_VLLM_TESTS=1``; shares the ``vllm_de
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,50 +16,17 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from marsproxy.config import load_config
-from marsproxy.gateway.http.app import Running, start
+from marsproxy.gateway.http.app import Running
+
+from .conftest import LlmEnds
 
 INSTRUCTIONS = "You are a careful coding agent. Read the code before you change it. " * 10
 
 
-@pytest.fixture
-async def proxy(vllm_dev: str) -> AsyncIterator[Running]:
-    cfg = load_config(environ={}, overrides={
-        "server": {"port": 0},
-        "workers": [{"url": vllm_dev, "name": "vllm", "priority": True}],
-        "probes": {"nvml": {"enabled": False}},
-    })
-    running = await start(cfg)
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
-async def _llm_ends(base: str, into: list[dict[str, Any]]) -> None:
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.get(
-        f"{base}/mars/v1/events?format=ndjson&type=llm_end"
-    ) as r:
-        async for line in r.content:
-            if line.strip():
-                into.append(json.loads(line))
-
-
-async def _wait(events: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    for _ in range(200):
-        if len(events) >= n:
-            break
-        await asyncio.sleep(0.05)
-    assert len(events) >= n, events
-    return events
-
-
-async def test_openai_sdk_responses_chain_through_the_proxy(proxy: Running) -> None:
-    base = f"http://127.0.0.1:{proxy.port}"
-    events: list[dict[str, Any]] = []
-    reader = asyncio.create_task(_llm_ends(base, events))
-    await asyncio.sleep(0.2)
+async def test_openai_sdk_responses_chain_through_the_proxy(
+    dev_proxy: Running, llm_ends: LlmEnds
+) -> None:
+    base = f"http://127.0.0.1:{dev_proxy.port}"
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="EMPTY", max_retries=0,
                                 timeout=120)
     try:
@@ -91,7 +55,7 @@ async def test_openai_sdk_responses_chain_through_the_proxy(proxy: Running) -> N
         assert cached[2] >= 32
         # The proxy: one session for the chain (no header), its prompts and cached parts as
         # the server reported them.
-        ends = await _wait(events, 3)
+        ends = await llm_ends.wait(3)
         assert len({e["session"] for e in ends}) == 1, ends
         assert [(e["prompt_tokens"], e["cached_tokens"], e["completion_tokens"])
                 for e in ends] == [(_u(r).input_tokens, _u(r).input_tokens_details.cached_tokens,
@@ -106,7 +70,6 @@ async def test_openai_sdk_responses_chain_through_the_proxy(proxy: Running) -> N
                                           previous_response_id="resp_nope")
         assert isinstance(nf.value.body, dict) and nf.value.body["param"] == "response_id"
     finally:
-        reader.cancel()
         await client.close()
 
 
