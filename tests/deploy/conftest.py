@@ -113,19 +113,21 @@ StackFactory = Callable[..., Coroutine[Any, Any, Stack]]
 
 @pytest.fixture
 async def make_stack() -> AsyncIterator[StackFactory]:
-    """``await make_stack(workers=2)`` (emulated vLLM) or ``make_stack(anthropic=True)``."""
+    """``await make_stack(workers=2)`` (emulated vLLM; ``responses_store``: as with
+    ``VLLM_ENABLE_RESPONSES_API_STORE=1``) or ``make_stack(anthropic=True)``."""
     stacks: list[Stack] = []
 
-    async def make(workers: int = 1, anthropic: bool = False, **overrides: Any) -> Stack:
+    async def make(workers: int = 1, anthropic: bool = False, responses_store: bool = False,
+                   **overrides: Any) -> Stack:
         servers: list[LocalServer] = []
         seen: list[dict[str, str]] = []
         for _ in range(workers):
             if anthropic:
                 app = _anthropic_worker(seen)
             else:
-                app = create_emulator(
-                    EmulatorOptions(profile="tiny", time_scale=0.01, served_model_name=MODEL)
-                )
+                app = create_emulator(EmulatorOptions(
+                    profile="tiny", time_scale=0.01, served_model_name=MODEL,
+                    responses_store=responses_store))
             servers.append(await start_local(app))
         cfg = load_config(
             None,

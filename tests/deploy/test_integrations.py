@@ -94,6 +94,37 @@ async def test_openai_sdk_non_streaming_and_final_header(make_stack: Any) -> Non
     assert _sample(metrics, "marsproxy_requests_total", route="chat", code="200") == 1
 
 
+async def test_codex_style_responses_chains_by_previous_response_id(make_stack: Any) -> None:
+    """Two Responses conversations continued by ``previous_response_id`` (no session header),
+    against two workers that keep their own responses (vLLM's store): each chain is one session
+    and stays on the worker holding its replies (any other would answer 404)."""
+    from openai import AsyncOpenAI
+
+    stack = await make_stack(workers=2, responses_store=True)
+    client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="EMPTY", max_retries=0)
+
+    async def chain(n: int) -> list[str]:
+        r = await client.responses.create(model=MODEL, instructions="You are a coding agent.",
+                                          input=f"Fix the failing test number {n}.",
+                                          max_output_tokens=8)
+        ids = [r.id]
+        for turn in range(2):
+            r = await client.responses.create(
+                model=MODEL, instructions="You are a coding agent.", input=f"tool output {turn}",
+                previous_response_id=ids[-1], max_output_tokens=8)
+            assert r.usage is not None and r.usage.input_tokens_details.cached_tokens > 0
+            ids.append(r.id)
+        return ids
+
+    await asyncio.gather(chain(0), chain(1))
+    await client.close()
+    sessions = await stack.sessions()
+    assert sorted(s["turns"] for s in sessions.values()) == [3, 3], sessions
+    assert {s["worker"] for s in sessions.values()} == {"w0", "w1"}
+    metrics = await stack.metrics()
+    assert _sample(metrics, "marsproxy_requests_total", route="responses", code="200") == 6
+
+
 @pytest.fixture(scope="module")
 def litellm() -> Any:
     # Never fetch the model price map from the network at import.
