@@ -172,7 +172,8 @@ class SessionsConfig(_Section):
         1800.0, gt=0, description="A session unseen this long is forgotten (affinity, history)."
     )
     max_sessions: int = Field(
-        100_000, ge=1, description="Most sessions remembered; the least recently seen go first."
+        100_000, ge=1, description="Most sessions remembered, and most Responses replies whose"
+        " worker is remembered; the least recently seen go first."
     )
 
     @field_validator("headers", "final_headers", "parent_headers")

@@ -26,7 +26,6 @@ Pure code: no I/O; ``now`` is a parameter.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from marsproxy.core.canon import History, Reply
+from marsproxy.core.replies import reply_hash
 
 Source = Literal["header", "body", "chain", "response", "new"]
 _IndexKey = tuple[str, str, int, bytes]  # tenant, history kind, prefix length, prefix hash
@@ -226,11 +226,11 @@ class SessionTable:
 
     def of_response(self, tenant: str, response_id: str) -> Session | None:
         """The session whose reply carried ``response_id`` (``None``: not known here)."""
-        key = self._responses.get((tenant, _id_hash(response_id)))
+        key = self._responses.get((tenant, reply_hash(response_id)))
         return None if key is None else self._sessions.get(key)
 
     def _remember_response(self, sess: Session, response_id: str) -> None:
-        rkey = (sess.tenant, _id_hash(response_id))
+        rkey = (sess.tenant, reply_hash(response_id))
         self._responses[rkey] = sess.key
         sess.response_keys.append(rkey)
         sess.ephemeral = False  # a next request may name it: the session goes on
@@ -301,13 +301,3 @@ class SessionTable:
             del lengths.counts[ikey[2]]
             if not lengths.counts:
                 del self._lengths[lkey]
-
-
-def reply_key(tenant: str, response_id: str) -> str:
-    """A reply id as replicas share it: its tenant and a hash, never the id itself."""
-    return f"{tenant}:{_id_hash(response_id).hex()}"
-
-
-def _id_hash(response_id: str) -> bytes:
-    # A fixed size whatever the worker's ids are; surrogateescape: any str hashes.
-    return hashlib.blake2b(response_id.encode("utf-8", "surrogateescape"), digest_size=16).digest()

@@ -228,7 +228,8 @@ class AdmissionShell(StoreConfirmations):
         if core.sessions.get(key) is None:
             if self._store_calls:  # the id's ended session leaves the store before it is read
                 await self._key_settled(self.replicas.store_key(key))
-            adopted = await self.replicas.adopt(key, tenant, chars, final, reply is not None)
+            adopted = await self.replicas.adopt(key, tenant, chars, final,
+                                                by_reply=reply is not None and reply.key == key)
             if adopted is not None:
                 return Granted(adopted, 0.0, self.plane.incarnation(key))
             if body is not None and self.acfg.tokenize:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marsproxy.aimd.stores import WindowStore, wall_clock_ms
-from marsproxy.core.sessions import reply_key
+from marsproxy.core.replies import reply_key
 from marsproxy.policy.plane import ControlPlane
 from marsproxy.probes.tool_phases import ToolPhaseTracker
 
@@ -28,9 +28,10 @@ log = logging.getLogger("marsproxy.gateway.shells.admission")
 @dataclass(frozen=True, slots=True)
 class ReplyLink:
     """A request continues a reply (``previous_response_id``): the session that got it (this
-    replica's key) and the worker that made it, the only one that keeps it (``None``: unknown)."""
+    replica's key; ``None``: not known any more) and the worker that made it, the only one that
+    keeps it (``None``: unknown)."""
 
-    key: str
+    key: str | None
     worker: str | None
 
 

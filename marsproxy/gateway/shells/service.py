@@ -22,6 +22,7 @@ from marsproxy.core.answers import ReplyKind
 from marsproxy.core.canon import Reply
 from marsproxy.core.events import SessionEnd
 from marsproxy.core.identity import tenant_of
+from marsproxy.core.replies import ReplyWorkers
 from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
@@ -63,6 +64,8 @@ class Gateway:
                                   tools=(tel.tracker, tel.tool_signal), log=log)
         tel.busy = self._busy
         self.placement = Placement([w.url for w in cfg.workers])
+        # Only the worker that made a stored reply keeps it: remembered beyond its session.
+        self.reply_workers = ReplyWorkers(cfg.sessions.max_sessions)
         self.sessions = ObservedSessions(
             idle_ttl_s=cfg.sessions.idle_ttl_s,
             max_sessions=cfg.sessions.max_sessions,
@@ -250,30 +253,36 @@ class Gateway:
             return None
         return await self.admission.replicas.reply_session(tenant, response_id)
 
-    def reply_link(self, turn: Turn, found: ReplyLink | None) -> ReplyLink | None:
-        """What admission needs of a request continuing a reply (``None``: it continues none):
-        its worker, the only one that keeps the reply, where known and healthy (the one that
-        served the session here last, else the store's)."""
-        if turn.source != "response":
+    def reply_link(self, turn: Turn, tenant: str, prev: str | None,
+                   found: ReplyLink | None) -> ReplyLink | None:
+        """What admission needs of a request continuing the reply ``prev`` (``None``: it
+        continues none): the session it joined (``None``: a new one, the reply's session gone)
+        and the worker that made the reply, the only one that keeps it, where known and healthy
+        (as this replica saw it made, else as the store says)."""
+        if prev is None:
             return None
-        url = self.placement.worker_of(turn.session)
-        worker = (self.workers[url].label if url is not None
-                  else None if found is None else found.worker)
-        healthy = worker is not None and any(
-            w.label == worker and self.health.is_healthy(u) for u, w in self.workers.items())
-        return ReplyLink(turn.session, worker if healthy else None)
+        worker = self.reply_workers.worker(tenant, prev) or (None if found is None
+                                                             else found.worker)
+        if worker is not None and not any(w.label == worker and self.health.is_healthy(u)
+                                          for u, w in self.workers.items()):
+            worker = None  # down: another worker answers as vLLM would (it does not know it)
+        joined = turn.session if turn.source == "response" else None
+        return None if joined is None and worker is None else ReplyLink(joined, worker)
 
     def turn_finished(self, turn: Turn, *, ok: bool, reply: Reply | None,
                       response_id: str | None) -> None:
         """The session table learns how ``turn`` ended; a Responses reply id it may be
-        continued from is published for the other replicas, with the worker that made it."""
+        continued from is remembered with the worker that made it, and published for the other
+        replicas."""
         sess = self.sessions.of(turn)
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        url = self.placement.worker_of(turn.session)
-        if ok and response_id and not turn.final and sess is not None and url is not None and (
-                self.admission is not None):
-            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session,
-                                                  self.workers[url].label)
+        url = self.placement.worker_of(turn.session)  # where this call went
+        if not (ok and response_id and sess is not None and url is not None):
+            return
+        label = self.workers[url].label
+        self.reply_workers.made(sess.tenant, response_id, label)
+        if self.admission is not None:
+            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session, label)
 
     def response_ended(self, turn: Turn) -> None:
         """A response ended well and the session goes on: its tool phase begins (inferred)."""
@@ -339,12 +348,11 @@ class Gateway:
         if rid is None:
             return self.pick_any
         tenant = tenant_of(headers.get("Authorization") or headers.get("x-api-key"))
-        sess = self.sessions.of_response(tenant, rid)
-        url = None if sess is None else self.placement.worker_of(sess.key)
-        if url is None and self.admission is not None:
+        worker = self.reply_workers.worker(tenant, rid)
+        if worker is None and self.admission is not None:
             link = await self.admission.replicas.reply_session(tenant, rid)
-            url = next((u for u, w in self.workers.items()
-                        if link is not None and w.label == link.worker), None)
+            worker = None if link is None else link.worker
+        url = next((u for u, w in self.workers.items() if w.label == worker), None)
 
         def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
             if url is not None and self.health.is_healthy(url) and all(

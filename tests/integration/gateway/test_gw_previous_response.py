@@ -268,6 +268,30 @@ async def test_a_hung_store_costs_a_reply_lookup_its_timeout_not_the_request(
     assert second in maker.made
 
 
+async def test_a_reply_outlives_its_forgotten_session_on_its_worker(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """The session table forgot the chain (idle past ``sessions.idle_ttl_s``), vLLM did not:
+    a call naming its last reply is a new session, placed on the worker that made the reply."""
+    g = await gateway(config([w.url for w in two], sessions={"idle_ttl_s": 0.2}))
+    try:
+        await _busy(http, g, "busy")  # w0: the chain goes to w1
+        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        await asyncio.sleep(0.4)
+        # The table expires what idled past its TTL; two new sessions take w0 and w1, so the
+        # least loaded is w0 again (ties in worker order).
+        await _busy(http, g, "busy-2")
+        await _busy(http, g, "busy-3")
+        async with http.get(url(g, "/mars/v1/state?sessions=1")) as r:
+            ids = sorted(d["id"] for d in (await r.json())["sessions"]["details"])
+        assert ids == ["busy-2", "busy-3"], ids
+        second = await _call(http, g, {"model": "fake", "input": "go on",
+                                       "previous_response_id": first})
+    finally:
+        await g.stop()
+    assert first in two[1].made and second in two[1].made
+
+
 async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
     two: list[StoringWorker], http: aiohttp.ClientSession
 ) -> None:
