@@ -56,6 +56,7 @@ def stored_response_id(path: str) -> str | None:
     rid = path.removeprefix("/v1/responses/").split("/", 1)[0]
     return rid if path.startswith("/v1/responses/") and rid else None
 
+
 # vLLM 0.32's operator routes (elastic EP, dev mode, LoRA runtime loading, profiling, server
 # internals, API docs): refused with 403 rather than 404, so an operator sees why.
 OPERATOR_ROUTES: frozenset[str] = frozenset({

@@ -275,8 +275,8 @@ class Gateway:
         continued from is remembered with the worker that made it, and published for the other
         replicas."""
         sess = self.sessions.of(turn)
+        url = self.placement.worker_of(turn.session)  # where it went; finish may forget it
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        url = self.placement.worker_of(turn.session)  # where this call went
         if not (ok and response_id and sess is not None and url is not None):
             return
         label = self.workers[url].label

@@ -292,6 +292,25 @@ async def test_a_reply_outlives_its_forgotten_session_on_its_worker(
     assert first in two[1].made and second in two[1].made
 
 
+async def test_a_final_reply_can_still_be_continued_on_its_worker(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """A call sent with the final flag ends its session at once; vLLM keeps its reply all the
+    same, and a later call naming it goes to the worker that made it."""
+    g = await gateway(config([w.url for w in two]))
+    try:
+        await _busy(http, g, "busy")  # w0
+        async with http.post(url(g, "/v1/responses"), headers={"x-session-final": "true"},
+                             json={"model": "fake", "input": "One question."}) as r:
+            first = str((await r.json())["id"])  # made on w1, its session ended
+        await _busy(http, g, "busy-2")  # w1: now the least loaded is w0 again
+        second = await _call(http, g, {"model": "fake", "input": "And another.",
+                                       "previous_response_id": first})
+    finally:
+        await g.stop()
+    assert first in two[1].made and second in two[1].made
+
+
 async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
     two: list[StoringWorker], http: aiohttp.ClientSession
 ) -> None:
