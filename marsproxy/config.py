@@ -114,7 +114,9 @@ class UpstreamConfig(_Section):
 
 class HealthConfig(_Section):
     interval_s: float = Field(2.0, gt=0, description="Period of GET /health on each worker.")
-    timeout_s: float = Field(1.0, gt=0, description="Timeout of one health check.")
+    timeout_s: float = Field(
+        1.0, gt=0, description="Timeout of one health check, and of asking the workers which"
+        " one keeps a Responses reply a call names (docs/clients.md).")
     unhealthy_after: int = Field(
         2, ge=1, description="Consecutive failed checks (or failed connects) that eject a worker."
     )

@@ -156,7 +156,7 @@ class Relay:
         history = (history_of(route, body.obj)
                    if explicit is None and cfg.sessions.chain_matching else None)
         prev = None if explicit else previous_response_id(route, body.obj)
-        found = None if prev is None else await gw.reply_session(tenant, prev)
+        found = None if prev is None else await gw.replies.find(tenant, prev, request.headers)
         try:
             turn = gw.sessions.start(
                 tenant=tenant, explicit_id=explicit.value if explicit else None,
@@ -177,7 +177,7 @@ class Relay:
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
             parent_key = None if parent is None else f"{tenant}/id/{parent}"
             refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix,
-                                        parent_key, gw.reply_link(turn, tenant, prev, found))
+                                        parent_key, gw.replies.link(turn, tenant, prev, found))
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk

@@ -21,12 +21,9 @@ from marsproxy.config import MarsConfig, WorkerConfig
 from marsproxy.core.answers import ReplyKind
 from marsproxy.core.canon import Reply
 from marsproxy.core.events import SessionEnd
-from marsproxy.core.identity import tenant_of
-from marsproxy.core.replies import ReplyWorkers
 from marsproxy.core.session_record import EndReason as Ending
 from marsproxy.core.sessions import Session, Turn
 from marsproxy.gateway.http.health import HealthChecker, WorkerHealth
-from marsproxy.gateway.http.routes import stored_response_id
 from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.http.upstream import Picker, Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
@@ -36,6 +33,7 @@ from marsproxy.gateway.shells.kv_use import KVUse
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.observations import observations
 from marsproxy.gateway.shells.replicas import ReplyLink
+from marsproxy.gateway.shells.replies import Replies
 from marsproxy.gateway.shells.scheduler import Prepared, SchedulerShell
 from marsproxy.gateway.shells.sessions import EndReason, ObservedSessions
 from marsproxy.gateway.shells.telemetry import Telemetry
@@ -64,8 +62,6 @@ class Gateway:
                                   tools=(tel.tracker, tel.tool_signal), log=log)
         tel.busy = self._busy
         self.placement = Placement([w.url for w in cfg.workers])
-        # Only the worker that made a stored reply keeps it: remembered beyond its session.
-        self.reply_workers = ReplyWorkers(cfg.sessions.max_sessions)
         self.sessions = ObservedSessions(
             idle_ttl_s=cfg.sessions.idle_ttl_s,
             max_sessions=cfg.sessions.max_sessions,
@@ -95,6 +91,9 @@ class Gateway:
         if self.admission is not None:
             self.admission.observe = lambda: self.observe()
             tel.scraped = self.admission.scraped
+        # Stored Responses replies: the worker that made each (calls naming one go there).
+        self.replies = Replies(cfg, self.workers, self.health, self.sessions, self.admission,
+                               http=lambda: self.upstream.session)
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)
@@ -246,43 +245,15 @@ class Gateway:
             tel.publish_tools(tel.tracker.request_started(turn.session, tel.wall()))
         return sess.turns
 
-    async def reply_session(self, tenant: str, response_id: str) -> ReplyLink | None:
-        """The session another replica relayed ``response_id`` for, where this one does not
-        know the id (``None``: known here, unknown everywhere, or one replica)."""
-        if self.admission is None or self.sessions.of_response(tenant, response_id) is not None:
-            return None
-        return await self.admission.replicas.reply_session(tenant, response_id)
-
-    def reply_link(self, turn: Turn, tenant: str, prev: str | None,
-                   found: ReplyLink | None) -> ReplyLink | None:
-        """What admission needs of a request continuing the reply ``prev`` (``None``: it
-        continues none): the session it joined (``None``: a new one, the reply's session gone)
-        and the worker that made the reply, the only one that keeps it, where known and healthy
-        (as this replica saw it made, else as the store says)."""
-        if prev is None:
-            return None
-        worker = self.reply_workers.worker(tenant, prev) or (None if found is None
-                                                             else found.worker)
-        if worker is not None and not any(w.label == worker and self.health.is_healthy(u)
-                                          for u, w in self.workers.items()):
-            worker = None  # down: another worker answers as vLLM would (it does not know it)
-        joined = turn.session if turn.source == "response" else None
-        return None if joined is None and worker is None else ReplyLink(joined, worker)
-
     def turn_finished(self, turn: Turn, *, ok: bool, reply: Reply | None,
                       response_id: str | None) -> None:
         """The session table learns how ``turn`` ended; a Responses reply id it may be
-        continued from is remembered with the worker that made it, and published for the other
-        replicas."""
+        continued from is remembered with the worker that made it (:class:`Replies`)."""
         sess = self.sessions.of(turn)
         url = self.placement.worker_of(turn.session)  # where it went; finish may forget it
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        if not (ok and response_id and sess is not None and url is not None):
-            return
-        label = self.workers[url].label
-        self.reply_workers.made(sess.tenant, response_id, label)
-        if self.admission is not None:
-            self.admission.replicas.publish_reply(sess.tenant, response_id, turn.session, label)
+        if ok and response_id and sess is not None and url is not None:
+            self.replies.made(sess.tenant, response_id, turn.session, url)
 
     def response_ended(self, turn: Turn) -> None:
         """A response ended well and the session goes on: its tool phase begins (inferred)."""
@@ -340,27 +311,8 @@ class Gateway:
             self.placement.pin(session, url)
 
     async def passthrough_picker(self, path: str, headers: Mapping[str, str]) -> Picker:
-        """Where a pass-through request goes: a stored response's routes (``GET
-        /v1/responses/{id}``, its ``cancel``: a background response polled) to the worker that
-        made it, as this replica or the store knows it (no other keeps it); the rest, and those
-        whose worker is unknown or down, to the least loaded."""
-        rid = stored_response_id(path)
-        if rid is None:
-            return self.pick_any
-        tenant = tenant_of(headers.get("Authorization") or headers.get("x-api-key"))
-        worker = self.reply_workers.worker(tenant, rid)
-        if worker is None and self.admission is not None:
-            link = await self.admission.replicas.reply_session(tenant, rid)
-            worker = None if link is None else link.worker
-        url = next((u for u, w in self.workers.items() if w.label == worker), None)
-
-        def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
-            if url is not None and self.health.is_healthy(url) and all(
-                    w.url != url for w in tried):
-                return self._sent(url)
-            return self.pick_any(tried)
-
-        return pick
+        """Where a pass-through request goes (a stored response's routes: its worker)."""
+        return await self.replies.picker(path, headers, self.pick_any, self._sent)
 
     def pick_any(self, tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
         url = self.placement.least_loaded(self.healthy(), exclude={w.url for w in tried})

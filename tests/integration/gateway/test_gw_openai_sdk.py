@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import openai
@@ -27,20 +27,27 @@ class Setup:
     proxy: Running
     workers: list[tuple[web.AppRunner, str]]
     apps: list[web.Application]
+    # Closed at teardown: a client left to the garbage collector closes itself on whatever
+    # event loop runs then (a later test's), or on a closed one, logging an error there.
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
     def client(self, session: str | None = None) -> openai.AsyncOpenAI:
         headers = {"x-session-id": session} if session else {}
-        return openai.AsyncOpenAI(
+        return self._kept(openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{self.proxy.port}/v1",
             api_key="sk-test",
             default_headers=headers,
             max_retries=0,
-        )
+        ))
 
     def direct(self, i: int = 0) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
+        return self._kept(openai.AsyncOpenAI(
             base_url=self.workers[i][1] + "/v1", api_key="sk-test", max_retries=0
-        )
+        ))
+
+    def _kept(self, client: openai.AsyncOpenAI) -> openai.AsyncOpenAI:
+        self.clients.append(client)
+        return client
 
     def per_worker(self) -> list[int]:
         counts = self.proxy.gateway.stats()["requests_per_worker"]
@@ -73,7 +80,10 @@ async def env(run_app: Any) -> AsyncIterator[Setup]:
         },
     )
     proxy = await start(cfg)
-    yield Setup(proxy, workers, apps)
+    setup = Setup(proxy, workers, apps)
+    yield setup
+    for client in setup.clients:
+        await client.close()
     await proxy.stop()
     for runner, _ in workers:
         await runner.cleanup()

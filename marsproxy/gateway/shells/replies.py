@@ -1,0 +1,155 @@
+"""Where calls that name a stored Responses reply go: the worker that made it, the only one
+that keeps it (vLLM's response store is per server).
+
+A call continuing a reply (``previous_response_id``) and a stored response's own routes (``GET
+/v1/responses/{id}``, ``cancel``) must reach that worker, whatever became of the session that
+got it. It is known, in this order: from this replica (the worker of each recent reply,
+:class:`~marsproxy.core.replies.ReplyWorkers`, beyond its session), from the store (another
+replica's reply, with the session to join: ``replicas.py``), or, where neither knows the id
+(another replica's reply whose entry has not landed yet, a proxy restart), from the workers
+themselves: vLLM answers ``GET /v1/responses/{id}`` with 200 only where it keeps the reply, so
+the proxy asks every healthy worker at once and takes the one that has it (:func:`worker_keeping`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote
+
+import aiohttp
+
+from marsproxy.config import MarsConfig, WorkerConfig
+from marsproxy.core.identity import tenant_of
+from marsproxy.core.replies import ReplyWorkers
+from marsproxy.core.sessions import Turn
+from marsproxy.gateway.http.health import WorkerHealth
+from marsproxy.gateway.http.routes import stored_response_id
+from marsproxy.gateway.http.upstream import Picker
+from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.replicas import ReplyLink
+from marsproxy.gateway.shells.sessions import ObservedSessions
+
+log = logging.getLogger("marsproxy.gateway.shells.replies")
+
+
+class Replies:
+    def __init__(
+        self, cfg: MarsConfig, workers: Mapping[str, WorkerConfig], health: WorkerHealth,
+        sessions: ObservedSessions, admission: AdmissionShell | None,
+        http: Callable[[], aiohttp.ClientSession | None],
+    ) -> None:
+        self._workers, self._health, self._sessions = workers, health, sessions
+        self._admission, self._http = admission, http
+        self._probe_timeout_s = cfg.health.timeout_s
+        self.made_by = ReplyWorkers(cfg.sessions.max_sessions)
+
+    def made(self, tenant: str, response_id: str, key: str, url: str) -> None:
+        """``key``'s call got ``response_id`` from the worker at ``url``: remembered, and
+        published for the other replicas."""
+        label = self._workers[url].label
+        self.made_by.made(tenant, response_id, label)
+        if self._admission is not None:
+            self._admission.replicas.publish_reply(tenant, response_id, key, label)
+
+    async def find(self, tenant: str, response_id: str,
+                   headers: Mapping[str, str]) -> ReplyLink | None:
+        """What this replica does not know of a reply a call names: the session and worker the
+        store has for it, else the worker that has it (asked); ``None``: known here (the
+        session table or :attr:`made_by`), or nowhere."""
+        if (self._sessions.of_response(tenant, response_id) is not None
+                or self.made_by.worker(tenant, response_id) is not None):
+            return None
+        if self._admission is not None:
+            link = await self._admission.replicas.reply_session(tenant, response_id)
+            if link is not None:
+                return link
+        label = await self._ask(response_id, headers)
+        if label is None:
+            return None
+        self.made_by.made(tenant, response_id, label)
+        return ReplyLink(None, label)
+
+    def link(self, turn: Turn, tenant: str, prev: str | None,
+             found: ReplyLink | None) -> ReplyLink | None:
+        """What admission needs of a request continuing the reply ``prev`` (``None``: it
+        continues none): the session it joined (``None``: a new one) and the worker that made
+        the reply, where known and healthy (down: placed as any; that worker answers as vLLM
+        would without the proxy)."""
+        if prev is None:
+            return None
+        worker = self.made_by.worker(tenant, prev) or (None if found is None else found.worker)
+        if self._url(worker) is None:
+            worker = None
+        joined = turn.session if turn.source == "response" else None
+        return None if joined is None and worker is None else ReplyLink(joined, worker)
+
+    async def picker(self, path: str, headers: Mapping[str, str], any_worker: Picker,
+                     to: Callable[[str], WorkerConfig]) -> Picker:
+        """Where a pass-through request goes: a stored response's routes to the worker that made
+        it; the rest, and those whose worker is unknown or down, as ``any_worker`` says."""
+        rid = stored_response_id(path)
+        if rid is None:
+            return any_worker
+        tenant = tenant_of(headers.get("Authorization") or headers.get("x-api-key"))
+        worker = self.made_by.worker(tenant, rid)
+        if worker is None:
+            found = await self.find(tenant, rid, headers)
+            worker = None if found is None else found.worker
+
+        def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
+            url = self._url(worker)
+            if url is not None and all(w.url != url for w in tried):
+                return to(url)
+            return any_worker(tried)
+
+        return pick
+
+    def _url(self, label: str | None) -> str | None:
+        """The healthy worker labelled ``label`` (``None``: none, or down)."""
+        return next((u for u, w in self._workers.items()
+                     if w.label == label and self._health.is_healthy(u)), None)
+
+    async def _ask(self, response_id: str, headers: Mapping[str, str]) -> str | None:
+        """The label of the worker that has the reply, as the workers answer (with two or more
+        healthy: with one there is nothing to choose)."""
+        http = self._http()
+        urls = [u for u in self._workers if self._health.is_healthy(u)]
+        if http is None or len(urls) < 2:
+            return None
+        auth = {k: v for k in ("Authorization", "x-api-key") if (v := headers.get(k))}
+        url = await worker_keeping(http, urls, response_id, auth, self._probe_timeout_s)
+        return None if url is None else self._workers[url].label
+
+
+async def worker_keeping(
+    http: aiohttp.ClientSession, urls: Sequence[str], response_id: str,
+    headers: Mapping[str, str], timeout_s: float,
+) -> str | None:
+    """The url of the worker that answers 200 for ``response_id`` (``None``: none does, in
+    ``timeout_s``). ``headers``: the caller's credentials, as the worker checks them."""
+
+    async def has(url: str) -> str | None:
+        try:
+            async with http.get(f"{url.rstrip('/')}/v1/responses/{quote(response_id, safe='')}",
+                                headers=headers) as r:
+                return url if r.status == 200 else None
+        except (aiohttp.ClientError, ValueError) as exc:
+            log.debug("reply %s at %s: %r", response_id[:64], url, exc)
+            return None
+
+    tasks = [asyncio.create_task(has(u)) for u in urls]
+    try:
+        async with asyncio.timeout(timeout_s):
+            for found in asyncio.as_completed(tasks):
+                url = await found
+                if url is not None:
+                    return url
+    except TimeoutError:
+        log.info("no worker answered for reply %s within %.1f s (health.timeout_s)",
+                 response_id[:64], timeout_s)
+    finally:
+        for t in tasks:
+            t.cancel()  # the others' answers are not needed
+    return None
