@@ -41,6 +41,7 @@ long benchmark against the emulator should not grow without bound)."""
 class Stored:
     messages: list[Message]  # the request's rendered input, system message included
     output: str  # the reply's text
+    response: dict[str, Any]  # as it was answered: ``GET /v1/responses/{id}`` returns it
 
 
 @dataclass
@@ -71,6 +72,13 @@ class ResponsesRequest:
 
 def not_found(rid: str) -> ApiError:
     return ApiError(404, f"Response with id '{rid}' not found.", "invalid_request_error",
+                    "response_id")
+
+
+def cannot_cancel() -> ApiError:
+    """vLLM's answer to cancelling a response that is not queued or in progress (every kept
+    response here: the emulator runs ``background`` in the foreground)."""
+    return ApiError(400, "Cannot cancel a synchronous response.", "invalid_request_error",
                     "response_id")
 
 

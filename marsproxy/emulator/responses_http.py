@@ -9,7 +9,13 @@ import uuid
 from aiohttp import web
 
 from marsproxy.emulator import responses_api as api
-from marsproxy.emulator.http_util import Frames, error_response, read_json, serve_one
+from marsproxy.emulator.http_util import (
+    Frames,
+    error_response,
+    json_response,
+    read_json,
+    serve_one,
+)
 from marsproxy.emulator.openai_api import ApiError, bad_request
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner
@@ -45,12 +51,26 @@ class ResponsesHandlers:
                fin: FinishedEvent) -> dict[str, object]:
         """The finished response; kept when the store keeps it."""
         text = filler_text(0, fin.completion_tokens)
-        if req.store:
-            self.store.put(rid, api.Stored(req.messages, text))
         status = "incomplete" if fin.finish_reason == "length" else "completed"
-        return api.response(rid, created, self.model, req, [api.message_item(mid, text)], status,
-                            api.usage(fin.prompt_tokens, fin.completion_tokens,
-                                      fin.cached_tokens, self.block))
+        final = api.response(rid, created, self.model, req, [api.message_item(mid, text)],
+                             status, api.usage(fin.prompt_tokens, fin.completion_tokens,
+                                               fin.cached_tokens, self.block))
+        if req.store:
+            self.store.put(rid, api.Stored(req.messages, text, final))
+        return final
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a kept response as it was answered, else vLLM's 404."""
+        kept = self.store.get(request.match_info["response_id"])
+        if kept is None:
+            return error_response(api.not_found(request.match_info["response_id"]))
+        return json_response(kept.response)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        """``POST /v1/responses/{id}/cancel``: nothing kept here is still running."""
+        rid = request.match_info["response_id"]
+        return error_response(api.not_found(rid) if self.store.get(rid) is None
+                              else api.cannot_cancel())
 
     def _frames(self, req: api.ResponsesRequest, rid: str, mid: str, created: int) -> Frames:
         """``response.created``, ``in_progress``, the item and its part opened, a text delta

@@ -142,6 +142,8 @@ def create_app(opts: EmulatorOptions) -> web.Application:
     app.router.add_post("/v1/messages", msgs.messages)
     app.router.add_post("/v1/messages/count_tokens", msgs.count_tokens)
     app.router.add_post("/v1/responses", resps.responses)
+    app.router.add_get("/v1/responses/{response_id}", resps.retrieve)
+    app.router.add_post("/v1/responses/{response_id}/cancel", resps.cancel)
     app.router.add_get("/v1/models", h.models)
     app.router.add_post("/tokenize", h.tokenize)
     app.router.add_get("/health", h.health)

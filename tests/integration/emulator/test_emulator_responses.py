@@ -116,6 +116,19 @@ async def test_a_stored_response_continues_by_its_id_and_others_are_404(
         err = json.loads(text)
         assert key_shape(err) == key_shape(_fixture("responses-error-404"))
         assert err["error"]["message"] == f"Response with id '{rid}' not found."
+    # Kept as it was answered: retrieved by id; it is not running, so not cancelled.
+    async with http.get(server.make_url(f"/v1/responses/{first['id']}")) as r:
+        assert (r.status, await r.json()) == (200, first)
+    async with http.post(server.make_url(f"/v1/responses/{first['id']}/cancel")) as r:
+        err = (await r.json())["error"]
+        assert (r.status, err["message"], err["param"]) == (
+            400, "Cannot cancel a synchronous response.", "response_id")
+    for rid in (unkept["id"], "resp_elsewhere"):
+        for method, path in (("GET", f"/v1/responses/{rid}"),
+                             ("POST", f"/v1/responses/{rid}/cancel")):
+            async with http.request(method, server.make_url(path)) as r:
+                assert r.status == 404
+                assert key_shape(await r.json()) == key_shape(_fixture("responses-error-404"))
     # Without the store (vLLM's default) nothing is kept: every id is unknown.
     plain = await start_emulator()
     made = await _ok(http, plain, BODY)

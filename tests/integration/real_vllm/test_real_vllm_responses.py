@@ -16,7 +16,11 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from marsproxy.gateway.http.app import Running
+from marsproxy.bench.local import start_local
+from marsproxy.config import load_config
+from marsproxy.emulator.server import EmulatorOptions
+from marsproxy.emulator.server import create_app as create_emulator
+from marsproxy.gateway.http.app import Running, start
 
 from .conftest import LlmEnds
 
@@ -76,3 +80,51 @@ async def test_openai_sdk_responses_chain_through_the_proxy(
 def _u(r: Response) -> Any:
     assert r.usage is not None
     return r.usage
+
+
+async def test_a_replica_that_never_saw_a_reply_asks_the_workers_who_keeps_it(
+    vllm_dev: str,
+) -> None:
+    """Two proxies that share no store, in front of the real vLLM and an emulated worker (both
+    keeping responses): a chain made through the first continues through the second, which
+    asks both workers for the id (the real one answers ``GET /v1/responses/{id}`` with 200) and
+    sends the call there; retrieving and cancelling the response go there too, and vLLM's
+    answers come back as it sent them."""
+    emulated = await start_local(create_emulator(EmulatorOptions(
+        profile="tiny", served_model_name="tiny", responses_store=True)))
+    workers = [{"url": vllm_dev, "name": "vllm", "priority": True},
+               {"url": emulated.url, "name": "emulated"}]
+    proxies = []
+    for _ in range(2):
+        proxies.append(await start(load_config(environ={}, overrides={
+            "server": {"port": 0}, "workers": workers, "probes": {"nvml": {"enabled": False}},
+        })))
+    base = [f"http://127.0.0.1:{p.port}" for p in proxies]
+    clients = [openai.AsyncOpenAI(base_url=f"{b}/v1", api_key="EMPTY", max_retries=0,
+                                  timeout=120) for b in base]
+    try:
+        r1 = await clients[0].responses.create(model="tiny", input="List the files.",
+                                               max_output_tokens=4)
+        # The second proxy's own session takes the real worker: its least loaded is the other.
+        await clients[1].chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_headers={"x-session-id": "busy"})
+        r2 = await clients[1].responses.create(model="tiny", input="a.py b.py",
+                                               previous_response_id=r1.id, max_output_tokens=4)
+        got = await clients[1].responses.retrieve(r2.id)
+        with pytest.raises(openai.BadRequestError) as bad:
+            await clients[1].responses.cancel(r2.id)
+        async with aiohttp.ClientSession() as http:
+            states = [await (await http.get(f"{b}/mars/v1/state?sessions=1")).json()
+                      for b in base]
+    finally:
+        for c in clients:
+            await c.close()
+        for p in proxies:
+            await p.stop()
+        await emulated.stop()
+    assert got.id == r2.id and got.previous_response_id == r1.id
+    assert isinstance(bad.value.body, dict)
+    assert bad.value.body["message"] == "Cannot cancel a synchronous response."
+    where = {d["id"]: d["worker"] for st in states for d in st["sessions"]["details"]}
+    assert set(where.values()) == {"vllm"}, where  # every session on the worker keeping it
