@@ -84,8 +84,9 @@ def cannot_cancel() -> ApiError:
 
 def parse(body: Any, served_model: str, max_model_len: int,
           store: ResponseStore) -> ResponsesRequest:
-    """Validate a request and render its prompt, in vLLM's order: the body, the model, the
-    previous response, the output budget, the prompt's length; raises :class:`ApiError`."""
+    """Validate a request and render its prompt, in vLLM's order: the body, the model,
+    ``background`` without the store, the previous response, the output budget, the prompt's
+    length; raises :class:`ApiError`."""
     if not isinstance(body, Mapping):
         raise invalid("", "Input should be a valid dictionary", "model_attributes_type", body)
     if "input" not in body:
@@ -132,7 +133,7 @@ def input_messages(instructions: str | None, inp: str | list[Any],
     if instructions:
         messages.append({"role": "system", "content": instructions})
     if prev is not None:  # instructions do not carry over from the earlier request
-        messages.extend(m for m in prev.messages if m.get("role") != "system")
+        messages.extend(dict(m) for m in prev.messages if m.get("role") != "system")
         messages.append({"role": "assistant", "content": prev.output})
     if isinstance(inp, str):
         messages.append({"role": "user", "content": inp})
