@@ -181,6 +181,13 @@ class GatewayMetrics:
             "Retention reservations shrunk because the engine evicted part of the prefix.",
             ["worker"],
         )
+        self.reply_lookups = Tally(
+            "marsproxy_reply_lookups",
+            "Calls naming a stored Responses reply this replica's session table does not hold,"
+            " by where its worker was found: here (recent replies), store (another replica),"
+            " workers (asked) or none.",
+            ["source"],
+        )
         # Counters the scheduler and admission update per request: tallies too.
         TallyCollector(
             [self.session_duration, self.admission_wait, self.dispatch_wait,
@@ -188,7 +195,7 @@ class GatewayMetrics:
              self.resumes,
              self.resume_tokens, self.retention_decisions, self.ledger_released,
              self.kv_predictions, self.kv_tokenize, self.kv_tokenize_seconds,
-             self.retention_verified, self.retention_corrected]
+             self.retention_verified, self.retention_corrected, self.reply_lookups]
         ).register(r)
         # The bounded label sets of the scheduler's counters exist from the start, at zero,
         # so a dashboard's ratios of them have data before the first warm resume.
@@ -199,6 +206,8 @@ class GatewayMetrics:
             self.resume_tokens.labels(kind)
         for retain in ("true", "false"):
             self.retention_decisions.labels(retain)
+        for source in ("here", "store", "workers", "none"):
+            self.reply_lookups.labels(source)
         # Gauges read at scrape time (worker pressure, CPU, tools, sessions by state, event
         # counts) come from a collector over the state document: see telemetry.prometheus.
 

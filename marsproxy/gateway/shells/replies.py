@@ -28,6 +28,7 @@ from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.http.routes import stored_response_id
 from marsproxy.gateway.http.upstream import Picker
 from marsproxy.gateway.shells.admission import AdmissionShell
+from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.replicas import ReplyLink
 from marsproxy.gateway.shells.sessions import ObservedSessions
 
@@ -38,10 +39,11 @@ class Replies:
     def __init__(
         self, cfg: MarsConfig, workers: Mapping[str, WorkerConfig], health: WorkerHealth,
         sessions: ObservedSessions, admission: AdmissionShell | None,
-        http: Callable[[], aiohttp.ClientSession | None],
+        http: Callable[[], aiohttp.ClientSession | None], metrics: GatewayMetrics,
     ) -> None:
         self._workers, self._health, self._sessions = workers, health, sessions
         self._admission, self._http = admission, http
+        self._metrics = metrics
         self._probe_timeout_s = cfg.health.timeout_s
         self.made_by = ReplyWorkers(cfg.sessions.max_sessions)
 
@@ -58,14 +60,18 @@ class Replies:
         """What this replica does not know of a reply a call names: the session and worker the
         store has for it, else the worker that has it (asked); ``None``: known here (the
         session table or :attr:`made_by`), or nowhere."""
-        if (self._sessions.of_response(tenant, response_id) is not None
-                or self.made_by.worker(tenant, response_id) is not None):
+        if self._sessions.of_response(tenant, response_id) is not None:
+            return None
+        if self.made_by.worker(tenant, response_id) is not None:
+            self._looked_up("here")
             return None
         if self._admission is not None:
             link = await self._admission.replicas.reply_session(tenant, response_id)
             if link is not None:
+                self._looked_up("store")
                 return link
         label = await self._ask(response_id, headers)
+        self._looked_up("none" if label is None else "workers")
         if label is None:
             return None
         self.made_by.made(tenant, response_id, label)
@@ -105,6 +111,9 @@ class Replies:
             return any_worker(tried)
 
         return pick
+
+    def _looked_up(self, source: str) -> None:
+        self._metrics.reply_lookups.labels(source).inc()
 
     def _url(self, label: str | None) -> str | None:
         """The healthy worker labelled ``label`` (``None``: none, or down)."""

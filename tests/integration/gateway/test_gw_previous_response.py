@@ -359,10 +359,23 @@ async def test_replicas_without_a_shared_store_ask_the_workers_who_keeps_a_reply
         for turn in range(1, 4):
             ids.append(await _call(http, g[turn % 2], {
                 "model": "fake", "input": f"tool output {turn}", "previous_response_id": ids[-1]}))
+        async with http.post(url(g[0], "/v1/responses"), json={
+                "model": "fake", "input": "x", "previous_response_id": "resp_never"}) as r:
+            assert r.status == 404  # no worker has it: vLLM's answer
+        lookups = []
+        for gi in g:
+            async with http.get(url(gi, "/metrics")) as r:
+                text = await r.text()
+            lookups.append([line for line in text.splitlines()
+                            if line.startswith("marsproxy_reply_lookups_total{")])
     finally:
         for gi in g:
             await gi.stop()
     maker = next(w for w in two if ids[0] in w.made)
     assert all(i in maker.made for i in ids), (ids, maker.made)
     asked = {s.path_qs for s in maker.seen if s.method == "GET"}  # the others may be cut short
-    assert asked == {f"/v1/responses/{i}" for i in ids[:3]}
+    assert asked >= {f"/v1/responses/{i}" for i in ids[:3]}
+    # a asked for ids[1] and the unknown id, b for ids[0] and ids[2].
+    assert 'marsproxy_reply_lookups_total{source="workers"} 1.0' in lookups[0]
+    assert 'marsproxy_reply_lookups_total{source="none"} 1.0' in lookups[0]
+    assert 'marsproxy_reply_lookups_total{source="workers"} 2.0' in lookups[1]
