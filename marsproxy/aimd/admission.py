@@ -86,9 +86,10 @@ class AdmissionCore(WorkerFit):
             self.sessions.add_waiter(session, final)
             return Decision(DecisionKind.WAIT, reason="queued")
         if bound is not None:
-            self._bound[session] = bound
+            self._bound[session] = bound  # relocate() asks after the queue entry is gone
         if not self.cfg.enabled:
-            return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix)
+            return self._admit_unconditionally(now, session, tenant, est_tokens, final, prefix,
+                                               bound)
         self.prefixes.note(session, None if bound is not None else prefix)
         entry = self.queue.entry(session, tenant, now, est_tokens, cls, child=child,
                                  grows=self._grows(tenant), bound=bound)
@@ -331,15 +332,15 @@ class AdmissionCore(WorkerFit):
 
     def _admit_unconditionally(
         self, now: float, session: str, tenant: str, est_tokens: int, final: bool,
-        prefix: Mapping[str, int] | None,
+        prefix: Mapping[str, int] | None, bound: str | None,
     ) -> Decision:
         # Admission off: the fewest sessions holding KV among healthy workers, ties to the
         # fewest placed, then worker order; no window (prefix placement ignores it too). Health
         # alone gates: a worker not read yet (just started) takes its share of a burst at once.
         names = [w for w in self.workers if self._signals[w].healthy]
         worker = min(names or self.workers, key=self.sessions.spread_key)
-        if self._bound.get(session) in names:
-            worker, prefix = self._bound[session], None
+        if bound in names:
+            worker, prefix = bound, None
         if prefix:
             views = [v for v in self._views() if v.name in names] or self._views()
             worker = prefer_prefix(self.placement, views, prefix, worker, est_tokens,

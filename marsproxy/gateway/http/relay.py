@@ -177,7 +177,7 @@ class Relay:
             prefix = None if gw.kv_use is None else gw.kv_use.prefix(ids)
             parent_key = None if parent is None else f"{tenant}/id/{parent}"
             refused = await self._admit(turn, tenant, raw, final, clock, out, cls, prefix,
-                                        parent_key, gw.replies.link(turn, tenant, prev, found))
+                                        parent_key, gw.replies.link(turn, found))
             if refused is not None:
                 return refused
         strip = body.stream and body.strip_usage_chunk

@@ -56,15 +56,17 @@ class Replies:
             self._admission.replicas.publish_reply(tenant, response_id, key, label)
 
     async def find(self, tenant: str, response_id: str,
-                   headers: Mapping[str, str]) -> ReplyLink | None:
-        """What this replica does not know of a reply a call names: the session and worker the
-        store has for it, else the worker that has it (asked); ``None``: known here (the
-        session table or :attr:`made_by`), or nowhere."""
+                   headers: Mapping[str, str]) -> ReplyLink:
+        """What is known of a reply a call names: the session to join (``key``: the store's,
+        for another replica's reply; ``None``: the session table's, or none) and the worker
+        that made it (this replica's memory, the store's, or the workers' answer; ``None``:
+        nowhere)."""
+        worker = self.made_by.worker(tenant, response_id)
         if self._sessions.of_response(tenant, response_id) is not None:
-            return None
-        if self.made_by.worker(tenant, response_id) is not None:
+            return ReplyLink(None, worker)
+        if worker is not None:
             self._looked_up("here")
-            return None
+            return ReplyLink(None, worker)
         if self._admission is not None:
             link = await self._admission.replicas.reply_session(tenant, response_id)
             if link is not None:
@@ -72,22 +74,18 @@ class Replies:
                 return link
         label = await self._ask(response_id, headers)
         self._looked_up("none" if label is None else "workers")
-        if label is None:
-            return None
-        self.made_by.made(tenant, response_id, label)
+        if label is not None:
+            self.made_by.made(tenant, response_id, label)
         return ReplyLink(None, label)
 
-    def link(self, turn: Turn, tenant: str, prev: str | None,
-             found: ReplyLink | None) -> ReplyLink | None:
-        """What admission needs of a request continuing the reply ``prev`` (``None``: it
-        continues none): the session it joined (``None``: a new one) and the worker that made
-        the reply, where known and healthy (down: placed as any; that worker answers as vLLM
-        would without the proxy)."""
-        if prev is None:
+    def link(self, turn: Turn, found: ReplyLink | None) -> ReplyLink | None:
+        """What admission needs of a request continuing the reply ``found`` describes
+        (``None``: it continues none): the session it joined (``None``: a new one) and the
+        worker that made the reply, where healthy (down: placed as any; that worker answers
+        as vLLM would without the proxy)."""
+        if found is None:
             return None
-        worker = self.made_by.worker(tenant, prev) or (None if found is None else found.worker)
-        if self._url(worker) is None:
-            worker = None
+        worker = found.worker if self._url(found.worker) is not None else None
         joined = turn.session if turn.source == "response" else None
         return None if joined is None and worker is None else ReplyLink(joined, worker)
 
@@ -99,10 +97,7 @@ class Replies:
         if rid is None:
             return any_worker
         tenant = tenant_of(headers.get("Authorization") or headers.get("x-api-key"))
-        worker = self.made_by.worker(tenant, rid)
-        if worker is None:
-            found = await self.find(tenant, rid, headers)
-            worker = None if found is None else found.worker
+        worker = (await self.find(tenant, rid, headers)).worker
 
         def pick(tried: Iterable[WorkerConfig]) -> WorkerConfig | None:
             url = self._url(worker)
@@ -145,7 +140,7 @@ async def worker_keeping(
                                 headers=headers) as r:
                 return url if r.status == 200 else None
         except (aiohttp.ClientError, ValueError) as exc:
-            log.debug("reply %s at %s: %r", response_id[:64], url, exc)
+            log.info("asking %s for reply %s failed: %r", url, response_id[:64], exc)
             return None
 
     tasks = [asyncio.create_task(has(u)) for u in urls]
