@@ -3,7 +3,8 @@
 vLLM keeps a stored response on the server that made it (``VLLM_ENABLE_RESPONSES_API_STORE``):
 a call naming it by ``previous_response_id``, or ``GET /v1/responses/{id}``, must reach that
 worker, whatever became of the session that got it. :class:`ReplyWorkers` remembers the worker
-of the latest replies, beyond their sessions' lives.
+of the latest replies, beyond their sessions' lives, and the workers that said they keep no reply
+of an id (so a client repeating an id no worker has does not make the proxy ask them each time).
 
 Pure code: no I/O.
 """
@@ -25,27 +26,47 @@ def reply_key(tenant: str, response_id: str) -> str:
 
 
 class ReplyWorkers:
-    """The worker that made each of the latest ``cap`` replies (by tenant and hash); the least
-    recently named is forgotten first."""
+    """Of each of the latest ``cap`` reply ids named (by tenant and hash): the worker that made
+    it, or the workers that answered they keep none; the least recently named is forgotten
+    first."""
 
     def __init__(self, cap: int) -> None:
         self._cap = cap
-        self._of: OrderedDict[tuple[str, bytes], str] = OrderedDict()
+        self._of: OrderedDict[tuple[str, bytes], str | frozenset[str]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._of)
 
     def made(self, tenant: str, response_id: str, worker: str) -> None:
+        self._keep((tenant, reply_hash(response_id)), worker)
+
+    def denied(self, tenant: str, response_id: str, workers: frozenset[str]) -> None:
+        """``workers`` answered that they keep no reply ``response_id`` (vLLM's 404). A worker
+        keeps a reply from its making to its restart, so their answer holds for good; one that
+        did not answer (down, slow) may still have it."""
         key = (tenant, reply_hash(response_id))
-        self._of[key] = worker
-        self._of.move_to_end(key)
-        while len(self._of) > self._cap:
-            self._of.popitem(last=False)
+        if not isinstance(self._of.get(key), str):  # a worker made it: that stands
+            self._keep(key, workers)
 
     def worker(self, tenant: str, response_id: str) -> str | None:
         """The worker that made the reply (``None``: not known here)."""
+        known = self._named(tenant, response_id)
+        return known if isinstance(known, str) else None
+
+    def deniers(self, tenant: str, response_id: str) -> frozenset[str]:
+        """The workers known to keep no reply ``response_id``."""
+        known = self._named(tenant, response_id)
+        return known if isinstance(known, frozenset) else frozenset()
+
+    def _named(self, tenant: str, response_id: str) -> str | frozenset[str] | None:
         key = (tenant, reply_hash(response_id))
-        worker = self._of.get(key)
-        if worker is not None:
+        known = self._of.get(key)
+        if known is not None:
             self._of.move_to_end(key)
-        return worker
+        return known
+
+    def _keep(self, key: tuple[str, bytes], known: str | frozenset[str]) -> None:
+        self._of[key] = known
+        self._of.move_to_end(key)
+        while len(self._of) > self._cap:
+            self._of.popitem(last=False)

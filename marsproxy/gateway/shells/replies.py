@@ -9,6 +9,8 @@ replica's reply, with the session to join: ``replicas.py``), or, where neither k
 (another replica's reply whose entry has not landed yet, a proxy restart), from the workers
 themselves: vLLM answers ``GET /v1/responses/{id}`` with 200 only where it keeps the reply, so
 the proxy asks every healthy worker at once and takes the one that has it (:func:`worker_keeping`).
+A worker that answered 404 is not asked of that id again: a client repeating an id no worker
+keeps (lost to a restart, or made up) costs one round of questions, not one per call.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Replies:
             if link is not None:
                 self._looked_up("store")
                 return link
-        label = await self._ask(response_id, headers)
+        label = await self._ask(tenant, response_id, headers)
         self._looked_up("none" if label is None else "workers")
         if label is not None:
             self.made_by.made(tenant, response_id, label)
@@ -115,29 +117,43 @@ class Replies:
         return next((u for u, w in self._workers.items()
                      if w.label == label and self._health.is_healthy(u)), None)
 
-    async def _ask(self, response_id: str, headers: Mapping[str, str]) -> str | None:
+    async def _ask(self, tenant: str, response_id: str,
+                   headers: Mapping[str, str]) -> str | None:
         """The label of the worker that has the reply, as the workers answer (with two or more
-        healthy: with one there is nothing to choose)."""
+        healthy: with one there is nothing to choose). Those that said they keep none are not
+        asked again."""
         http = self._http()
-        urls = [u for u in self._workers if self._health.is_healthy(u)]
-        if http is None or len(urls) < 2:
+        healthy = [u for u in self._workers if self._health.is_healthy(u)]
+        if http is None or len(healthy) < 2:
+            return None
+        deniers = self.made_by.deniers(tenant, response_id)
+        urls = [u for u in healthy if self._workers[u].label not in deniers]
+        if not urls:
             return None
         auth = {k: v for k in ("Authorization", "x-api-key") if (v := headers.get(k))}
-        url = await worker_keeping(http, urls, response_id, auth, self._probe_timeout_s)
-        return None if url is None else self._workers[url].label
-
+        url, denied = await worker_keeping(http, urls, response_id, auth, self._probe_timeout_s)
+        if url is not None:
+            return self._workers[url].label
+        if denied:
+            self.made_by.denied(tenant, response_id,
+                                deniers | {self._workers[u].label for u in denied})
+        return None
 
 async def worker_keeping(
     http: aiohttp.ClientSession, urls: Sequence[str], response_id: str,
     headers: Mapping[str, str], timeout_s: float,
-) -> str | None:
+) -> tuple[str | None, list[str]]:
     """The url of the worker that answers 200 for ``response_id`` (``None``: none does, in
-    ``timeout_s``). ``headers``: the caller's credentials, as the worker checks them."""
+    ``timeout_s``), and those that answered 404 (they keep no such reply). ``headers``: the
+    caller's credentials, as the worker checks them."""
+    denied: list[str] = []
 
     async def has(url: str) -> str | None:
         try:
             async with http.get(f"{url.rstrip('/')}/v1/responses/{quote(response_id, safe='')}",
                                 headers=headers) as r:
+                if r.status == 404:
+                    denied.append(url)
                 return url if r.status == 200 else None
         except (aiohttp.ClientError, ValueError) as exc:
             log.info("asking %s for reply %s failed: %r", url, response_id[:64], exc)
@@ -149,11 +165,11 @@ async def worker_keeping(
             for found in asyncio.as_completed(tasks):
                 url = await found
                 if url is not None:
-                    return url
+                    return url, denied
     except TimeoutError:
         log.info("no worker answered for reply %s within %.1f s (health.timeout_s)",
                  response_id[:64], timeout_s)
     finally:
         for t in tasks:
             t.cancel()  # the others' answers are not needed
-    return None
+    return None, denied

@@ -378,3 +378,24 @@ async def test_replicas_without_a_shared_store_ask_the_workers_who_keeps_a_reply
     assert 'marsproxy_reply_lookups_total{source="workers"} 1.0' in lookups[0]
     assert 'marsproxy_reply_lookups_total{source="none"} 1.0' in lookups[0]
     assert 'marsproxy_reply_lookups_total{source="workers"} 2.0' in lookups[1]
+
+
+async def test_an_id_no_worker_keeps_is_asked_of_the_workers_once(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """A client repeating an id no worker keeps (made up, or lost to a worker's restart) gets
+    vLLM's 404 each time, but the workers are asked of it once: they answered that they keep
+    none. A worker that made it since (it could not have: ids are new) would still win."""
+    g = await gateway(config([w.url for w in two]))
+    try:
+        for _ in range(3):
+            async with http.post(url(g, "/v1/responses"), json={
+                    "model": "fake", "input": "x", "previous_response_id": "resp_gone"}) as r:
+                assert r.status == 404
+        async with http.get(url(g, "/metrics")) as r:
+            text = await r.text()
+    finally:
+        await g.stop()
+    asked = [s for w in two for s in w.seen if s.method == "GET"]
+    assert [s.path_qs for s in asked] == ["/v1/responses/resp_gone"] * 2  # once each
+    assert 'marsproxy_reply_lookups_total{source="none"} 3.0' in text

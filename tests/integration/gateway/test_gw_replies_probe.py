@@ -1,6 +1,7 @@
 """Asking the workers which one keeps a stored reply (gateway/shells/replies.py), over real
 sockets: the one answering 200 wins, whatever the others do (404, an error, silence); none, or
-silence past the timeout, is ``None``; the caller's credentials go with the question."""
+silence past the timeout, is ``None``; those that answered 404 are named (they keep no such
+reply); the caller's credentials go with the question."""
 
 from __future__ import annotations
 
@@ -40,5 +41,6 @@ async def test_the_worker_that_has_it_answers() -> None:
     finally:
         for r, _ in runners:
             await r.cleanup()
-    assert (got, none, silent) == (urls[2], None, None)
+    assert (got[0], none, silent) == (urls[2], (None, [urls[0]]), (None, []))
+    assert got[1] in ([], [urls[0]])  # the 404 is told when it came before the 200
     assert seen[:2] == ["/v1/responses/resp_1%2Fx Bearer k"] * 2  # quoted; the key sent along

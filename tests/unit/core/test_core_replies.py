@@ -15,6 +15,21 @@ def test_the_latest_replies_name_their_workers_per_tenant() -> None:
     assert r.worker("t", "resp_1") == "w1" and len(r) == 2
 
 
+def test_workers_that_keep_no_reply_of_an_id_are_remembered_until_one_made_it() -> None:
+    r = ReplyWorkers(cap=2)
+    r.denied("t", "resp_1", frozenset({"w0"}))
+    assert (r.deniers("t", "resp_1"), r.worker("t", "resp_1")) == (frozenset({"w0"}), None)
+    assert r.deniers("u", "resp_1") == frozenset()  # per tenant
+    r.denied("t", "resp_1", frozenset({"w0", "w1"}))
+    assert r.deniers("t", "resp_1") == frozenset({"w0", "w1"})
+    r.made("t", "resp_1", "w2")  # a worker made it: that is what counts
+    r.denied("t", "resp_1", frozenset({"w0"}))
+    assert (r.worker("t", "resp_1"), r.deniers("t", "resp_1")) == ("w2", frozenset())
+    r.denied("t", "resp_2", frozenset({"w0"}))
+    r.denied("t", "resp_3", frozenset({"w0"}))  # over the cap: resp_1 goes
+    assert (r.worker("t", "resp_1"), len(r)) == (None, 2)
+
+
 def test_ids_are_kept_as_hashes() -> None:
     assert len(reply_hash("resp_" + "x" * 10_000)) == 16
     assert reply_hash("a\udcff") != reply_hash("a")  # any str hashes, lone surrogates too
