@@ -5,7 +5,7 @@ A reply calls a tool when it carries one, whatever its finish reason says (vLLM 
 named function with ``stop``, a call cut at ``max_tokens`` with ``length``). It answers when it
 finished and carries none, cut at ``max_tokens`` too: agent loops end on a reply without a tool
 call whatever stopped it. A reply whose end was not seen (an error, a broken stream, a shape not
-known) is neither. Only a request that offered tools is an agent loop's call: the reply to one
+known, a background response still queued) is neither. Only a request that offered tools is an agent loop's call: the reply to one
 that offered none (a harness's side request under the same session: a title, a summary, a
 safety check) says nothing of the loop's end, and is not read for it (``kinds`` in ``sse.py``).
 """
@@ -58,10 +58,18 @@ def body_kind(route: str, obj: dict[str, Any]) -> ReplyKind | None:
     return kind_of(isinstance(msg, dict) and bool(msg.get("tool_calls")), ch.get("finish_reason"))
 
 
+_RESPONSE_ENDS = frozenset({"completed", "incomplete"})
+
+
 def responses_kind(resp: dict[str, Any]) -> ReplyKind | None:
-    """A Responses API response object's kind: function calls among its output items (its
-    status, ``completed`` or ``incomplete``, says it ended; ``failed`` is an error)."""
+    """A Responses API response object's kind: function calls among its output items, once its
+    status, ``completed`` or ``incomplete``, says it ended. Any other is neither: ``queued`` or
+    ``in_progress`` (a ``background`` response, still generating on the worker), ``failed``,
+    ``cancelled``."""
+    status = resp.get("status")
+    if status not in _RESPONSE_ENDS:
+        return None
     items = resp.get("output")
     calls = isinstance(items, list) and any(
         isinstance(i, dict) and i.get("type") == "function_call" for i in items)
-    return kind_of(calls, resp.get("status"))
+    return kind_of(calls, status)

@@ -15,7 +15,9 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from marsproxy.core.identity import tenant_of
 from marsproxy.gateway.http.app import Running
+from marsproxy.policy.plane import Phase
 
 from .conftest import FakeWorker, Seen
 from .relay_client import config, gateway, url
@@ -48,6 +50,11 @@ class StoringWorker(FakeWorker):
                         "content": [{"type": "output_text", "text": f"said {rid}"}]}],
             "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
         }
+        if request.headers.get("x-fake") == "tool":
+            resp["output"] = [{"type": "function_call", "name": "run", "arguments": "{}",
+                               "call_id": f"call_{rid}", "id": f"fc_{rid}"}]
+        if obj.get("background"):  # vLLM answers at once; the engine goes on generating
+            resp |= {"status": "queued", "output": [], "usage": None}
         if not obj.get("stream"):
             self.completed += 1
             return web.json_response(resp)
@@ -399,3 +406,24 @@ async def test_an_id_no_worker_keeps_is_asked_of_the_workers_once(
     asked = [s for w in two for s in w.seen if s.method == "GET"]
     assert [s.path_qs for s in asked] == ["/v1/responses/resp_gone"] * 2  # once each
     assert 'marsproxy_reply_lookups_total{source="none"} 3.0' in text
+
+
+async def test_a_background_reply_still_generating_does_not_end_its_session(
+    two: list[StoringWorker], http: aiohttp.ClientSession
+) -> None:
+    """``background: true``: vLLM answers at once with the response ``queued``, no output yet.
+    That is no answer: the session of a tool-calling agent goes on (its answer would end it)."""
+    g = await gateway(config([w.url for w in two]))
+    tools = [{"type": "function", "name": "run", "parameters": {"type": "object"}}]
+    try:
+        for extra, fake in (({}, "tool"), ({"background": True}, "ok")):
+            async with http.post(url(g, "/v1/responses"), headers={
+                    "x-session-id": "bg", "x-fake": fake},
+                    json={"model": "fake", "input": "go", "tools": tools, **extra}) as r:
+                assert r.status == 200, await r.text()
+                status = (await r.json())["status"]
+        phase = g.gateway.plane.phase(f"{tenant_of(None)}/id/bg")
+    finally:
+        await g.stop()
+    assert status == "queued"
+    assert phase is Phase.DORMANT  # not ENDED: the session's answer is still to come

@@ -66,6 +66,9 @@ def test_messages_and_responses_bodies() -> None:
                                 capture=False)[2] is ReplyKind.ANSWER
     assert read_body("responses", resp([said], "incomplete"),
                                 capture=False)[2] is ReplyKind.ANSWER
+    # Not ended: a background response still queued or generating; failed; cancelled.
+    for status in ("queued", "in_progress", "failed", "cancelled"):
+        assert read_body("responses", resp([], status), capture=False)[2] is None
 
 
 def _sse(objs: list[dict[str, Any]], spaced: bool = False) -> bytes:
