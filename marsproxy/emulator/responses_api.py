@@ -40,7 +40,7 @@ long benchmark against the emulator should not grow without bound)."""
 @dataclass(frozen=True)
 class Stored:
     messages: list[Message]  # the request's rendered input, system message included
-    output: str  # the reply's text
+    output: str | None  # the reply's text (``None``: none yet, a background response queued)
     response: dict[str, Any]  # as it was answered: ``GET /v1/responses/{id}`` returns it
 
 
@@ -68,6 +68,7 @@ class ResponsesRequest:
     max_tokens: int
     stream: bool
     store: bool  # kept after it is served (the store on and ``store`` not false)
+    background: bool  # answered ``queued`` at once, generated after (needs the store)
 
 
 def not_found(rid: str) -> ApiError:
@@ -76,19 +77,21 @@ def not_found(rid: str) -> ApiError:
 
 
 def cannot_cancel() -> ApiError:
-    """vLLM's answer to cancelling a response that is not queued or in progress (every kept
-    response here: the emulator runs ``background`` in the foreground)."""
+    """vLLM's answer to cancelling a response that is not queued or in progress."""
     return ApiError(400, "Cannot cancel a synchronous response.", "invalid_request_error",
                     "response_id")
 
 
 def parse(body: Any, served_model: str, max_model_len: int,
           store: ResponseStore) -> ResponsesRequest:
-    """Validate a request and render its prompt, in vLLM's order: the body, the model,
-    ``background`` without the store, the previous response, the output budget, the prompt's
-    length; raises :class:`ApiError`."""
+    """Validate a request and render its prompt, in vLLM's order: the body, ``background``
+    with ``store`` false (the request model's validator), the fields, the model, ``background``
+    without the server's store, the previous response, the output budget, the prompt's length;
+    raises :class:`ApiError`."""
     if not isinstance(body, Mapping):
         raise invalid("", "Input should be a valid dictionary", "model_attributes_type", body)
+    if body.get("background") and not body.get("store", True):
+        raise validation_error("background can only be used when `store` is true", "background")
     if "input" not in body:
         raise invalid("input", "Field required", "missing", body)
     inp, instructions = body["input"], body.get("instructions")
@@ -122,8 +125,9 @@ def parse(body: Any, served_model: str, max_model_len: int,
     if max_tokens < 1:
         raise validation_error(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens",
                                max_tokens)
-    return ResponsesRequest(body, messages, ids, max_tokens, body.get("stream") is True,
-                            store.enabled and body.get("store") is not False)
+    kept = store.enabled and body.get("store") is not False
+    return ResponsesRequest(body, messages, ids, max_tokens, body.get("stream") is True, kept,
+                            kept and bool(body.get("background")))
 
 
 def input_messages(instructions: str | None, inp: str | list[Any],
@@ -134,7 +138,8 @@ def input_messages(instructions: str | None, inp: str | list[Any],
         messages.append({"role": "system", "content": instructions})
     if prev is not None:  # instructions do not carry over from the earlier request
         messages.extend(dict(m) for m in prev.messages if m.get("role") != "system")
-        messages.append({"role": "assistant", "content": prev.output})
+        if prev.output is not None:
+            messages.append({"role": "assistant", "content": prev.output})
     if isinstance(inp, str):
         messages.append({"role": "user", "content": inp})
         return messages

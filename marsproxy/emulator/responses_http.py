@@ -1,10 +1,14 @@
 """The emulator's ``POST /v1/responses`` (vLLM 0.32's Responses API) over the emulated engine:
-one reply message, streamed as vLLM's event sequence, kept in the store when it is on."""
+one reply message, streamed as vLLM's event sequence, kept in the store when it is on; with
+``background`` (and not streamed), answered ``queued`` at once and generated after, as vLLM does:
+``GET /v1/responses/{id}`` shows it queued until it is done, ``cancel`` stops it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -18,7 +22,7 @@ from marsproxy.emulator.http_util import (
 )
 from marsproxy.emulator.openai_api import ApiError, bad_request
 from marsproxy.emulator.request import FinishedEvent, RequestError
-from marsproxy.emulator.runner import EngineRunner
+from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
 
 
@@ -27,6 +31,7 @@ class ResponsesHandlers:
         self.runner, self.store = runner, store
         self.model = runner.profile.model_name
         self.block = runner.profile.block_size
+        self._background: dict[str, asyncio.Task[None]] = {}  # running, by response id
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -44,6 +49,8 @@ class ResponsesHandlers:
         def body(fin: FinishedEvent) -> dict[str, object]:
             return self._final(req, rid, mid, created, fin)
 
+        if req.background and not req.stream:
+            return self._queue(req, rid, created, stream, body)
         return await serve_one(request, self.runner, rid, stream, streamed=req.stream,
                                frames=self._frames(req, rid, mid, created), body=body)
 
@@ -59,18 +66,56 @@ class ResponsesHandlers:
             self.store.put(rid, api.Stored(req.messages, text, final))
         return final
 
+    def _queue(self, req: api.ResponsesRequest, rid: str, created: int, stream: TokenStream,
+               body: Callable[[FinishedEvent], object]) -> web.Response:
+        """A background response: kept ``queued`` (no output, no usage) and answered so at
+        once; the finished response replaces it when the engine is done (``body``)."""
+        queued = api.response(rid, created, self.model, req, [], "queued", None)
+        self.store.put(rid, api.Stored(req.messages, None, queued))
+
+        async def run() -> None:
+            try:
+                while stream.finished is None:
+                    await stream.event.wait()
+                    stream.event.clear()
+                body(stream.finished)
+            finally:  # cancelled: the engine drops the request
+                self.runner.release(rid)
+                self._background.pop(rid, None)
+
+        self._background[rid] = asyncio.create_task(run(), name=f"emulator-background-{rid}")
+        return json_response(queued)
+
+    async def close(self) -> None:
+        """The server stops: background responses still running are dropped."""
+        tasks = list(self._background.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def retrieve(self, request: web.Request) -> web.Response:
-        """``GET /v1/responses/{id}``: a kept response as it was answered, else vLLM's 404."""
+        """``GET /v1/responses/{id}``: a kept response as it is now, else vLLM's 404."""
         kept = self.store.get(request.match_info["response_id"])
         if kept is None:
             return error_response(api.not_found(request.match_info["response_id"]))
         return json_response(kept.response)
 
     async def cancel(self, request: web.Request) -> web.Response:
-        """``POST /v1/responses/{id}/cancel``: nothing kept here is still running."""
+        """``POST /v1/responses/{id}/cancel``: a background response still queued is stopped
+        and kept ``cancelled``; any other is vLLM's 400 (404: not kept)."""
         rid = request.match_info["response_id"]
-        return error_response(api.not_found(rid) if self.store.get(rid) is None
-                              else api.cannot_cancel())
+        kept = self.store.get(rid)
+        if kept is None:
+            return error_response(api.not_found(rid))
+        if kept.response["status"] not in ("queued", "in_progress"):
+            return error_response(api.cannot_cancel())
+        cancelled = {**kept.response, "status": "cancelled"}
+        self.store.put(rid, api.Stored(kept.messages, kept.output, cancelled))
+        task = self._background.get(rid)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return json_response(cancelled)
 
     def _frames(self, req: api.ResponsesRequest, rid: str, mid: str, created: int) -> Frames:
         """``response.created``, ``in_progress``, the item and its part opened, a text delta

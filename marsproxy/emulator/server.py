@@ -160,6 +160,7 @@ def create_app(opts: EmulatorOptions) -> web.Application:
         app[RUNNER_KEY].start()
 
     async def _stop(app: web.Application) -> None:
+        await resps.close()
         await app[RUNNER_KEY].stop()
 
     app.on_startup.append(_start)

@@ -90,6 +90,15 @@ req responses_items "$OUT/vllm-0.32-responses-items.json" POST /v1/responses \
 req responses_err404 "$OUT/vllm-0.32-responses-error-404.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Go on.\",\"max_output_tokens\":5,\"previous_response_id\":\"resp_nope\"}"
 req responses_err400 "$OUT/vllm-0.32-responses-error-400.json" POST /v1/responses "{\"model\":\"$M\"}"
+# background: answered queued at once; a long one cancelled while still queued; store false.
+req responses_bg "$OUT/vllm-0.32-responses-background.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":5,\"temperature\":0,\"background\":true}"
+req responses_bg_long "$RAW/responses-bg-long.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":3000,\"temperature\":0,\"background\":true}"
+BGID=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$RAW/responses-bg-long.json")
+req responses_bg_cancel "$OUT/vllm-0.32-responses-background-cancelled.json" POST "/v1/responses/$BGID/cancel"
+req responses_bg_nostore "$OUT/vllm-0.32-responses-error-background.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"Say hello.\",\"background\":true,\"store\":false}"
 
 echo "== priority without --scheduling-policy priority"
 req prio "$RAW/priority-fcfs.json" POST /v1/completions \

@@ -5,9 +5,10 @@ A reply calls a tool when it carries one, whatever its finish reason says (vLLM 
 named function with ``stop``, a call cut at ``max_tokens`` with ``length``). It answers when it
 finished and carries none, cut at ``max_tokens`` too: agent loops end on a reply without a tool
 call whatever stopped it. A reply whose end was not seen (an error, a broken stream, a shape not
-known, a background response still queued) is neither. Only a request that offered tools is an agent loop's call: the reply to one
-that offered none (a harness's side request under the same session: a title, a summary, a
-safety check) says nothing of the loop's end, and is not read for it (``kinds`` in ``sse.py``).
+known, a background response still queued) is neither. Only a request that offered tools is an
+agent loop's call: the reply to one that offered none (a harness's side request under the same
+session: a title, a summary, a safety check) says nothing of the loop's end, and is not read for
+it (``kinds`` in ``sse.py``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ stored previous response, and the errors (an id the store does not hold is a 404
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -195,3 +196,51 @@ async def test_bad_requests_get_vllms_errors(
         err = json.loads(text)["error"]
         assert err["param"] == param, text
         assert message in err["message"], text
+
+
+async def test_background_responses_are_queued_then_kept_or_cancelled_as_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """``background: true``: vLLM answers ``queued`` at once (no output, no usage), keeps it so
+    until the engine is done, then keeps the finished response; a queued one is cancelled (kept
+    ``cancelled``, the engine drops it), once: after that it is not running."""
+    server = await start_emulator(responses_store=True)
+    queued = await _ok(http, server, {**BODY, "background": True})
+    real = _fixture("responses-background")
+    assert list(queued) == list(real) and key_shape(queued) == key_shape(real)
+    assert (queued["status"], queued["output"], queued["usage"]) == ("queued", [], None)
+    for _ in range(200):  # bounded: 10 s
+        async with http.get(server.make_url(f"/v1/responses/{queued['id']}")) as r:
+            kept = await r.json()
+        if kept["status"] != "queued":
+            break
+        await asyncio.sleep(0.05)
+    assert kept["status"] == "incomplete" and kept["usage"]["output_tokens"] == 5
+    assert kept["output"][0]["content"][0]["text"] == filler_text(0, 5)
+    # A long one, cancelled while queued.
+    long = await _ok(http, server, {**BODY, "background": True, "max_output_tokens": 3000})
+    async with http.post(server.make_url(f"/v1/responses/{long['id']}/cancel")) as r:
+        cancelled = await r.json()
+        assert r.status == 200
+    real = _fixture("responses-background-cancelled")
+    assert list(cancelled) == list(real) and key_shape(cancelled) == key_shape(real)
+    assert {**cancelled, "status": "queued"} == long and cancelled["status"] == "cancelled"
+    async with http.get(server.make_url(f"/v1/responses/{long['id']}")) as r:
+        assert (await r.json())["status"] == "cancelled"
+    async with http.post(server.make_url(f"/v1/responses/{long['id']}/cancel")) as r:
+        assert (r.status, (await r.json())["error"]["message"]) == (
+            400, "Cannot cancel a synchronous response.")
+    async with http.get(server.make_url("/metrics")) as r:
+        metrics = await r.text()
+    assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="' in metrics
+    aborted = [line for line in metrics.splitlines()
+               if line.startswith("vllm:request_success_total") and '"abort"' in line]
+    assert aborted and aborted[0].endswith(" 1.0"), aborted
+    # Continued, it renders its input and no output (it has none), as vLLM's stored output.
+    nxt = await _ok(http, server, {**BODY, "input": "Go on.", "previous_response_id": long["id"]})
+    convo = [{"role": "user", "content": "Say hello."}, {"role": "user", "content": "Go on."}]
+    assert nxt["usage"]["input_tokens"] == len(encode_chat(convo))
+    # Background needs the request's store too: vLLM's validator.
+    status, _, text = await _post(http, server, {**BODY, "background": True, "store": False})
+    real = _fixture("responses-error-background")
+    assert (status, json.loads(text)) == (400, real)

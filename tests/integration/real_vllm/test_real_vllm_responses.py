@@ -9,6 +9,7 @@ Needs the real-vLLM install and ``MARS_REAL_VLLM_TESTS=1``; shares the ``vllm_de
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -128,3 +129,59 @@ async def test_a_replica_that_never_saw_a_reply_asks_the_workers_who_keeps_it(
     assert bad.value.body["message"] == "Cannot cancel a synchronous response."
     where = {d["id"]: d["worker"] for st in states for d in st["sessions"]["details"]}
     assert set(where.values()) == {"vllm"}, where  # every session on the worker keeping it
+
+
+async def test_a_background_response_is_polled_and_cancelled_through_the_proxy(
+    vllm_dev: str,
+) -> None:
+    """``background: true`` through the proxy, in front of the real vLLM and an emulated worker:
+    vLLM answers ``queued`` at once; polling ``GET /v1/responses/{id}`` through the proxy reaches
+    the worker that runs it until it is done, the chain goes on from it, and a long one is
+    cancelled there (vLLM's ``cancelled``, or its 400 where it ended first: the tiny random model
+    may stop early); the emulated worker answers alike (50 times slower than its model: its
+    replies end at 32 tokens, in 0.05 s at full pace)."""
+    emulated = await start_local(create_emulator(EmulatorOptions(
+        profile="tiny", served_model_name="tiny", responses_store=True, time_scale=50)))
+    workers = [{"url": vllm_dev, "name": "vllm", "priority": True},
+               {"url": emulated.url, "name": "emulated"}]
+    proxy = await start(load_config(environ={}, overrides={
+        "server": {"port": 0}, "workers": workers, "probes": {"nvml": {"enabled": False}}}))
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{proxy.port}/v1", api_key="EMPTY",
+                                max_retries=0, timeout=120)
+    seen: list[tuple[str, str, str]] = []
+    stopped: list[str] = []
+    try:
+        for sid in ("bg-a", "bg-b"):  # the second session goes to the other worker
+            hdr = {"x-session-id": sid}
+            queued = await client.responses.create(model="tiny", input="List the files.",
+                                                   max_output_tokens=4, background=True,
+                                                   extra_headers=hdr)
+            done = queued
+            for _ in range(300):  # bounded: 30 s
+                done = await client.responses.retrieve(queued.id, extra_headers=hdr)
+                if done.status != "queued":
+                    break
+                await asyncio.sleep(0.1)
+            nxt = await client.responses.create(model="tiny", input="a.py", max_output_tokens=2,
+                                                previous_response_id=queued.id, extra_headers=hdr)
+            # The tiny random model mostly writes this prompt up to the budget.
+            long = await client.responses.create(model="tiny", input="Say hello.",
+                                                 background=True, max_output_tokens=3000,
+                                                 temperature=0, extra_headers=hdr)
+            try:  # at the worker keeping it (elsewhere: 404) ...
+                cancelled = (await client.responses.cancel(long.id, extra_headers=hdr)).status
+            except openai.BadRequestError as exc:  # ... which may have ended it already
+                assert isinstance(exc.body, dict), exc
+                cancelled = str(exc.body["message"])
+            seen.append((queued.status, done.status, nxt.status))
+            stopped.append(cancelled)
+        async with aiohttp.ClientSession() as http, http.get(
+                f"http://127.0.0.1:{proxy.port}/mars/v1/state?sessions=1") as resp:
+            where = {d["id"]: d["worker"] for d in (await resp.json())["sessions"]["details"]}
+    finally:
+        await client.close()
+        await proxy.stop()
+        await emulated.stop()
+    assert seen == [("queued", "incomplete", "incomplete")] * 2, seen
+    assert set(stopped) <= {"cancelled", "Cannot cancel a synchronous response."}, stopped
+    assert sorted(where.values()) == ["emulated", "vllm"], where
