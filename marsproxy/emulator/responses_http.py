@@ -1,7 +1,8 @@
 """The emulator's ``POST /v1/responses`` (vLLM 0.32's Responses API) over the emulated engine:
-one reply message, streamed as vLLM's event sequence, kept in the store when it is on; with
-``background`` (and not streamed), answered ``queued`` at once and generated after, as vLLM does:
-``GET /v1/responses/{id}`` shows it queued until it is done, ``cancel`` stops it."""
+one reply message, streamed as vLLM's event sequence, kept in the store when it is on.
+
+With ``background`` (and not streamed) it is answered ``queued`` at once and generated after, as
+vLLM does: ``GET /v1/responses/{id}`` shows it queued until it is done, ``cancel`` stops it."""
 
 from __future__ import annotations
 
