@@ -139,6 +139,7 @@ class Replies:
                                 deniers | {self._workers[u].label for u in denied})
         return None
 
+
 async def worker_keeping(
     http: aiohttp.ClientSession, urls: Sequence[str], response_id: str,
     headers: Mapping[str, str], timeout_s: float,
