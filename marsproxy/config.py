@@ -113,7 +113,9 @@ class UpstreamConfig(_Section):
 
 
 class HealthConfig(_Section):
-    interval_s: float = Field(2.0, gt=0, description="Period of GET /health on each worker.")
+    interval_s: float = Field(2.0, gt=0, description="Period of GET /health on each worker;"
+                              " also how long a worker's 404 for a stored reply's id is believed"
+                              " (docs/clients.md).")
     timeout_s: float = Field(
         1.0, gt=0, description="Timeout of one health check, and of asking the workers which"
         " one keeps a Responses reply a call names (docs/clients.md).")

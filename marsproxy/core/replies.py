@@ -3,8 +3,9 @@
 vLLM keeps a stored response on the server that made it (``VLLM_ENABLE_RESPONSES_API_STORE``):
 a call naming it by ``previous_response_id``, or ``GET /v1/responses/{id}``, must reach that
 worker, whatever became of the session that got it. :class:`ReplyWorkers` remembers the worker
-of the latest replies, beyond their sessions' lives, and the workers that said they keep no reply
-of an id (so a client repeating an id no worker has does not make the proxy ask them each time).
+of the latest replies, beyond their sessions' lives, and for a while the workers that said they
+keep no reply of an id (so a client repeating an id no worker has does not make the proxy ask
+them on every call).
 
 Pure code: no I/O.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 
 
 def reply_hash(response_id: str) -> bytes:
@@ -25,14 +27,22 @@ def reply_key(tenant: str, response_id: str) -> str:
     return f"{tenant}:{reply_hash(response_id).hex()}"
 
 
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """Workers that answered they keep no reply of an id, and until when that is believed."""
+
+    workers: frozenset[str]
+    until: float
+
+
 class ReplyWorkers:
     """Of each of the latest ``cap`` reply ids named (by tenant and hash): the worker that made
-    it, or the workers that answered they keep none; the least recently named is forgotten
-    first."""
+    it, or the workers that answered they keep none (:class:`Denied`); the least recently named
+    is forgotten first."""
 
     def __init__(self, cap: int) -> None:
         self._cap = cap
-        self._of: OrderedDict[tuple[str, bytes], str | frozenset[str]] = OrderedDict()
+        self._of: OrderedDict[tuple[str, bytes], str | Denied] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._of)
@@ -40,32 +50,33 @@ class ReplyWorkers:
     def made(self, tenant: str, response_id: str, worker: str) -> None:
         self._keep((tenant, reply_hash(response_id)), worker)
 
-    def denied(self, tenant: str, response_id: str, workers: frozenset[str]) -> None:
-        """``workers`` answered that they keep no reply ``response_id`` (vLLM's 404). A worker
-        keeps a reply from its making to its restart, so their answer holds for good; one that
-        did not answer (down, slow) may still have it."""
+    def denied(self, tenant: str, response_id: str, workers: frozenset[str],
+               until: float) -> None:
+        """``workers`` answered that they keep no reply ``response_id`` (vLLM's 404); believed
+        until ``until``: a streamed reply's id is seen before its worker stores it, so a "no"
+        may turn into a "yes" later. One that did not answer (down, slow) may have it."""
         key = (tenant, reply_hash(response_id))
         if not isinstance(self._of.get(key), str):  # a worker made it: that stands
-            self._keep(key, workers)
+            self._keep(key, Denied(workers, until))
 
     def worker(self, tenant: str, response_id: str) -> str | None:
         """The worker that made the reply (``None``: not known here)."""
         known = self._named(tenant, response_id)
         return known if isinstance(known, str) else None
 
-    def deniers(self, tenant: str, response_id: str) -> frozenset[str]:
-        """The workers known to keep no reply ``response_id``."""
+    def deniers(self, tenant: str, response_id: str, now: float) -> frozenset[str]:
+        """The workers that said, not long before ``now``, they keep no reply ``response_id``."""
         known = self._named(tenant, response_id)
-        return known if isinstance(known, frozenset) else frozenset()
+        return known.workers if isinstance(known, Denied) and now < known.until else frozenset()
 
-    def _named(self, tenant: str, response_id: str) -> str | frozenset[str] | None:
+    def _named(self, tenant: str, response_id: str) -> str | Denied | None:
         key = (tenant, reply_hash(response_id))
         known = self._of.get(key)
         if known is not None:
             self._of.move_to_end(key)
         return known
 
-    def _keep(self, key: tuple[str, bytes], known: str | frozenset[str]) -> None:
+    def _keep(self, key: tuple[str, bytes], known: str | Denied) -> None:
         self._of[key] = known
         self._of.move_to_end(key)
         while len(self._of) > self._cap:

@@ -9,14 +9,16 @@ replica's reply, with the session to join: ``replicas.py``), or, where neither k
 (another replica's reply whose entry has not landed yet, a proxy restart), from the workers
 themselves: vLLM answers ``GET /v1/responses/{id}`` with 200 only where it keeps the reply, so
 the proxy asks every healthy worker at once and takes the one that has it (:func:`worker_keeping`).
-A worker that answered 404 is not asked of that id again: a client repeating an id no worker
-keeps (lost to a restart, or made up) costs one round of questions, not one per call.
+A worker that answered 404 is not asked of that id again for a health interval: a client
+repeating an id no worker keeps (lost to a restart, or made up) costs a round of questions per
+``health.interval_s``, not one per call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
@@ -42,11 +44,14 @@ class Replies:
         self, cfg: MarsConfig, workers: Mapping[str, WorkerConfig], health: WorkerHealth,
         sessions: ObservedSessions, admission: AdmissionShell | None,
         http: Callable[[], aiohttp.ClientSession | None], metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._workers, self._health, self._sessions = workers, health, sessions
         self._admission, self._http = admission, http
         self._metrics = metrics
         self._probe_timeout_s = cfg.health.timeout_s
+        self._denial_s = cfg.health.interval_s
+        self._now = clock
         self.made_by = ReplyWorkers(cfg.sessions.max_sessions)
 
     def made(self, tenant: str, response_id: str, key: str, url: str) -> None:
@@ -126,7 +131,7 @@ class Replies:
         healthy = [u for u in self._workers if self._health.is_healthy(u)]
         if http is None or len(healthy) < 2:
             return None
-        deniers = self.made_by.deniers(tenant, response_id)
+        deniers = self.made_by.deniers(tenant, response_id, self._now())
         urls = [u for u in healthy if self._workers[u].label not in deniers]
         if not urls:
             return None
@@ -136,7 +141,8 @@ class Replies:
             return self._workers[url].label
         if denied:
             self.made_by.denied(tenant, response_id,
-                                deniers | {self._workers[u].label for u in denied})
+                                deniers | {self._workers[u].label for u in denied},
+                                until=self._now() + self._denial_s)
         return None
 
 

@@ -93,7 +93,8 @@ class Gateway:
             tel.scraped = self.admission.scraped
         # Stored Responses replies: the worker that made each (calls naming one go there).
         self.replies = Replies(cfg, self.workers, self.health, self.sessions, self.admission,
-                               http=lambda: self.upstream.session, metrics=self.metrics)
+                               http=lambda: self.upstream.session, metrics=self.metrics,
+                               clock=clock)
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)

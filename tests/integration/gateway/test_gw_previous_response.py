@@ -391,8 +391,9 @@ async def test_an_id_no_worker_keeps_is_asked_of_the_workers_once(
     two: list[StoringWorker], http: aiohttp.ClientSession
 ) -> None:
     """A client repeating an id no worker keeps (made up, or lost to a worker's restart) gets
-    vLLM's 404 each time, but the workers are asked of it once: they answered that they keep
-    none. A worker that made it since (it could not have: ids are new) would still win."""
+    vLLM's 404 each time, but within a health interval (2 s) the workers are asked of it once:
+    they answered that they keep none (after it they are asked again: a streamed reply's id is
+    seen before its worker stores it; tests/unit/core/test_core_replies.py)."""
     g = await gateway(config([w.url for w in two]))
     try:
         for _ in range(3):

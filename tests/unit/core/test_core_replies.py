@@ -15,18 +15,19 @@ def test_the_latest_replies_name_their_workers_per_tenant() -> None:
     assert r.worker("t", "resp_1") == "w1" and len(r) == 2
 
 
-def test_workers_that_keep_no_reply_of_an_id_are_remembered_until_one_made_it() -> None:
+def test_workers_that_keep_no_reply_of_an_id_are_believed_for_a_while() -> None:
     r = ReplyWorkers(cap=2)
-    r.denied("t", "resp_1", frozenset({"w0"}))
-    assert (r.deniers("t", "resp_1"), r.worker("t", "resp_1")) == (frozenset({"w0"}), None)
-    assert r.deniers("u", "resp_1") == frozenset()  # per tenant
-    r.denied("t", "resp_1", frozenset({"w0", "w1"}))
-    assert r.deniers("t", "resp_1") == frozenset({"w0", "w1"})
+    r.denied("t", "resp_1", frozenset({"w0"}), until=10.0)
+    assert (r.deniers("t", "resp_1", 9.0), r.worker("t", "resp_1")) == (frozenset({"w0"}), None)
+    assert r.deniers("t", "resp_1", 10.0) == frozenset()  # past it: asked again
+    assert r.deniers("u", "resp_1", 9.0) == frozenset()  # per tenant
+    r.denied("t", "resp_1", frozenset({"w0", "w1"}), until=20.0)
+    assert r.deniers("t", "resp_1", 15.0) == frozenset({"w0", "w1"})
     r.made("t", "resp_1", "w2")  # a worker made it: that is what counts
-    r.denied("t", "resp_1", frozenset({"w0"}))
-    assert (r.worker("t", "resp_1"), r.deniers("t", "resp_1")) == ("w2", frozenset())
-    r.denied("t", "resp_2", frozenset({"w0"}))
-    r.denied("t", "resp_3", frozenset({"w0"}))  # over the cap: resp_1 goes
+    r.denied("t", "resp_1", frozenset({"w0"}), until=30.0)
+    assert (r.worker("t", "resp_1"), r.deniers("t", "resp_1", 25.0)) == ("w2", frozenset())
+    r.denied("t", "resp_2", frozenset({"w0"}), until=30.0)
+    r.denied("t", "resp_3", frozenset({"w0"}), until=30.0)  # over the cap: resp_1 goes
     assert (r.worker("t", "resp_1"), len(r)) == (None, 2)
 
 
