@@ -27,7 +27,9 @@ from marsproxy.emulator.openai_api import (
     validation_error,
 )
 from marsproxy.emulator.openai_request import check_prompt_length
+from marsproxy.emulator.responses_tools import echoed_choice, forced_tool
 from marsproxy.emulator.tokenizer import PromptError, encode_chat
+from marsproxy.emulator.tool_calls import ForcedTool
 
 Message = dict[str, Any]
 _TOOL_FIELDS = ("name", "parameters", "strict", "type", "allowed_callers", "async",
@@ -40,7 +42,7 @@ long benchmark against the emulator should not grow without bound)."""
 @dataclass(frozen=True)
 class Stored:
     messages: list[Message]  # the request's rendered input, system message included
-    output: str | None  # the reply's text (``None``: none yet, a background response queued)
+    reply: Message | None  # the assistant message its output renders to (``None``: no output)
     response: dict[str, Any]  # as it was answered: ``GET /v1/responses/{id}`` returns it
 
 
@@ -69,6 +71,7 @@ class ResponsesRequest:
     stream: bool
     store: bool  # kept after it is served (the store on and ``store`` not false)
     background: bool  # answered ``queued`` at once, generated after (needs the store)
+    tool: ForcedTool | None  # the reply is this function call instead of a message
 
 
 def not_found(rid: str) -> ApiError:
@@ -92,6 +95,7 @@ def parse(body: Any, served_model: str, max_model_len: int,
         raise invalid("", "Input should be a valid dictionary", "model_attributes_type", body)
     if body.get("background") and not body.get("store", True):
         raise validation_error("background can only be used when `store` is true", "background")
+    tool = forced_tool(body)
     if "input" not in body:
         raise invalid("input", "Field required", "missing", body)
     inp, instructions = body["input"], body.get("instructions")
@@ -127,7 +131,7 @@ def parse(body: Any, served_model: str, max_model_len: int,
                                max_tokens)
     kept = store.enabled and body.get("store") is not False
     return ResponsesRequest(body, messages, ids, max_tokens, body.get("stream") is True, kept,
-                            kept and bool(body.get("background")))
+                            kept and bool(body.get("background")), tool)
 
 
 def input_messages(instructions: str | None, inp: str | list[Any],
@@ -138,8 +142,8 @@ def input_messages(instructions: str | None, inp: str | list[Any],
         messages.append({"role": "system", "content": instructions})
     if prev is not None:  # instructions do not carry over from the earlier request
         messages.extend(dict(m) for m in prev.messages if m.get("role") != "system")
-        if prev.output is not None:
-            messages.append({"role": "assistant", "content": prev.output})
+        if prev.reply is not None:
+            messages.append(dict(prev.reply))
     if isinstance(inp, str):
         messages.append({"role": "user", "content": inp})
         return messages
@@ -228,7 +232,7 @@ def response(rid: str, created: int, model: str, req: ResponsesRequest,
         "object": "response", "output": output,
         "parallel_tool_calls": b.get("parallel_tool_calls", True),
         "temperature": float(b.get("temperature", 1.0)),
-        "tool_choice": b.get("tool_choice", "auto") if tools else "none", "tools": tools,
+        "tool_choice": echoed_choice(b), "tools": tools,
         "top_p": float(b.get("top_p", 1.0)), "background": bool(b.get("background", False)),
         "max_output_tokens": req.max_tokens, "max_tool_calls": b.get("max_tool_calls"),
         "previous_response_id": b.get("previous_response_id"), "prompt": b.get("prompt"),
@@ -256,9 +260,10 @@ class Events:
     def __init__(self) -> None:
         self.seq = 0
 
-    def event(self, kind: str, **fields: Any) -> bytes:
-        # vLLM's event models list their fields in alphabetical order.
+    def event(self, kind: str, tail: Mapping[str, Any] | None = None, **fields: Any) -> bytes:
+        # vLLM's event models list their fields in alphabetical order (``tail``: after them).
         obj = dict(sorted({**fields, "sequence_number": self.seq, "type": kind}.items()))
+        obj.update(tail or {})
         self.seq += 1
         data = json.dumps(obj, separators=(",", ":"))
         return f"event: {kind}\ndata: {data}\n\n".encode()
@@ -285,3 +290,19 @@ class Events:
                            output_index=0),
                 self.event("response.completed", response=resp),
                 ]
+
+    def call_opening(self, resp: dict[str, Any], item: dict[str, Any]) -> list[bytes]:
+        """A forced function call's stream: its item opened with no arguments yet."""
+        return [self.event("response.created", response=resp),
+                self.event("response.in_progress", response=resp),
+                self.event("response.output_item.added", item=item, output_index=0)]
+
+    def call_delta(self, item_id: str, piece: str) -> bytes:
+        return self.event("response.function_call_arguments.delta", delta=piece,
+                          item_id=item_id, output_index=0)
+
+    def call_closing(self, resp: dict[str, Any], item: dict[str, Any]) -> list[bytes]:
+        return [self.event("response.function_call_arguments.done", {"name": item["name"]},
+                           arguments=item["arguments"], item_id=item["id"], output_index=0),
+                self.event("response.output_item.done", item=item, output_index=0),
+                self.event("response.completed", response=resp)]

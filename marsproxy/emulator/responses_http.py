@@ -10,10 +10,12 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from marsproxy.emulator import responses_api as api
+from marsproxy.emulator import responses_tools as tools
 from marsproxy.emulator.http_util import (
     Frames,
     error_response,
@@ -41,34 +43,44 @@ class ResponsesHandlers:
         except ApiError as exc:
             return error_response(exc)
         rid, mid = "resp_" + uuid.uuid4().hex[:16], "msg_" + uuid.uuid4().hex[:16]
+        call = tools.call_ids()  # used where the reply is a forced function call
         created = int(time.time())
         try:
             stream = self.runner.submit(rid, req.prompt_token_ids, req.max_tokens, False, 0)
         except RequestError as exc:
             return error_response(bad_request(str(exc)))
 
-        def body(fin: FinishedEvent) -> dict[str, object]:
-            return self._final(req, rid, mid, created, fin)
+        def body(fin: FinishedEvent) -> dict[str, Any]:
+            return self._final(req, rid, mid, call, created, fin)
 
         if req.background and not req.stream:
             return self._queue(req, rid, created, stream, body)
+        frames = (self._frames(req, rid, mid, created, body) if req.tool is None
+                  else self._call_frames(req, rid, call, created, body))
         return await serve_one(request, self.runner, rid, stream, streamed=req.stream,
-                               frames=self._frames(req, rid, mid, created), body=body)
+                               frames=frames, body=body)
 
-    def _final(self, req: api.ResponsesRequest, rid: str, mid: str, created: int,
-               fin: FinishedEvent) -> dict[str, object]:
-        """The finished response; kept when the store keeps it."""
+    def _final(self, req: api.ResponsesRequest, rid: str, mid: str, call: tuple[str, str],
+               created: int, fin: FinishedEvent) -> dict[str, Any]:
+        """The finished response (a message, or the forced function call whose arguments wrap
+        the text); kept when the store keeps it."""
         text = filler_text(0, fin.completion_tokens)
         status = "incomplete" if fin.finish_reason == "length" else "completed"
-        final = api.response(rid, created, self.model, req, [api.message_item(mid, text)],
-                             status, api.usage(fin.prompt_tokens, fin.completion_tokens,
-                                               fin.cached_tokens, self.block))
+        reply: api.Message
+        if req.tool is None:
+            output, reply = api.message_item(mid, text), {"role": "assistant", "content": text}
+        else:
+            args = req.tool.arguments(text)
+            output = tools.function_call_item(req.tool, *call, args, done=True)
+            reply = tools.call_message(req.tool, call[0], args)
+        final = api.response(rid, created, self.model, req, [output], status, api.usage(
+            fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens, self.block))
         if req.store:
-            self.store.put(rid, api.Stored(req.messages, text, final))
+            self.store.put(rid, api.Stored(req.messages, reply, final))
         return final
 
     def _queue(self, req: api.ResponsesRequest, rid: str, created: int, stream: TokenStream,
-               body: Callable[[FinishedEvent], object]) -> web.Response:
+               body: Callable[[FinishedEvent], dict[str, Any]]) -> web.Response:
         """A background response: kept ``queued`` (no output, no usage) and answered so at
         once; the finished response replaces it when the engine is done (``body``)."""
         queued = api.response(rid, created, self.model, req, [], "queued", None)
@@ -111,14 +123,15 @@ class ResponsesHandlers:
         if kept.response["status"] not in ("queued", "in_progress"):
             return error_response(api.cannot_cancel())
         cancelled = {**kept.response, "status": "cancelled"}
-        self.store.put(rid, api.Stored(kept.messages, kept.output, cancelled))
+        self.store.put(rid, api.Stored(kept.messages, kept.reply, cancelled))
         task = self._background.get(rid)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         return json_response(cancelled)
 
-    def _frames(self, req: api.ResponsesRequest, rid: str, mid: str, created: int) -> Frames:
+    def _frames(self, req: api.ResponsesRequest, rid: str, mid: str, created: int,
+                body: Callable[[FinishedEvent], dict[str, Any]]) -> Frames:
         """``response.created``, ``in_progress``, the item and its part opened, a text delta
         per token, the text, part and item done, ``response.completed`` with usage."""
         events = api.Events()
@@ -128,8 +141,29 @@ class ResponsesHandlers:
             parts = [] if events.seq else events.opening(start, mid)
             parts.extend(events.delta(mid, filler_chunk(i)) for i in range(sent, avail))
             if fin is not None:
-                final = self._final(req, rid, mid, created, fin)
-                parts.extend(events.closing(final, mid, filler_text(0, fin.completion_tokens)))
+                parts.extend(events.closing(body(fin), mid, filler_text(0, fin.completion_tokens)))
+            return parts, avail
+
+        return frames
+
+    def _call_frames(self, req: api.ResponsesRequest, rid: str, call: tuple[str, str],
+                     created: int, body: Callable[[FinishedEvent], dict[str, Any]]) -> Frames:
+        """A forced function call's stream: ``response.created``, ``in_progress``, the item
+        opened, an arguments delta per token (the first opens the JSON object, the last closes
+        it), the arguments and the item done, ``response.completed``."""
+        tool, events = req.tool, api.Events()
+        assert tool is not None
+        start = api.response(rid, created, self.model, req, [], "in_progress", None)
+        opened = tools.function_call_item(tool, *call, "", done=False)
+
+        def frames(sent: int, avail: int, fin: FinishedEvent | None) -> tuple[list[bytes], int]:
+            parts = [] if events.seq else events.call_opening(start, opened)
+            last = avail - 1 if fin is not None else -1  # the finish comes with the last token
+            parts.extend(events.call_delta(call[1], tool.piece(filler_chunk(i), i == 0, i == last))
+                         for i in range(sent, avail))
+            if fin is not None:
+                final = body(fin)
+                parts.extend(events.call_closing(final, final["output"][0]))
             return parts, avail
 
         return frames

@@ -25,7 +25,8 @@ trap cleanup EXIT
 
 # The Responses API keeps responses (previous_response_id) only with this switch.
 export VLLM_ENABLE_RESPONSES_API_STORE=1
-"$SCRIPT_DIR/start.sh" "$MODEL_DIR" "$PORT"
+# Tool calls as the emulator stands for them: vLLM with auto tool choice and a tool parser.
+"$SCRIPT_DIR/start.sh" "$MODEL_DIR" "$PORT" --enable-auto-tool-choice --tool-call-parser hermes
 T0=$(date +%s)
 
 # curl wrapper: -D headers to $RAW/NAME.headers, body to FILE, status to $RAW/NAME.status
@@ -99,6 +100,16 @@ BGID=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$RAW/responses-bg-long.json")
 req responses_bg_cancel "$OUT/vllm-0.32-responses-background-cancelled.json" POST "/v1/responses/$BGID/cancel"
 req responses_bg_nostore "$OUT/vllm-0.32-responses-error-background.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"background\":true,\"store\":false}"
+# A named function forced: the tiny random model writes JSON there (under "required" the hermes
+# parser finds no call in what it writes); a name not among the tools.
+TOOLS='[{"type":"function","name":"run","description":"Run a shell command","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]'
+NAMED='{"type":"function","name":"run"}'
+req responses_tool "$OUT/vllm-0.32-responses-tool-call.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"List the files.\",\"tools\":$TOOLS,\"tool_choice\":$NAMED,\"max_output_tokens\":200,\"temperature\":0}"
+req responses_tool_stream "$OUT/vllm-0.32-responses-tool-call-stream.txt" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"List the files.\",\"tools\":$TOOLS,\"tool_choice\":$NAMED,\"max_output_tokens\":200,\"temperature\":0,\"stream\":true}"
+req responses_tool_err "$OUT/vllm-0.32-responses-error-tool-choice.json" POST /v1/responses \
+  "{\"model\":\"$M\",\"input\":\"x\",\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"name\":\"nope\"}}"
 
 echo "== priority without --scheduling-policy priority"
 req prio "$RAW/priority-fcfs.json" POST /v1/completions \

@@ -125,6 +125,41 @@ async def test_codex_style_responses_chains_by_previous_response_id(make_stack: 
     assert _sample(metrics, "marsproxy_requests_total", route="responses", code="200") == 6
 
 
+async def test_codex_style_agent_loop_ends_its_session_on_its_answer(make_stack: Any) -> None:
+    """An agent loop on the Responses API with tools: the emulated worker answers a forced
+    choice with a ``function_call``, the tool's output goes back by ``previous_response_id``,
+    and the reply that calls no tool (the answer) ends the session, freeing its slot, as a
+    chat agent's answer does."""
+    from openai import AsyncOpenAI
+
+    from marsproxy.core.identity import tenant_of
+    from marsproxy.policy.plane import Phase
+
+    stack = await make_stack(workers=1, responses_store=True)
+    client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="EMPTY", max_retries=0,
+                         default_headers={"x-session-id": "loop"})
+    tools: Any = [{"type": "function", "name": "run", "description": "Run a command",
+                   "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    plane = stack.gateway.gateway.plane
+    key = f"{tenant_of('Bearer EMPTY')}/id/loop"
+    r = await client.responses.create(model=MODEL, input="Fix the failing test.", tools=tools,
+                                      tool_choice="required", max_output_tokens=8)
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "run"
+    await asyncio.sleep(0.1)  # the after-work of the call has run by now
+    after_call = plane.phase(key)
+    answer = await client.responses.create(
+        model=MODEL, previous_response_id=r.id, tools=tools, max_output_tokens=8,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "1 passed"}])
+    await client.close()
+    assert answer.output[0].type == "message"  # "auto": the emulated model answers in text
+    for _ in range(100):  # bounded: 5 s
+        if plane.phase(key) is Phase.ENDED:
+            break
+        await asyncio.sleep(0.05)
+    assert (after_call, plane.phase(key)) == (Phase.DORMANT, Phase.ENDED)
+
+
 @pytest.fixture(scope="module")
 def litellm() -> Any:
     # Never fetch the model price map from the network at import.

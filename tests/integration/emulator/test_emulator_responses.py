@@ -244,3 +244,85 @@ async def test_background_responses_are_queued_then_kept_or_cancelled_as_vllm(
     status, _, text = await _post(http, server, {**BODY, "background": True, "store": False})
     real = _fixture("responses-error-background")
     assert (status, json.loads(text)) == (400, real)
+
+
+TOOLS = [{"type": "function", "name": "run", "description": "Run a shell command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                         "required": ["command"]}}]
+NAMED = {"type": "function", "name": "run"}
+
+
+async def test_a_forced_function_call_matches_vllm(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """A named ``tool_choice`` answers one ``function_call`` item, whole and streamed, in the
+    shapes a real vLLM 0.32 sent (``vllm-0.32-responses-tool-call*``); its arguments wrap the
+    generated text under the tool's first parameter; ``"required"`` calls the first tool,
+    ``"auto"`` answers text; a continuation renders the call and its output."""
+    server = await start_emulator(responses_store=True)
+    body = {**BODY, "input": "List the files.", "tools": TOOLS, "tool_choice": NAMED,
+            "max_output_tokens": 200}
+    mine = await _ok(http, server, body)
+    n = mine["usage"]["output_tokens"]  # the emulated model stops by itself (32) ...
+    real = _fixture("responses-tool-call")
+    assert list(mine) == list(real) and key_shape(mine) == key_shape(real)
+    item = mine["output"][0]
+    assert list(item) == list(real["output"][0]) and mine["tool_choice"] == real["tool_choice"]
+    assert item["arguments"] == json.dumps({"command": filler_text(0, n)}) and n < 200
+    assert item["call_id"].startswith("chatcmpl-tool-") and item["id"].startswith("fc_")
+    assert (item["name"], item["status"], mine["status"]) == ("run", "completed", "completed")
+    cut = await _ok(http, server, {**body, "max_output_tokens": 3})  # ... or is cut
+    assert (cut["status"], cut["output"][0]["arguments"]) == (
+        "incomplete", json.dumps({"command": filler_text(0, 3)}))
+    # Streamed: the events a real vLLM sent, one arguments delta per token joined to the whole.
+    real_events = anthropic_events(
+        (FIXTURES / "vllm-0.32-responses-tool-call-stream.txt").read_text())
+    status, _, text = await _post(http, server, {**body, "stream": True})
+    events = anthropic_events(text)
+    names = [n for n, _ in events]
+    assert status == 200 and names == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        *["response.function_call_arguments.delta"] * n,
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    assert [o["sequence_number"] for _, o in events] == list(range(len(events)))
+    real_by_name = {n: o for n, o in real_events}
+    for name, obj in events:
+        assert list(obj) == list(real_by_name[name]), name
+        assert key_shape(obj) == key_shape(real_by_name[name]), name
+    by_name = dict(events)
+    joined = "".join(o["delta"] for n, o in events if n.endswith("arguments.delta"))
+    done = by_name["response.completed"]["response"]["output"][0]
+    assert joined == by_name["response.function_call_arguments.done"]["arguments"]
+    assert joined == done["arguments"] == json.dumps({"command": filler_text(0, n)})
+    assert by_name["response.output_item.added"]["item"]["status"] == "in_progress"
+    assert by_name["response.output_item.done"]["item"] == done
+    # "required": the first tool; "auto": text.
+    required = await _ok(http, server, {**body, "tool_choice": "required"})
+    auto = await _ok(http, server, {**body, "tool_choice": "auto"})
+    assert (required["output"][0]["type"], auto["output"][0]["type"]) == (
+        "function_call", "message")
+    # The tool's output, continued by id: the call is rendered as the assistant's tool call.
+    nxt = await _ok(http, server, {**BODY, "previous_response_id": mine["id"], "input": [
+        {"type": "function_call_output", "call_id": item["call_id"], "output": "a.py"}]})
+    convo = [{"role": "user", "content": "List the files."},
+             {"role": "assistant", "tool_calls": [{"id": item["call_id"], "type": "function",
+                                                  "function": {"name": "run",
+                                                               "arguments": item["arguments"]}}]},
+             {"role": "tool", "content": "a.py", "tool_call_id": item["call_id"]}]
+    assert nxt["usage"]["input_tokens"] == len(encode_chat(convo))
+
+
+async def test_tool_choice_errors_are_vllms(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    server = await start_emulator()
+    real = _fixture("responses-error-tool-choice")
+    for body in ({**BODY, "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}},
+                 {**BODY, "tool_choice": NAMED}):
+        status, _, text = await _post(http, server, body)
+        assert (status, json.loads(text)) == (400, real)
+    status, _, text = await _post(http, server, {**BODY, "tool_choice": "required"})
+    assert (status, json.loads(text)["error"]["message"]) == (
+        400, "Tool choice 'required' must be specified with 'tools' parameter."
+        " (parameter=tool_choice)")
