@@ -1,5 +1,6 @@
 """The emulator's ``POST /v1/responses`` (vLLM 0.32's Responses API) over the emulated engine:
-one reply message, streamed as vLLM's event sequence, kept in the store when it is on.
+one reply (a message, or the function call a ``tool_choice`` forces), streamed as vLLM's event
+sequence, kept in the store when it is on.
 
 With ``background`` (and not streamed) it is answered ``queued`` at once and generated after, as
 vLLM does: ``GET /v1/responses/{id}`` shows it queued until it is done, ``cancel`` stops it."""
