@@ -2,15 +2,20 @@
 one reply (a message, or the function call a ``tool_choice`` forces), streamed as vLLM's event
 sequence, kept in the store when it is on.
 
-With ``background`` (and not streamed) it is answered ``queued`` at once and generated after, as
-vLLM does: ``GET /v1/responses/{id}`` shows it queued until it is done, ``cancel`` stops it."""
+With ``background`` it is generated apart from the request, as vLLM does: kept ``queued`` until it
+is done (``GET /v1/responses/{id}``), stopped by ``cancel``; not streamed, the answer is that
+queued response at once; streamed, its events are kept, so the request and any ``GET
+/v1/responses/{id}?stream=true&starting_after=N`` follow them live, and a client that leaves
+does not stop it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -18,16 +23,63 @@ from aiohttp import web
 from marsproxy.emulator import responses_api as api
 from marsproxy.emulator import responses_tools as tools
 from marsproxy.emulator.http_util import (
+    SSE_HEADERS,
     Frames,
     error_response,
     json_response,
     read_json,
     serve_one,
 )
-from marsproxy.emulator.openai_api import ApiError, bad_request
+from marsproxy.emulator.openai_api import ApiError, bad_request, validation_error
 from marsproxy.emulator.request import FinishedEvent, RequestError
 from marsproxy.emulator.runner import EngineRunner, TokenStream
 from marsproxy.emulator.tokenizer import filler_chunk, filler_text
+
+LOG_CAP = 64
+"""Streamed background responses whose events are kept for ``GET ?stream=true`` (the latest)."""
+
+
+class EventLog:
+    """A streamed background response's events in order (an event's index is its
+    ``sequence_number``), and whether it has ended."""
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.closed = False
+        self._changed = asyncio.Event()
+
+    def add(self, parts: list[bytes]) -> None:
+        if parts:
+            self.events.extend(parts)
+            self._changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._changed.set()
+
+    async def follow(self, start: int) -> AsyncIterator[bytes]:
+        """The events from ``start`` on, as they come, until the response ended."""
+        i = start
+        while True:
+            if i < len(self.events):
+                chunk, i = b"".join(self.events[i:]), len(self.events)
+                yield chunk
+            elif self.closed:
+                return
+            else:
+                self._changed.clear()  # a later add() sets it again
+                await self._changed.wait()
+
+
+async def _follow(request: web.Request, log: EventLog, start: int) -> web.StreamResponse:
+    """Stream ``log`` from ``start``; a client that leaves stops only its own stream."""
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    with contextlib.suppress(ConnectionResetError):
+        async for chunk in log.follow(start):
+            await resp.write(chunk)
+        await resp.write_eof()
+    return resp
 
 
 class ResponsesHandlers:
@@ -36,6 +88,7 @@ class ResponsesHandlers:
         self.model = runner.profile.model_name
         self.block = runner.profile.block_size
         self._background: dict[str, asyncio.Task[None]] = {}  # running, by response id
+        self._logs: OrderedDict[str, EventLog] = OrderedDict()  # streamed background ones
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -54,10 +107,12 @@ class ResponsesHandlers:
         def body(fin: FinishedEvent) -> dict[str, Any]:
             return self._final(req, rid, mid, call, created, fin)
 
-        if req.background and not req.stream:
-            return self._queue(req, rid, created, stream, body)
         frames = (self._frames(req, rid, mid, created, body) if req.tool is None
                   else self._call_frames(req, rid, call, created, body))
+        if req.background:
+            queued, log = self._queue(req, rid, created, stream, body,
+                                      frames if req.stream else None)
+            return json_response(queued) if log is None else await _follow(request, log, 0)
         return await serve_one(request, self.runner, rid, stream, streamed=req.stream,
                                frames=frames, body=body)
 
@@ -81,24 +136,41 @@ class ResponsesHandlers:
         return final
 
     def _queue(self, req: api.ResponsesRequest, rid: str, created: int, stream: TokenStream,
-               body: Callable[[FinishedEvent], dict[str, Any]]) -> web.Response:
-        """A background response: kept ``queued`` (no output, no usage) and answered so at
-        once; the finished response replaces it when the engine is done (``body``)."""
+               body: Callable[[FinishedEvent], dict[str, Any]],
+               frames: Frames | None) -> tuple[dict[str, Any], EventLog | None]:
+        """A background response: kept ``queued`` (no output, no usage; returned) until the
+        engine is done, then the finished response (``body``). Streamed (``frames``), its events
+        go into the log returned, which the clients follow."""
         queued = api.response(rid, created, self.model, req, [], "queued", None)
         self.store.put(rid, api.Stored(req.messages, None, queued))
+        log = None if frames is None else EventLog()
+        if log is not None:
+            self._logs[rid] = log
+            while len(self._logs) > LOG_CAP:
+                self._logs.popitem(last=False)
 
         async def run() -> None:
+            sent = 0
             try:
-                while stream.finished is None:
+                while True:
+                    fin = stream.finished
+                    if frames is not None and log is not None:
+                        parts, sent = frames(sent, stream.available, fin)
+                        log.add(parts)
+                    if fin is not None:
+                        break
                     await stream.event.wait()
                     stream.event.clear()
-                body(stream.finished)
-            finally:  # cancelled: the engine drops the request
+                if frames is None:
+                    body(fin)
+            finally:  # cancelled: the engine drops the request, its followers are let go
+                if log is not None:
+                    log.close()
                 self.runner.release(rid)
                 self._background.pop(rid, None)
 
         self._background[rid] = asyncio.create_task(run(), name=f"emulator-background-{rid}")
-        return json_response(queued)
+        return queued, log
 
     async def close(self) -> None:
         """The server stops: background responses still running are dropped."""
@@ -107,12 +179,22 @@ class ResponsesHandlers:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def retrieve(self, request: web.Request) -> web.Response:
-        """``GET /v1/responses/{id}``: a kept response as it is now, else vLLM's 404."""
-        kept = self.store.get(request.match_info["response_id"])
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/responses/{id}``: a kept response as it is now, else vLLM's 404; with
+        ``stream=true``, a streamed background response's events after ``starting_after``,
+        followed live until it ends."""
+        rid = request.match_info["response_id"]
+        kept = self.store.get(rid)
         if kept is None:
-            return error_response(api.not_found(request.match_info["response_id"]))
-        return json_response(kept.response)
+            return error_response(api.not_found(rid))
+        if request.query.get("stream", "").lower() != "true":
+            return json_response(kept.response)
+        log = self._logs.get(rid)
+        after = request.query.get("starting_after", "-1")
+        if log is None or not after.lstrip("-").isdigit():
+            return error_response(validation_error(f"Unknown response_id: {rid}", "response_id",
+                                                   rid))
+        return await _follow(request, log, max(0, int(after) + 1))
 
     async def cancel(self, request: web.Request) -> web.Response:
         """``POST /v1/responses/{id}/cancel``: a background response still queued is stopped

@@ -326,3 +326,50 @@ async def test_tool_choice_errors_are_vllms(
     assert (status, json.loads(text)["error"]["message"]) == (
         400, "Tool choice 'required' must be specified with 'tools' parameter."
         " (parameter=tool_choice)")
+
+
+async def test_a_streamed_background_response_is_kept_and_can_be_followed_again(
+    start_emulator: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """``background`` and ``stream``, as a real vLLM 0.32 serves them: the events of a
+    foreground stream; the response kept ``queued`` while it runs, then finished;
+    ``GET ?stream=true&starting_after=N`` replays the events after N; a client that leaves does
+    not stop the generation (the emulator runs 20 times slower than its model here)."""
+    server = await start_emulator(responses_store=True, time_scale=20)
+    body = {**BODY, "background": True, "stream": True, "max_output_tokens": 6}
+    async with http.post(server.make_url("/v1/responses"), json=body) as r:
+        first = await r.content.readuntil(b"\n\n")
+        rid = json.loads(first.split(b"data: ", 1)[1])["response"]["id"]
+        async with http.get(server.make_url(f"/v1/responses/{rid}")) as g:
+            during = (await g.json())["status"]
+        events = anthropic_events((first + await r.read()).decode())
+    assert during == "queued"
+    assert [n for n, _ in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", *["response.output_text.delta"] * 6,
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert events[0][1]["response"]["background"] is True
+    async with http.get(server.make_url(f"/v1/responses/{rid}")) as g:
+        kept = await g.json()
+    assert kept == events[-1][1]["response"] and kept["status"] == "incomplete"
+    async with http.get(server.make_url(f"/v1/responses/{rid}"),
+                        params={"stream": "true", "starting_after": "5"}) as g:
+        replayed = anthropic_events(await g.text())
+    assert replayed == events[6:]
+    # A client that leaves after the first event: the response still runs to its end.
+    async with http.post(server.make_url("/v1/responses"), json=body) as r:
+        first = await r.content.readuntil(b"\n\n")
+        left = json.loads(first.split(b"data: ", 1)[1])["response"]["id"]
+    for _ in range(200):  # bounded: 10 s
+        async with http.get(server.make_url(f"/v1/responses/{left}")) as g:
+            status = (await g.json())["status"]
+        if status != "queued":
+            break
+        await asyncio.sleep(0.05)
+    assert status == "incomplete"
+    # Only a streamed background response's events are kept (vLLM breaks the stream instead).
+    plain = await _ok(http, server, BODY)
+    async with http.get(server.make_url(f"/v1/responses/{plain['id']}"),
+                        params={"stream": "true"}) as g:
+        assert g.status == 400
