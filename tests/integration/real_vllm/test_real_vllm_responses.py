@@ -136,7 +136,8 @@ async def test_a_background_response_is_polled_and_cancelled_through_the_proxy(
 ) -> None:
     """``background: true`` through the proxy, in front of the real vLLM and an emulated worker:
     vLLM answers ``queued`` at once; polling ``GET /v1/responses/{id}`` through the proxy reaches
-    the worker that runs it until it is done, the chain goes on from it, and a long one is
+    the worker that runs it until it is done, the chain goes on from it, a streamed one is
+    replayed from the worker by ``GET ?stream=true&starting_after=N``, and a long one is
     cancelled there (vLLM's ``cancelled``, or its 400 where it ended first: the tiny random model
     may stop early); the emulated worker answers alike (50 times slower than its model: its
     replies end at 32 tokens, in 0.05 s at full pace)."""
@@ -173,6 +174,15 @@ async def test_a_background_response_is_polled_and_cancelled_through_the_proxy(
             except openai.BadRequestError as exc:  # ... which may have ended it already
                 assert isinstance(exc.body, dict), exc
                 cancelled = str(exc.body["message"])
+            # Streamed: the events, then replayed after the third through the proxy.
+            live = [e async for e in await client.responses.create(
+                model="tiny", input="Say hi.", max_output_tokens=4, background=True,
+                stream=True, extra_headers=hdr)]
+            rid = live[0].response.id  # type: ignore[union-attr]
+            again = [e async for e in await client.responses.retrieve(
+                rid, stream=True, starting_after=2, extra_headers=hdr)]
+            assert [e.type for e in again] == [e.type for e in live[3:]], (sid, again)
+            assert [e.sequence_number for e in again] == list(range(3, len(live)))
             seen.append((queued.status, done.status, nxt.status))
             stopped.append(cancelled)
         async with aiohttp.ClientSession() as http, http.get(
