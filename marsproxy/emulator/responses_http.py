@@ -190,11 +190,15 @@ class ResponsesHandlers:
         if request.query.get("stream", "").lower() != "true":
             return json_response(kept.response)
         log = self._logs.get(rid)
-        after = request.query.get("starting_after", "-1")
-        if log is None or not after.lstrip("-").isdigit():
+        if log is None:
             return error_response(validation_error(f"Unknown response_id: {rid}", "response_id",
                                                    rid))
-        return await _follow(request, log, max(0, int(after) + 1))
+        try:
+            after = int(request.query.get("starting_after", "-1"))
+        except ValueError:
+            return error_response(validation_error("starting_after must be an integer",
+                                                   "starting_after"))
+        return await _follow(request, log, max(0, after + 1))
 
     async def cancel(self, request: web.Request) -> web.Response:
         """``POST /v1/responses/{id}/cancel``: a background response still queued is stopped

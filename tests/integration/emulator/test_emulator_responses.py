@@ -357,6 +357,9 @@ async def test_a_streamed_background_response_is_kept_and_can_be_followed_again(
                         params={"stream": "true", "starting_after": "5"}) as g:
         replayed = anthropic_events(await g.text())
     assert replayed == events[6:]
+    async with http.get(server.make_url(f"/v1/responses/{rid}"),
+                        params={"stream": "true", "starting_after": "x"}) as g:
+        assert g.status == 400
     # A client that leaves after the first event: the response still runs to its end.
     async with http.post(server.make_url("/v1/responses"), json=body) as r:
         first = await r.content.readuntil(b"\n\n")
