@@ -356,7 +356,7 @@ class AdmissionQueue:
         # reserve would wait forever, and nothing admitted there needs the room.
         oldest = self._index.oldest()
         empty = [] if oldest is None else _empty(rooms, oldest)
-        if not empty or oldest is None:
+        if oldest is None or not empty:
             return []
         return [Admission(oldest, max(empty, key=Room.rank).view.name, forced=True)]
     # -- Retry-After ------------------------------------------------------------------------

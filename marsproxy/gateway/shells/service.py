@@ -202,7 +202,7 @@ class Gateway:
         """The worker for a request of ``key`` (held until admitted), or its refusal;
         ``prefix``: its prompt's resident prefix per indexed worker (prefix placement);
         ``parent``: the session a new one names as its parent (agent trees); ``reply``: the
-        reply it continues (:meth:`reply_link`)."""
+        reply it continues (:meth:`Replies.link`)."""
         if self.admission is not None:
             return await self.admission.admit(key, tenant, chars, final, body, tokens, cls,
                                               prefix, parent, reply)
@@ -250,10 +250,12 @@ class Gateway:
                       response_id: str | None) -> None:
         """The session table learns how ``turn`` ended; a Responses reply id it may be
         continued from is remembered with the worker that made it (:class:`Replies`)."""
-        sess = self.sessions.of(turn)
-        url = self.placement.worker_of(turn.session)  # where it went; finish may forget it
+        made = ok and bool(response_id)
+        # Where it went, before finish may forget it; read only for a reply to remember.
+        sess = self.sessions.of(turn) if made else None
+        url = self.placement.worker_of(turn.session) if sess is not None else None
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        if ok and response_id and sess is not None and url is not None:
+        if response_id and sess is not None and url is not None:
             self.replies.made(sess.tenant, response_id, turn.session, url)
 
     def response_ended(self, turn: Turn) -> None:

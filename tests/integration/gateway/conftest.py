@@ -358,3 +358,14 @@ def until_fixture() -> Any:
 def run_app_fixture() -> Any:
     """``await run_app(app)`` → (runner, url); the runner cancels handlers on disconnect."""
     return run_app
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[Any]:
+    """Two workers keeping their own Responses replies (``responses_worker.StoringWorker``)."""
+    from .responses_worker import StoringWorker  # it builds on FakeWorker, above
+
+    workers = [await StoringWorker("a").start(), await StoringWorker("b").start()]
+    yield workers
+    for w in workers:
+        await w.stop()

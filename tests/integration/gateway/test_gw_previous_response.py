@@ -5,93 +5,15 @@ with no session header, must stay on the worker that made the id: one session, o
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from marsproxy.core.identity import tenant_of
 from marsproxy.gateway.http.app import Running
-from marsproxy.policy.plane import Phase
 
-from .conftest import FakeWorker, Seen
 from .relay_client import config, gateway, url
-
-
-class StoringWorker(FakeWorker):
-    """Answers /v1/responses as vLLM with its response store on: each reply gets a new id,
-    remembered by this worker only; a ``previous_response_id`` it never made is a 404."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
-        self.made: list[str] = []
-        self._n = itertools.count(1)
-
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
-        obj = json.loads(body)
-        prev = obj.get("previous_response_id")
-        if prev is not None and prev not in self.made:
-            return web.json_response({"error": {
-                "message": f"Response with id '{prev}' not found.", "type": "invalid_request_error",
-                "param": "response_id", "code": 404}}, status=404)
-        rid = f"resp_{self.name}_{next(self._n)}"
-        self.made.append(rid)
-        resp: dict[str, Any] = {
-            "id": rid, "object": "response", "status": "completed",
-            "output": [{"type": "message", "role": "assistant",
-                        "content": [{"type": "output_text", "text": f"said {rid}"}]}],
-            "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
-        }
-        if request.headers.get("x-fake") == "tool":
-            resp["output"] = [{"type": "function_call", "name": "run", "arguments": "{}",
-                               "call_id": f"call_{rid}", "id": f"fc_{rid}"}]
-        if obj.get("background"):  # vLLM answers at once; the engine goes on generating
-            resp |= {"status": "queued", "output": [], "usage": None}
-        if not obj.get("stream"):
-            self.completed += 1
-            return web.json_response(resp)
-        started = {**resp, "status": "in_progress", "output": [], "usage": None}
-        events = [
-            ("response.created", {"type": "response.created", "response": started}),
-            ("response.completed", {"type": "response.completed", "response": resp}),
-        ]
-        return await self._sse_events(request, events)
-
-    async def _echo(self, request: web.Request) -> web.Response:
-        """``GET /v1/responses/{id}``: a kept response, or vLLM's 404 for one made elsewhere."""
-        rid = request.path.removeprefix("/v1/responses/")
-        if request.method != "GET" or rid == request.path:
-            return await super()._echo(request)
-        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), b""))
-        if rid not in self.made:
-            return web.json_response({"error": {
-                "message": f"Response with id '{rid}' not found.",
-                "type": "invalid_request_error", "param": "response_id", "code": 404}},
-                status=404)
-        return web.json_response({"id": rid, "object": "response", "status": "completed"})
-
-
-@pytest.fixture
-async def two() -> AsyncIterator[list[StoringWorker]]:
-    workers = [await StoringWorker("a").start(), await StoringWorker("b").start()]
-    yield workers
-    for w in workers:
-        await w.stop()
-
-
-async def _busy(http: aiohttp.ClientSession, g: Running, sid: str) -> None:
-    """A chat session of its own (``sid``) on ``g``: it holds a worker, steering placement."""
-    async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": sid}, json={
-            "model": "fake", "messages": [{"role": "user", "content": "hi"}]}) as r:
-        assert r.status == 200, await r.text()
+from .responses_worker import StoringWorker, busy, call
 
 
 async def _until_replies(redis_url: str, pool: str, n: int) -> None:
@@ -121,27 +43,16 @@ async def _until_idle(http: aiohttp.ClientSession, gateways: list[Running]) -> N
     raise AssertionError(f"sessions still admitted: {held}")
 
 
-async def _call(http: aiohttp.ClientSession, g: Running, body: dict[str, Any]) -> str:
-    """The reply's id, read as the client reads it (the body, or the stream's events)."""
-    async with http.post(url(g, "/v1/responses"), json=body) as r:
-        assert r.status == 200, await r.text()
-        if not body.get("stream"):
-            return str((await r.json())["id"])
-        text = (await r.read()).decode()
-    done = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
-    return str(done[-1]["response"]["id"])
-
-
 async def test_a_chain_by_previous_response_id_is_one_session_on_one_worker(
     two: list[StoringWorker], http: aiohttp.ClientSession
 ) -> None:
     g = await gateway(config([w.url for w in two]))
     try:
-        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        first = await call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         # Streamed: the id comes from the stream's events.
-        second = await _call(http, g, {"model": "fake", "input": "ran the tests: 2 failed",
+        second = await call(http, g, {"model": "fake", "input": "ran the tests: 2 failed",
                                        "previous_response_id": first, "stream": True})
-        third = await _call(http, g, {"model": "fake", "input": "ran them again: all pass",
+        third = await call(http, g, {"model": "fake", "input": "ran them again: all pass",
                                       "previous_response_id": second})
         async with http.get(url(g, "/mars/v1/state?sessions=1")) as r:
             state = await r.json()
@@ -160,7 +71,7 @@ async def test_an_unknown_previous_id_is_a_new_session_and_an_explicit_id_wins(
 ) -> None:
     g = await gateway(config([w.url for w in two]))
     try:
-        first = await _call(http, g, {"model": "fake", "input": "task one"})
+        first = await call(http, g, {"model": "fake", "input": "task one"})
         # An id this proxy never relayed (another replica's): no link, a session of its own.
         async with http.post(url(g, "/v1/responses"), json={
                 "model": "fake", "input": "go on", "previous_response_id": "resp_elsewhere"}) as r:
@@ -192,13 +103,13 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
     g = [await gateway(config([w.url for w in two], store=store,
                               admission={"idle_timeout_min_s": 0.5})) for _ in range(3)]
     try:
-        await _busy(http, g[1], "busy")
-        ids = [await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})]
+        await busy(http, g[1], "busy")
+        ids = [await call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})]
         for turn in range(1, 5):  # b, a, b, a: every call on the replica that did not relay it
             # The entry lands just after the reply left (a store call of its own); a replica
             # asked before it lands finds the worker by asking the workers (a test below).
             await _until_replies(private_redis.url, "replies", len(ids))
-            ids.append(await _call(http, g[turn % 2], {
+            ids.append(await call(http, g[turn % 2], {
                 "model": "fake", "input": f"tool output {turn}",
                 "previous_response_id": ids[-1], "stream": turn == 2}))
         states = []
@@ -211,8 +122,8 @@ async def test_a_chain_by_reply_id_stays_on_its_worker_across_replicas(
         await _until_idle(http, g[:2])
         maker = next(w for w in two if ids[0] in w.made)
         if maker is two[0]:
-            await _busy(http, g[2], "c-busy")
-        ids.append(await _call(http, g[2], {"model": "fake", "input": "later",
+            await busy(http, g[2], "c-busy")
+        ids.append(await call(http, g[2], {"model": "fake", "input": "later",
                                             "previous_response_id": ids[-1]}))
         # A reply b relayed, fetched through c: the store names its worker.
         async with http.get(url(g[2], f"/v1/responses/{ids[1]}")) as r:
@@ -238,16 +149,16 @@ async def test_a_chain_whose_session_ended_goes_back_to_the_worker_keeping_its_r
     least loaded worker."""
     g = await gateway(config([w.url for w in two], admission={"idle_timeout_min_s": 0.3}))
     try:
-        await _busy(http, g, "busy")
-        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        await busy(http, g, "busy")
+        first = await call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         # The busy one ends, the chain's session idles out: both workers are empty, and the
         # least loaded in worker order is not the one that made the reply.
         async with http.delete(url(g, "/mars/v1/sessions/busy")) as r:
             assert r.status == 200
         await _until_idle(http, [g])
-        second = await _call(http, g, {"model": "fake", "input": "and the tests?",
+        second = await call(http, g, {"model": "fake", "input": "and the tests?",
                                        "previous_response_id": first})
-        third = await _call(http, g, {"model": "fake", "input": "done",
+        third = await call(http, g, {"model": "fake", "input": "done",
                                       "previous_response_id": second})
     finally:
         await g.stop()
@@ -267,7 +178,7 @@ async def test_a_hung_store_costs_a_reply_lookup_its_timeout_not_the_request(
              "op_timeout_s": 0.3, "reconnect_interval_s": 0.2}
     g = [await gateway(config([w.url for w in two], store=store)) for _ in range(2)]
     try:
-        first = await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})
+        first = await call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})
         private_redis.pause()
         try:
             async def ask() -> tuple[int, Any]:
@@ -277,7 +188,7 @@ async def test_a_hung_store_costs_a_reply_lookup_its_timeout_not_the_request(
 
             status, body = await asyncio.wait_for(ask(), 5.0)  # a hang fails, not a slow VM
             assert status == 200, body
-            second = await asyncio.wait_for(_call(http, g[0], {
+            second = await asyncio.wait_for(call(http, g[0], {
                 "model": "fake", "input": "go on", "previous_response_id": first}), 5.0)
         finally:
             private_redis.resume()
@@ -295,17 +206,17 @@ async def test_a_reply_outlives_its_forgotten_session_on_its_worker(
     a call naming its last reply is a new session, placed on the worker that made the reply."""
     g = await gateway(config([w.url for w in two], sessions={"idle_ttl_s": 0.2}))
     try:
-        await _busy(http, g, "busy")  # w0: the chain goes to w1
-        first = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        await busy(http, g, "busy")  # w0: the chain goes to w1
+        first = await call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         await asyncio.sleep(0.4)
         # The table expires what idled past its TTL; two new sessions take w0 and w1, so the
         # least loaded is w0 again (ties in worker order).
-        await _busy(http, g, "busy-2")
-        await _busy(http, g, "busy-3")
+        await busy(http, g, "busy-2")
+        await busy(http, g, "busy-3")
         async with http.get(url(g, "/mars/v1/state?sessions=1")) as r:
             ids = sorted(d["id"] for d in (await r.json())["sessions"]["details"])
         assert ids == ["busy-2", "busy-3"], ids
-        second = await _call(http, g, {"model": "fake", "input": "go on",
+        second = await call(http, g, {"model": "fake", "input": "go on",
                                        "previous_response_id": first})
     finally:
         await g.stop()
@@ -319,12 +230,12 @@ async def test_a_final_reply_can_still_be_continued_on_its_worker(
     same, and a later call naming it goes to the worker that made it."""
     g = await gateway(config([w.url for w in two]))
     try:
-        await _busy(http, g, "busy")  # w0
+        await busy(http, g, "busy")  # w0
         async with http.post(url(g, "/v1/responses"), headers={"x-session-final": "true"},
                              json={"model": "fake", "input": "One question."}) as r:
             first = str((await r.json())["id"])  # made on w1, its session ended
-        await _busy(http, g, "busy-2")  # w1: now the least loaded is w0 again
-        second = await _call(http, g, {"model": "fake", "input": "And another.",
+        await busy(http, g, "busy-2")  # w1: now the least loaded is w0 again
+        second = await call(http, g, {"model": "fake", "input": "And another.",
                                        "previous_response_id": first})
     finally:
         await g.stop()
@@ -338,8 +249,8 @@ async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
     that made the id, not to the least loaded one, which would answer 404."""
     g = await gateway(config([w.url for w in two]))
     try:
-        await _busy(http, g, "busy")
-        made = await _call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
+        await busy(http, g, "busy")
+        made = await call(http, g, {"model": "fake", "input": "Fix the bug in foo.py"})
         statuses = []
         for _ in range(3):
             async with http.get(url(g, f"/v1/responses/{made}")) as r:
@@ -350,81 +261,3 @@ async def test_a_stored_response_is_fetched_from_the_worker_that_made_it(
         await g.stop()
     assert statuses == [(200, made)] * 3
     assert unknown == 404  # known nowhere: the least loaded worker's answer
-
-
-async def test_replicas_without_a_shared_store_ask_the_workers_who_keeps_a_reply(
-    two: list[StoringWorker], http: aiohttp.ClientSession
-) -> None:
-    """Two replicas that share nothing (each its own memory store), as after a restart or
-    before a reply's entry reaches the store: a call naming a reply this replica never saw asks
-    every worker for it (``GET /v1/responses/{id}``) and goes to the one that has it."""
-    g = [await gateway(config([w.url for w in two])) for _ in range(2)]
-    try:
-        await _busy(http, g[1], "busy")  # b's least loaded is w1, wherever a's chain is
-        ids = [await _call(http, g[0], {"model": "fake", "input": "Fix the bug in foo.py"})]
-        for turn in range(1, 4):
-            ids.append(await _call(http, g[turn % 2], {
-                "model": "fake", "input": f"tool output {turn}", "previous_response_id": ids[-1]}))
-        async with http.post(url(g[0], "/v1/responses"), json={
-                "model": "fake", "input": "x", "previous_response_id": "resp_never"}) as r:
-            assert r.status == 404  # no worker has it: vLLM's answer
-        lookups = []
-        for gi in g:
-            async with http.get(url(gi, "/metrics")) as r:
-                text = await r.text()
-            lookups.append([line for line in text.splitlines()
-                            if line.startswith("marsproxy_reply_lookups_total{")])
-    finally:
-        for gi in g:
-            await gi.stop()
-    maker = next(w for w in two if ids[0] in w.made)
-    assert all(i in maker.made for i in ids), (ids, maker.made)
-    asked = {s.path_qs for s in maker.seen if s.method == "GET"}  # the others may be cut short
-    assert asked >= {f"/v1/responses/{i}" for i in ids[:3]}
-    # a asked for ids[1] and the unknown id, b for ids[0] and ids[2].
-    assert 'marsproxy_reply_lookups_total{source="workers"} 1.0' in lookups[0]
-    assert 'marsproxy_reply_lookups_total{source="none"} 1.0' in lookups[0]
-    assert 'marsproxy_reply_lookups_total{source="workers"} 2.0' in lookups[1]
-
-
-async def test_an_id_no_worker_keeps_is_asked_of_the_workers_once(
-    two: list[StoringWorker], http: aiohttp.ClientSession
-) -> None:
-    """A client repeating an id no worker keeps (made up, or lost to a worker's restart) gets
-    vLLM's 404 each time, but within a health interval (2 s) the workers are asked of it once:
-    they answered that they keep none (after it they are asked again: a streamed reply's id is
-    seen before its worker stores it; tests/unit/core/test_core_replies.py)."""
-    g = await gateway(config([w.url for w in two]))
-    try:
-        for _ in range(3):
-            async with http.post(url(g, "/v1/responses"), json={
-                    "model": "fake", "input": "x", "previous_response_id": "resp_gone"}) as r:
-                assert r.status == 404
-        async with http.get(url(g, "/metrics")) as r:
-            text = await r.text()
-    finally:
-        await g.stop()
-    asked = [s for w in two for s in w.seen if s.method == "GET"]
-    assert [s.path_qs for s in asked] == ["/v1/responses/resp_gone"] * 2  # once each
-    assert 'marsproxy_reply_lookups_total{source="none"} 3.0' in text
-
-
-async def test_a_background_reply_still_generating_does_not_end_its_session(
-    two: list[StoringWorker], http: aiohttp.ClientSession
-) -> None:
-    """``background: true``: vLLM answers at once with the response ``queued``, no output yet.
-    That is no answer: the session of a tool-calling agent goes on (its answer would end it)."""
-    g = await gateway(config([w.url for w in two]))
-    tools = [{"type": "function", "name": "run", "parameters": {"type": "object"}}]
-    try:
-        for extra, fake in (({}, "tool"), ({"background": True}, "ok")):
-            async with http.post(url(g, "/v1/responses"), headers={
-                    "x-session-id": "bg", "x-fake": fake},
-                    json={"model": "fake", "input": "go", "tools": tools, **extra}) as r:
-                assert r.status == 200, await r.text()
-                status = (await r.json())["status"]
-        phase = g.gateway.plane.phase(f"{tenant_of(None)}/id/bg")
-    finally:
-        await g.stop()
-    assert status == "queued"
-    assert phase is Phase.DORMANT  # not ENDED: the session's answer is still to come

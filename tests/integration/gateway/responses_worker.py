@@ -1,0 +1,91 @@
+"""A worker that keeps its Responses replies, as vLLM with its response store on, and the
+calls the Responses tests make through a gateway (test_gw_previous_response.py,
+test_gw_replies_probe.py, test_gw_answers.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from marsproxy.gateway.http.app import Running
+
+from .conftest import FakeWorker, Seen
+from .relay_client import url
+
+
+class StoringWorker(FakeWorker):
+    """Answers /v1/responses as vLLM with its response store on: each reply gets a new id,
+    remembered by this worker only; a ``previous_response_id`` it never made is a 404."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.made: list[str] = []
+        self._n = itertools.count(1)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
+        obj = json.loads(body)
+        prev = obj.get("previous_response_id")
+        if prev is not None and prev not in self.made:
+            return web.json_response({"error": {
+                "message": f"Response with id '{prev}' not found.", "type": "invalid_request_error",
+                "param": "response_id", "code": 404}}, status=404)
+        rid = f"resp_{self.name}_{next(self._n)}"
+        self.made.append(rid)
+        resp: dict[str, Any] = {
+            "id": rid, "object": "response", "status": "completed",
+            "output": [{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": f"said {rid}"}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
+        }
+        if request.headers.get("x-fake") == "tool":
+            resp["output"] = [{"type": "function_call", "name": "run", "arguments": "{}",
+                               "call_id": f"call_{rid}", "id": f"fc_{rid}"}]
+        if obj.get("background"):  # vLLM answers at once; the engine goes on generating
+            resp |= {"status": "queued", "output": [], "usage": None}
+        if not obj.get("stream"):
+            self.completed += 1
+            return web.json_response(resp)
+        started = {**resp, "status": "in_progress", "output": [], "usage": None}
+        events = [
+            ("response.created", {"type": "response.created", "response": started}),
+            ("response.completed", {"type": "response.completed", "response": resp}),
+        ]
+        return await self._sse_events(request, events)
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a kept response, or vLLM's 404 for one made elsewhere."""
+        rid = request.path.removeprefix("/v1/responses/")
+        if request.method != "GET" or rid == request.path:
+            return await super()._echo(request)
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), b""))
+        if rid not in self.made:
+            return web.json_response({"error": {
+                "message": f"Response with id '{rid}' not found.",
+                "type": "invalid_request_error", "param": "response_id", "code": 404}},
+                status=404)
+        return web.json_response({"id": rid, "object": "response", "status": "completed"})
+
+
+async def busy(http: aiohttp.ClientSession, g: Running, sid: str) -> None:
+    """A chat session of its own (``sid``) on ``g``: it holds a worker, steering placement."""
+    async with http.post(url(g, "/v1/chat/completions"), headers={"x-session-id": sid}, json={
+            "model": "fake", "messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.status == 200, await r.text()
+
+
+async def call(http: aiohttp.ClientSession, g: Running, body: dict[str, Any]) -> str:
+    """The reply's id, read as the client reads it (the body, or the stream's events)."""
+    async with http.post(url(g, "/v1/responses"), json=body) as r:
+        assert r.status == 200, await r.text()
+        if not body.get("stream"):
+            return str((await r.json())["id"])
+        text = (await r.read()).decode()
+    done = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    return str(done[-1]["response"]["id"])
