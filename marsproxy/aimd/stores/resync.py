@@ -39,10 +39,12 @@ async def resync(store: RedisStore) -> int:
 
 async def heartbeat(store: RedisStore, pipe: Pipeline, now_ms: int, expiry_ms: int) -> None:
     """Queue ``heartbeat.lua`` on ``pipe``: this replica is live until ``expiry_ms``; its
-    answer is the count of live replicas and the pool's epoch (set here if Redis has none)."""
+    answer is the count of live replicas and the pool's epoch (set here if Redis has none). It
+    also drops dead replicas' entries from the head of the global queue."""
     await store.scripts.heartbeat(
-        keys=[store.keys.replicas, store.keys.epoch],
-        args=[now_ms, expiry_ms, store.replica_id, secrets.token_hex(8)], client=pipe,
+        keys=[store.keys.replicas, store.keys.epoch, store.keys.queue],
+        args=[now_ms, expiry_ms, store.replica_id, secrets.token_hex(8),
+              store.keys.asked_prefix], client=pipe,
     )
 
 

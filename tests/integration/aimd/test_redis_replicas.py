@@ -103,6 +103,26 @@ async def test_a_killed_replicas_slots_return_within_one_lease_ttl(
     assert await b.admitted_sessions("w1") == ["b0", "b1", "b2"]
 
 
+async def test_a_dead_replicas_waiting_entries_leave_at_a_live_replicas_heartbeat(
+    make_replica: MakeReplica,
+) -> None:
+    """A replica died with sessions waiting in the global queue, and the last session behind
+    them was admitted while their marks still lived: nobody asks behind them any more, but a
+    live replica's next heartbeat drops them (its own waiting sessions, marked, stay)."""
+    ttl = dict(lease_ttl_s=0.4, heartbeat_interval_s=0.1)
+    a, b = await make_replica(**ttl), await make_replica(**ttl)
+    for i in range(3):
+        await b.enqueue(f"b{i}", float(i))
+    await b.close()  # SIGKILL-like: its entries stay, their marks run out
+    await a.enqueue("a0", 10.0)
+    killed = time.monotonic()
+    while await a.queue_len() > 1:  # a's own entry is asked for, as a live replica's is
+        assert time.monotonic() - killed < 3.0, "b's entries are still in the queue"
+        await a.enqueue("a0", 10.0)
+        await asyncio.sleep(0.05)
+    assert await a.queue_rank("a0") == 0
+
+
 async def test_the_leader_dies_and_another_takes_over_within_leader_ttl(
     make_replica: MakeReplica,
 ) -> None:
