@@ -94,7 +94,8 @@ class WorkerConfig(_Section):
 class UpstreamConfig(_Section):
     connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout to a worker.")
     first_byte_timeout_s: float = Field(
-        600.0, gt=0, description="Time from sending a request to the worker's response headers."
+        600.0, gt=0, description="Time from sending a request to the worker's response headers;"
+        " also how long a background Responses call may stay unfinished (docs/clients.md)."
     )
     idle_timeout_s: float = Field(
         120.0, gt=0, description="Longest silence between two body chunks of a worker's response."
@@ -114,13 +115,16 @@ class UpstreamConfig(_Section):
 
 class HealthConfig(_Section):
     interval_s: float = Field(2.0, gt=0, description="Period of GET /health on each worker;"
-                              " also how long a worker's 404 for a stored reply's id is believed"
+                              " also how long a worker's 404 for a stored reply's id is believed,"
+                              " and how often an unfinished background response is asked after"
                               " (docs/clients.md).")
     timeout_s: float = Field(
-        1.0, gt=0, description="Timeout of one health check, and of asking the workers which"
-        " one keeps a Responses reply a call names (docs/clients.md).")
+        1.0, gt=0, description="Timeout of one health check, of asking the workers which one"
+        " keeps a Responses reply a call names, and of asking after a background response"
+        " (docs/clients.md).")
     unhealthy_after: int = Field(
-        2, ge=1, description="Consecutive failed checks (or failed connects) that eject a worker."
+        2, ge=1, description="Consecutive failed checks (or failed connects) that eject a worker;"
+        " unanswered asks after a background response that end its call (docs/clients.md)."
     )
     healthy_after: int = Field(1, ge=1, description="Consecutive good checks that readmit it.")
 

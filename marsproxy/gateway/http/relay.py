@@ -34,9 +34,10 @@ from marsproxy.core.identity import (
 )
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.bodies import BodyError, parse_body, read_limited, set_key
+from marsproxy.gateway.http.call_end import CallEnd
 from marsproxy.gateway.http.relay_response import CLIENT_GONE, buffered, done, stream
 from marsproxy.gateway.http.reply_kind import offers_tools
-from marsproxy.gateway.http.sse import UNREADABLE, read_body
+from marsproxy.gateway.http.routes import stored_response_id
 from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
@@ -45,6 +46,7 @@ from marsproxy.gateway.http.upstream import (
     response_headers,
 )
 from marsproxy.gateway.shells.admission_types import Refused
+from marsproxy.gateway.shells.background import credentials
 from marsproxy.gateway.shells.kv_events import sets_session_id
 from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error
@@ -60,6 +62,7 @@ class Relay:
         self.gw = gw
         self._retry_after = max(1, round(gw.cfg.health.interval_s))
         self.events = RequestEvents(gw)
+        self.ends = CallEnd(gw, self.events)
         self._session_ids = sets_session_id(gw.cfg)
 
     async def scheduled(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -84,30 +87,16 @@ class Relay:
         session's slot) run even when the accounting before them fails: a bug there costs
         a log line and a counter, never a slot held for good."""
         try:
-            self._read_body(route, out)
+            self.ends.read(route, out)
             self._account(out, clock)
-            self.events.ended(out, clock)
-            self.events.counted(out)
         except Exception:
             log.exception("accounting of a %s request of session %s failed; its call ends "
                           "anyway", route, out.session)
         try:
-            self._close_turn(out, clock)
+            self.ends.close(route, out, clock)  # now, or when a background response ends
             self._observe(out, clock, resp)
         except Exception:
             log.exception("the end of a %s call of session %s failed", route, out.session)
-
-    @staticmethod
-    def _read_body(route: Route, out: Outcome) -> None:
-        """Usage (and a chain session's reply) of a JSON reply that has left."""
-        if out.body is None or out.turn_ref is None:
-            return
-        try:
-            out.usage, out.reply, out.reply_kind, out.response_id = read_body(
-                route, out.body, capture=out.turn_ref.capture_reply, kinds=out.offers_tools)
-        except UNREADABLE as exc:  # the client has it as it is
-            log.warning("%s reply of session %s: no usage read from it: %r", route,
-                        out.session, exc)
 
     @staticmethod
     async def _send(
@@ -168,6 +157,8 @@ class Relay:
         out.session, out.turn_ref = turn.session, turn
         out.offers_tools = offers_tools(body.obj)
         out.stores = body.obj.get("store") is not False  # else no later request can name its id
+        if route == "responses" and body.obj.get("background") is True:
+            out.credentials = credentials(request.headers)  # to poll the worker for its end
         if self._session_ids:  # the workers' KV events name the session (docs/kv-events.md)
             body.raw = set_key(body.raw, body.obj, "session_id", turn.session)
         out.turn = gw.request_arrived(turn)
@@ -248,31 +239,6 @@ class Relay:
         out.admitted, out.prompt_chars, out.incarnation = True, chars, verdict.incarnation
         gw.admitted_to(turn.session, verdict.worker)
         return None
-
-    def _close_turn(self, out: Outcome, clock: Clock) -> None:
-        """After llm_end: the session table learns the outcome (which may end the session,
-        publishing session_end), and a session that goes on enters its tool phase."""
-        gw, turn = self.gw, out.turn_ref
-        if turn is None:
-            return
-        answered = False
-        if out.prepared is not None or out.admitted:
-            # A one-shot request (no session to come back) gets no retention decision.
-            sess = gw.sessions.of(turn)  # None: ended, its id maybe a new session's now
-            goes_on = not turn.final and sess is not None and not sess.ephemeral
-            engine_s = time.perf_counter() - clock.t0 - clock.held_s
-            # Before the table may forget the session: the plane hears the end of the call
-            # first, then (on a final turn) the end of the session.
-            answered = gw.call_ended(
-                turn.session, out.prepared, ok=out.ok, usage=out.usage, engine_s=engine_s,
-                continues=goes_on, admitted=out.admitted, chars=out.prompt_chars,
-                incarnation=out.incarnation, reply=out.reply_kind)
-        # Answered, the session's end is the plane's alone (as its idle timeout): the table keeps
-        # it, so a client that goes on after the answer continues the same session.
-        gw.turn_finished(turn, ok=out.ok, reply=out.reply,
-                         response_id=out.response_id if out.stores else None)
-        if out.ok and not answered:  # no tool phase follows an answer
-            gw.response_ended(turn)
 
     async def _relay(
         self,
@@ -383,6 +349,8 @@ class Relay:
                 return resp  # the body is short; the client sees the connection end
             await resp.write_eof()
             completed = True
+            if rid := stored_response_id(request.path):  # a background call may have ended
+                gw.background.poke(rid)
             return resp
         finally:
             done(opened, completed)

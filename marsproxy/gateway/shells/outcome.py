@@ -96,6 +96,7 @@ class Outcome:
         self.offers_tools = False  # the request carried tools: an agent loop's call
         self.response_id: str | None = None  # a Responses reply's (previous_response_id)
         self.stores = True  # the request did not set `store: false`: its reply id may be named
+        self.credentials: dict[str, str] | None = None  # a background call's (background.py)
         self.session: str | None = None
         self.turn = 0
         self.turn_ref: Turn | None = None  # scheduled requests, once their session is known

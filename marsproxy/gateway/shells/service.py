@@ -28,6 +28,7 @@ from marsproxy.gateway.http.sse import Usage
 from marsproxy.gateway.http.upstream import Picker, Upstream
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.admission_types import END_REASONS, Granted, Refused, Verdict
+from marsproxy.gateway.shells.background import BackgroundCalls
 from marsproxy.gateway.shells.kv_events import KVEventsShell
 from marsproxy.gateway.shells.kv_use import KVUse
 from marsproxy.gateway.shells.metrics import GatewayMetrics
@@ -95,6 +96,11 @@ class Gateway:
         self.replies = Replies(cfg, self.workers, self.health, self.sessions, self.admission,
                                http=lambda: self.upstream.session, metrics=self.metrics,
                                clock=clock)
+        # Background Responses: their calls stay open until the worker's response has ended.
+        self.background = BackgroundCalls(
+            lambda: self.upstream.session, interval_s=cfg.health.interval_s,
+            request_timeout_s=cfg.health.timeout_s, limit_s=cfg.upstream.first_byte_timeout_s,
+            unanswered=cfg.health.unhealthy_after, clock=clock)
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)
@@ -138,6 +144,7 @@ class Gateway:
             self._plane_tick = asyncio.create_task(self._plane_loop(), name="marsproxy-plane")
 
     async def stop(self) -> None:
+        await self.background.close()  # their calls end while the planes still run
         for task in (self._expiry, self._plane_tick):
             if task is not None:
                 task.cancel()
@@ -256,6 +263,13 @@ class Gateway:
         url = self.placement.worker_of(turn.session) if sess is not None else None
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
         if response_id and sess is not None and url is not None:
+            self.replies.made(sess.tenant, response_id, turn.session, url)
+
+    def reply_made(self, turn: Turn, response_id: str, url: str) -> None:
+        """A background reply's id, known before its call ends (``background.py``): the
+        client's polls of it find their worker."""
+        sess = self.sessions.of(turn)
+        if sess is not None:
             self.replies.made(sess.tenant, response_id, turn.session, url)
 
     def response_ended(self, turn: Turn) -> None:

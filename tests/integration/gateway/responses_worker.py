@@ -19,13 +19,24 @@ from .relay_client import url
 
 class StoringWorker(FakeWorker):
     """Answers /v1/responses as vLLM with its response store on: each reply gets a new id,
-    remembered by this worker only; a ``previous_response_id`` it never made is a 404."""
+    remembered by this worker only; a ``previous_response_id`` it never made is a 404. A
+    background response stays ``queued`` until the test calls :meth:`finish` (or it is
+    cancelled); ``forget`` drops a reply, as a restarted worker has."""
 
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
         self.made: list[str] = []
+        self.kept: dict[str, dict[str, Any]] = {}  # each reply as GET shows it when done
+        self.running: set[str] = set()  # background replies still generating
         self._n = itertools.count(1)
+
+    def finish(self, rid: str) -> None:
+        self.running.discard(rid)
+
+    def forget(self, rid: str) -> None:
+        self.running.discard(rid)
+        self.made.remove(rid)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -47,7 +58,9 @@ class StoringWorker(FakeWorker):
         if request.headers.get("x-fake") == "tool":
             resp["output"] = [{"type": "function_call", "name": "run", "arguments": "{}",
                                "call_id": f"call_{rid}", "id": f"fc_{rid}"}]
+        self.kept[rid] = dict(resp)
         if obj.get("background"):  # vLLM answers at once; the engine goes on generating
+            self.running.add(rid)
             resp |= {"status": "queued", "output": [], "usage": None}
         if not obj.get("stream"):
             self.completed += 1
@@ -60,9 +73,11 @@ class StoringWorker(FakeWorker):
         return await self._sse_events(request, events)
 
     async def _echo(self, request: web.Request) -> web.Response:
-        """``GET /v1/responses/{id}``: a kept response, or vLLM's 404 for one made elsewhere."""
-        rid = request.path.removeprefix("/v1/responses/")
-        if request.method != "GET" or rid == request.path:
+        """``GET /v1/responses/{id}`` and its ``cancel``: a kept response (``queued`` while
+        it generates), or vLLM's 404 for one made elsewhere."""
+        rid, _, cancel = request.path.removeprefix("/v1/responses/").partition("/")
+        if (request.method, cancel) not in (("GET", ""), ("POST", "cancel")) or (
+                not request.path.startswith("/v1/responses/")):
             return await super()._echo(request)
         self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), b""))
         if rid not in self.made:
@@ -70,7 +85,13 @@ class StoringWorker(FakeWorker):
                 "message": f"Response with id '{rid}' not found.",
                 "type": "invalid_request_error", "param": "response_id", "code": 404}},
                 status=404)
-        return web.json_response({"id": rid, "object": "response", "status": "completed"})
+        if cancel and rid in self.running:
+            self.running.discard(rid)
+            self.kept[rid] |= {"status": "cancelled", "output": [], "usage": None}
+        if rid in self.running:
+            return web.json_response(
+                {**self.kept[rid], "status": "queued", "output": [], "usage": None})
+        return web.json_response(self.kept.get(rid, {"id": rid, "status": "completed"}))
 
 
 async def busy(http: aiohttp.ClientSession, g: Running, sid: str) -> None:

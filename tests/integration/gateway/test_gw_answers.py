@@ -14,8 +14,6 @@ from marsproxy.core.identity import tenant_of
 from marsproxy.gateway.http.app import Running
 from marsproxy.policy.plane import Phase
 
-from .relay_client import config, gateway
-from .responses_worker import StoringWorker
 from .telemetry_client import AUTH, CHAT, Events, state, url
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
@@ -82,23 +80,3 @@ async def test_keys_whose_replies_never_call_tools_keep_their_sessions(
         await _call(http, gw, "t1", tool=False, stream=True, auth=other)
     assert _phase(gw, "t1", other) is Phase.DORMANT
 
-
-async def test_a_background_reply_still_generating_does_not_end_its_session(
-    two: list[StoringWorker], http: aiohttp.ClientSession
-) -> None:
-    """``background: true``: vLLM answers at once with the response ``queued``, no output yet.
-    That is no answer: the session of a tool-calling agent goes on (its answer would end it)."""
-    g = await gateway(config([w.url for w in two]))
-    tools = [{"type": "function", "name": "run", "parameters": {"type": "object"}}]
-    try:
-        for extra, fake in (({}, "tool"), ({"background": True}, "ok")):
-            async with http.post(url(g, "/v1/responses"), headers={
-                    "x-session-id": "bg", "x-fake": fake},
-                    json={"model": "fake", "input": "go", "tools": tools, **extra}) as r:
-                assert r.status == 200, await r.text()
-                status = (await r.json())["status"]
-        phase = g.gateway.plane.phase(f"{tenant_of(None)}/id/bg")
-    finally:
-        await g.stop()
-    assert status == "queued"
-    assert phase is Phase.DORMANT  # not ENDED: the session's answer is still to come

@@ -19,9 +19,11 @@ from openai.types.responses import Response
 
 from marsproxy.bench.local import start_local
 from marsproxy.config import load_config
+from marsproxy.core.identity import tenant_of
 from marsproxy.emulator.server import EmulatorOptions
 from marsproxy.emulator.server import create_app as create_emulator
 from marsproxy.gateway.http.app import Running, start
+from marsproxy.policy.plane import Phase
 
 from .conftest import LlmEnds
 
@@ -76,6 +78,41 @@ async def test_openai_sdk_responses_chain_through_the_proxy(
         assert isinstance(nf.value.body, dict) and nf.value.body["param"] == "response_id"
     finally:
         await client.close()
+
+
+async def test_a_background_calls_end_is_its_responses_end_on_the_server(
+    dev_proxy: Running, llm_ends: LlmEnds
+) -> None:
+    """vLLM answers a background call ``queued`` and generates after: through the proxy the call
+    stays open (admission sees its session in a call, no ``llm_end`` yet) until the response has
+    ended, here found by the client's poll passing through; then ``llm_end`` carries the final
+    response's usage, and the session goes on (no tools offered: no answer rule)."""
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{dev_proxy.port}/v1",
+                                api_key="EMPTY", max_retries=0, timeout=120)
+    hdr = {"x-session-id": "bg-end"}
+    key = f"{tenant_of('Bearer EMPTY')}/id/bg-end"
+    try:
+        queued = await client.responses.create(model="tiny", input="Say hello.",
+                                               max_output_tokens=64, background=True,
+                                               temperature=0, extra_headers=hdr)
+        open_phase = dev_proxy.gateway.plane.phase(key)  # the proxy polls after 2 s only
+        ends_then = list(llm_ends.events)
+        done = queued
+        for _ in range(300):  # bounded: 30 s
+            done = await client.responses.retrieve(queued.id, extra_headers=hdr)
+            if done.status != "queued":
+                break
+            await asyncio.sleep(0.1)
+        ends = await llm_ends.wait(1)
+    finally:
+        await client.close()
+    assert queued.status == "queued" and queued.usage is None
+    assert open_phase is Phase.IN_CALL and ends_then == []
+    assert done.status in ("completed", "incomplete")
+    assert [(e["session"], e["prompt_tokens"], e["completion_tokens"]) for e in ends] == [
+        (key, _u(done).input_tokens, _u(done).output_tokens)]
+    assert dev_proxy.gateway.plane.phase(key) is Phase.DORMANT
+    assert len(dev_proxy.gateway.background) == 0
 
 
 def _u(r: Response) -> Any:
