@@ -168,7 +168,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(opts))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, bench_and_sim: bool = True) -> argparse.ArgumentParser:
+    """The CLI's parser; ``bench_and_sim`` False: those two commands listed, not configured
+    (their options import the benchmark and the simulator: 0.1 s on every ``serve``)."""
     p = argparse.ArgumentParser(
         prog="marsproxy",
         description="Admission-control reverse proxy for coding agents on self-hosted vLLM.",
@@ -304,7 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     d.set_defaults(func=_cmd_demo)
 
-    _add_bench_and_sim(sub)
+    if bench_and_sim:
+        _add_bench_and_sim(sub)
+    else:
+        for name, text in _BENCH_AND_SIM:
+            sub.add_parser(name, help=text)
 
     _configure_status(sub.add_parser(
         "status",
@@ -315,12 +321,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_BENCH_AND_SIM = (
+    ("bench", "benchmarks"),
+    ("sim", "simulate the policies in virtual time (admission core, engine model, tool CPUs)"),
+)
+
+
 def _add_bench_and_sim(sub: Any) -> None:
     from marsproxy.bench.live import configure_parser as _configure_live
     from marsproxy.sim.runner import configure_parser as _configure_sim
 
     b = sub.add_parser(
-        "bench", help="benchmarks", description="Benchmarks.", formatter_class=_FMT,
+        "bench", help=_BENCH_AND_SIM[0][1], description="Benchmarks.", formatter_class=_FMT,
     )
     bsub = b.add_subparsers(dest="bench_command", required=True, metavar="KIND")
     _configure_live(bsub.add_parser(
@@ -332,7 +344,7 @@ def _add_bench_and_sim(sub: Any) -> None:
     ))
     _configure_sim(sub.add_parser(
         "sim",
-        help="simulate the policies in virtual time (admission core, engine model, tool CPUs)",
+        help=_BENCH_AND_SIM[1][1],
         description="Discrete-event simulation of every policy on every workload; writes the"
         " same report as `bench live`.",
         formatter_class=_FMT,
@@ -340,7 +352,9 @@ def _add_bench_and_sim(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    full = any(w in (name for name, _ in _BENCH_AND_SIM) for w in words)
+    args = build_parser(bench_and_sim=full).parse_args(argv)
     try:
         rc: int = args.func(args)
     except ConfigError as exc:

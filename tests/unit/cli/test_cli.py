@@ -127,3 +127,20 @@ def test_console_script_is_installed() -> None:
         capture_output=True, text=True, check=False,
     )
     assert r.returncode == 0 and "emulate" in r.stdout
+
+
+def test_other_commands_do_not_load_the_benchmark_and_the_simulator() -> None:
+    """Their options import both (0.1 s more on every ``serve``); they are listed all the same."""
+    example = str(Path(__file__).parents[3] / "configs" / "marsproxy.yaml")
+    loaded = ("import contextlib, sys\nfrom marsproxy.cli import main\n"
+              "with contextlib.suppress(SystemExit):\n    main({argv})\n"
+              "print('LOADED', [m for m in sys.modules"
+              " if m.startswith(('marsproxy.sim', 'marsproxy.bench'))])")
+    for argv, loads in ((["config", "check", example], False), (["sim", "--help"], True)):
+        r = subprocess.run([sys.executable, "-c", loaded.format(argv=argv)],
+                           capture_output=True, text=True, check=False)
+        last = r.stdout.splitlines()[-1]
+        assert last.startswith("LOADED") and (last != "LOADED []") == loads, (argv, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "marsproxy.cli", "--help"],
+                       capture_output=True, text=True, check=False)
+    assert "bench" in r.stdout and "simulate the policies" in r.stdout
