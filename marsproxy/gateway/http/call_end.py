@@ -10,6 +10,7 @@ import logging
 import time
 
 from marsproxy.core.identity import Route
+from marsproxy.gateway.http.relay_response import CLIENT_GONE
 from marsproxy.gateway.http.sse import UNREADABLE, read_body
 from marsproxy.gateway.shells.background import ended_well, unfinished
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents
@@ -51,8 +52,11 @@ class CallEnd:
 
     def _goes_on(self, route: Route, out: Outcome, clock: Clock) -> bool:
         rid, worker, turn = out.response_id, out.worker, out.turn_ref
-        if (out.credentials is None or not out.ok or out.body is None or rid is None
-                or worker is None or turn is None or not unfinished(out.body)):
+        if out.credentials is None or rid is None or worker is None or turn is None:
+            return False
+        # Answered queued; or streamed, its client gone before the end (vLLM goes on).
+        queued = out.ok and out.body is not None and unfinished(out.body)
+        if not queued and out.status != CLIENT_GONE:
             return False
         self.gw.reply_made(turn, rid, worker.url)  # the client's polls of it find its worker
 

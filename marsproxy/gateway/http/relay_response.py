@@ -4,6 +4,7 @@ gone mid-stream aborting the worker's request."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -85,7 +86,7 @@ async def stream(
 ) -> web.StreamResponse:
     upstream = opened.response
     tap = StreamTap(route, strip_usage_chunk=strip, capture=turn.capture_reply,
-                    kinds=out.offers_tools)
+                    kinds=out.offers_tools, created=out.credentials is not None)
     sse = SSEFilter(tap)
     headers = response_headers(upstream.headers)
     headers.update(clock.header())
@@ -94,6 +95,9 @@ async def stream(
     await resp.prepare(request)
     try:
         return await _pump(gw, events, opened, sse, tap, resp, clock, out)
+    except asyncio.CancelledError:
+        out.status = CLIENT_GONE
+        raise
     except Exception:
         # A bug of ours after the headers left: a 500 written now would land inside the open
         # stream. The stream ends with an error event instead, and the worker's request stops.
@@ -102,6 +106,9 @@ async def stream(
         await _cut(resp, sse_error_event("internal error of the proxy mid-stream",
                                          code="internal_error", status=500))
         return resp
+    finally:
+        if out.status == CLIENT_GONE:  # a background response goes on without its client
+            out.response_id = tap.response_id
 
 
 async def _pump(

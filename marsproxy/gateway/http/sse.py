@@ -122,8 +122,9 @@ class StreamTap:
     """
 
     def __init__(self, route: Route, *, strip_usage_chunk: bool, capture: bool,
-                 kinds: bool = True) -> None:
+                 kinds: bool = True, created: bool = False) -> None:
         self.route = route
+        self._created = created  # a background stream: its id is wanted from its first event
         self._kinds = kinds
         self.usage: Usage | None = None
         self._strip = strip_usage_chunk
@@ -153,7 +154,8 @@ class StreamTap:
         marker absent from the chunk is absent from each of its events.
         """
         if self.route == "responses":
-            return b"response.completed" not in data and b"response.failed" not in data
+            return (b"response.completed" not in data and b"response.failed" not in data
+                    and not (self._created and b"response.created" in data))
         return (self._capture is None and b'"usage"' not in data and b'"error"' not in data
                 and not self._ends_or_calls(data))
 
@@ -234,12 +236,17 @@ class StreamTap:
                 slot.append(fn["arguments"])
 
     def _responses(self, event: bytes) -> None:
-        if b"response.completed" not in event and b"response.failed" not in event:
+        created = self._created and b"response.created" in event
+        if b"response.completed" not in event and b"response.failed" not in event and not created:
             return
         obj = _loads(event_data(event))
         if not isinstance(obj, dict) or not isinstance(obj.get("response"), dict):
             return
         resp = obj["response"]
+        if obj.get("type") == "response.created":  # the id, should the client leave before the end
+            self._created = False
+            self.response_id = _response_id(resp)
+            return
         if obj.get("type") == "response.failed":
             self.saw_error = True
         self._calls_tool = responses_kind(resp) is ReplyKind.TOOL_CALL

@@ -1,7 +1,8 @@
 """Calls that go on after their reply: Responses created with ``background: true``.
 
 vLLM answers such a call at once with the response ``queued`` (no output, no usage) and
-generates it afterwards; the client polls ``GET /v1/responses/{id}`` or cancels it. Ending the
+generates it afterwards; the client polls ``GET /v1/responses/{id}`` or cancels it. Streamed, the
+generation goes on when the client leaves mid-stream: the same then. Ending the
 call when that first reply leaves would tell admission the session is in a tool phase while the
 engine still fills its KV, and the answer rule would never see the reply. So the call stays
 open: the proxy asks the worker for the response every ``health.interval_s`` (at once after a

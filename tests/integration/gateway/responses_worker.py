@@ -4,6 +4,7 @@ test_gw_replies_probe.py, test_gw_answers.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from typing import Any
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from marsproxy.gateway.http.app import Running
 
-from .conftest import FakeWorker, Seen
+from .conftest import FakeWorker, Seen, sse
 from .relay_client import url
 
 
@@ -66,11 +67,31 @@ class StoringWorker(FakeWorker):
             self.completed += 1
             return web.json_response(resp)
         started = {**resp, "status": "in_progress", "output": [], "usage": None}
+        if obj.get("background"):
+            return await self._generating(request, started, self.kept[rid])
         events = [
             ("response.created", {"type": "response.created", "response": started}),
             ("response.completed", {"type": "response.completed", "response": resp}),
         ]
         return await self._sse_events(request, events)
+
+    async def _generating(self, request: web.Request, started: dict[str, Any],
+                          done: dict[str, Any]) -> web.StreamResponse:
+        """A streamed background response: deltas every 20 ms until the test finishes it;
+        a client that leaves does not stop it (as vLLM's background task)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        delta = {"type": "response.output_text.delta", "delta": "x"}
+        try:
+            await resp.write(sse({"type": "response.created", "response": started}))
+            while started["id"] in self.running:
+                await asyncio.sleep(0.02)
+                await resp.write(sse(delta))
+            await resp.write(sse({"type": "response.completed", "response": done}))
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client left; the response goes on until finish()
+        return resp
 
     async def _echo(self, request: web.Request) -> web.Response:
         """``GET /v1/responses/{id}`` and its ``cancel``: a kept response (``queued`` while

@@ -188,19 +188,46 @@ async def test_the_proxy_stopping_ends_every_open_background_call(
     assert rid in w.running
 
 
+async def test_a_streamed_background_response_whose_client_left_is_watched_to_its_end(
+    two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
+) -> None:
+    """vLLM goes on with a background response whose streaming client left: so does its call,
+    until the worker's response has ended (then with its usage)."""
+    g, w = await _started(two, health={"interval_s": 0.05})
+    try:
+        async with http.post(url(g, "/v1/responses"), headers={"x-session-id": "gone",
+                                                                "x-fake": "tool"},
+                             json={"model": "fake", "input": "go", "tools": TOOLS,
+                                   "background": True, "stream": True}) as r:
+            assert r.status == 200
+            await r.content.readuntil(b"\n\n")  # response.created
+            r.close()  # the client leaves mid-stream
+        rid = w.made[-1]
+        await until(lambda: _polls(w, rid) >= 2)  # the proxy asks after it
+        assert rid in w.running and _phase(g, "gone") is Phase.IN_CALL
+        w.finish(rid)
+        await until(lambda: _phase(g, "gone") is Phase.DORMANT)
+        assert len(g.gateway.background) == 0
+    finally:
+        await g.stop()
+
+
 async def test_a_streamed_background_response_ends_its_call_with_the_stream(
-    two: list[StoringWorker], http: aiohttp.ClientSession
+    two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
     """With ``stream: true`` the stream carries the whole generation: nothing to poll."""
-    g, _ = await _started(two, health={"interval_s": 0.05})
+    g, w = await _started(two, health={"interval_s": 0.05})
     try:
         async with http.post(url(g, "/v1/responses"), headers={"x-session-id": "st",
                                                                 "x-fake": "tool"},
                              json={"model": "fake", "input": "go", "tools": TOOLS,
                                    "background": True, "stream": True}) as r:
             assert r.status == 200
+            await r.content.readuntil(b"\n\n")
+            w.finish(w.made[-1])
             await r.read()
-        assert _phase(g, "st") is Phase.DORMANT
+        await until(lambda: _phase(g, "st") is Phase.DORMANT)
         assert len(g.gateway.background) == 0
+        assert _polls(w, w.made[-1]) == 0
     finally:
         await g.stop()

@@ -10,6 +10,7 @@ Needs the real-vLLM install and ``MARS_REAL_VLLM_TESTS=1``; shares the ``vllm_de
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -113,6 +114,41 @@ async def test_a_background_calls_end_is_its_responses_end_on_the_server(
         (key, _u(done).input_tokens, _u(done).output_tokens)]
     assert dev_proxy.gateway.plane.phase(key) is Phase.DORMANT
     assert len(dev_proxy.gateway.background) == 0
+
+
+async def test_a_streamed_background_response_whose_client_left_keeps_its_call(
+    dev_proxy: Running, llm_ends: LlmEnds
+) -> None:
+    """vLLM goes on generating a background response whose streaming client left: through the
+    proxy its call stays open until the response ends, here by a cancel passing through."""
+    base = f"http://127.0.0.1:{dev_proxy.port}"
+    key = f"{tenant_of('Bearer EMPTY')}/id/bg-left"
+    hdr = {"x-session-id": "bg-left", "Authorization": "Bearer EMPTY"}
+    body = {"model": "tiny", "input": "Say hello.", "background": True, "stream": True,
+            "max_output_tokens": 3000, "temperature": 0}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/responses", json=body, headers=hdr) as r:
+            assert r.status == 200
+            first = await r.content.readuntil(b"\n\n")
+            r.close()  # the client leaves after response.created
+        rid = json.loads(first.split(b"data: ", 1)[1])["response"]["id"]
+        for _ in range(100):  # the proxy sees the client gone at its next write
+            if len(dev_proxy.gateway.background) == 1:
+                break
+            await asyncio.sleep(0.05)
+        open_phase = dev_proxy.gateway.plane.phase(key)
+        async with http.post(f"{base}/v1/responses/{rid}/cancel", headers=hdr) as r:
+            cancel = r.status, (await r.json()).get("status")
+        for _ in range(100):
+            if dev_proxy.gateway.plane.phase(key) is not Phase.IN_CALL:
+                break
+            await asyncio.sleep(0.05)
+    assert open_phase is Phase.IN_CALL
+    # The tiny random model may have stopped early: then vLLM's 400 for a finished response.
+    assert cancel in ((200, "cancelled"), (400, None)), cancel
+    assert dev_proxy.gateway.plane.phase(key) is not Phase.IN_CALL
+    assert len(dev_proxy.gateway.background) == 0
+    assert [e["session"] for e in await llm_ends.wait(1)] == [key]
 
 
 def _u(r: Response) -> Any:

@@ -363,3 +363,18 @@ def test_a_responses_reply_id_is_read_whole_and_streamed_and_only_there() -> Non
     done = {"type": "response.completed", "response": resp}
     chunk = f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
     assert not tap.passes(chunk) and tap.keep(chunk) and tap.response_id == "resp_9"
+
+
+def test_a_background_streams_id_is_read_from_its_first_event_only_when_wanted() -> None:
+    created = {"type": "response.created", "response": {"id": "resp_1", "status": "queued"}}
+    event = f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()
+    for wanted in (True, False):
+        tap = StreamTap("responses", strip_usage_chunk=False, capture=False, created=wanted)
+        assert tap.passes(event) is not wanted  # else forwarded without a look
+        assert tap.keep(event)
+        assert tap.response_id == ("resp_1" if wanted else None)
+    # Read once: the next events pass unread again.
+    assert tap.passes(event)
+    wanted_tap = StreamTap("responses", strip_usage_chunk=False, capture=False, created=True)
+    wanted_tap.keep(event)
+    assert wanted_tap.passes(event)
