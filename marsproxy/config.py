@@ -97,9 +97,8 @@ class UpstreamConfig(_Section):
         600.0, gt=0, description="Time from sending a request to the worker's response headers;"
         " also how long a background Responses call may stay unfinished (docs/clients.md)."
     )
-    idle_timeout_s: float = Field(
-        120.0, gt=0, description="Longest silence between two body chunks of a worker's response."
-    )
+    idle_timeout_s: float = Field(120.0, gt=0, description="Longest silence between two body"
+                                  " chunks of a worker's response.")
     max_connections: int = Field(
         1000, ge=1, description="Pooled keep-alive connections to all workers together."
     )
