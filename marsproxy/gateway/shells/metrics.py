@@ -83,6 +83,10 @@ class GatewayMetrics:
         Gauge(
             "marsproxy_requests_in_flight", "Requests being handled now.", registry=r
         ).set_function(lambda: self.in_flight.value)
+        # Set by the gateway to its BackgroundCalls' count (shells/background.py).
+        self.background_calls = Gauge(
+            "marsproxy_background_calls", "Calls of background Responses still generating on"
+            " a worker after their reply (queued) or their client left.", registry=r)
         self.upstream_errors = Tally(
             "marsproxy_upstream_errors",
             "Failures talking to workers, by kind.",

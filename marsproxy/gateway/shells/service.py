@@ -101,6 +101,7 @@ class Gateway:
             lambda: self.upstream.session, interval_s=cfg.health.interval_s,
             request_timeout_s=cfg.health.timeout_s, limit_s=cfg.upstream.first_byte_timeout_s,
             unanswered=cfg.health.unhealthy_after, clock=clock)
+        self.metrics.background_calls.set_function(lambda: len(self.background))
         # The agent-centric scheduler: levels, gated dispatch, retention.
         self.scheduler = SchedulerShell(cfg, self.plane, tel, self.metrics,
                                         observe=lambda: self.observe(), clock=clock)

@@ -42,6 +42,13 @@ def _polls(w: StoringWorker, rid: str) -> int:
     return sum(s.method == "GET" and s.path_qs == f"/v1/responses/{rid}" for s in w.seen)
 
 
+async def _open_calls(http: aiohttp.ClientSession, g: Running) -> float:
+    async with http.get(url(g, "/metrics")) as r:
+        text = await r.text()
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("marsproxy_background_calls ")))
+
+
 async def _started(two: list[StoringWorker], **sections: Any) -> tuple[Running, StoringWorker]:
     g = await gateway(config([two[0].url], **sections))
     return g, two[0]
@@ -61,10 +68,10 @@ async def test_the_call_stays_open_until_the_worker_ends_it_and_its_answer_ends_
         await until(lambda: _polls(w, rid) >= 3)  # polled, still generating
         assert reply["status"] == "queued"
         assert _phase(g, "bg") is Phase.IN_CALL
-        assert len(g.gateway.background) == 1
+        assert await _open_calls(http, g) == 1.0
         w.finish(rid)
         await until(lambda: _phase(g, "bg") is Phase.ENDED)  # the answer ended it
-        assert len(g.gateway.background) == 0
+        assert await _open_calls(http, g) == 0.0
         polls = _polls(w, rid)
         await asyncio.sleep(0.3)
         assert _polls(w, rid) == polls  # no poll after its end
