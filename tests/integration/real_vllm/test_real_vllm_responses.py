@@ -98,12 +98,7 @@ async def test_a_background_calls_end_is_its_responses_end_on_the_server(
                                                temperature=0, extra_headers=hdr)
         open_phase = dev_proxy.gateway.plane.phase(key)  # the proxy polls after 2 s only
         ends_then = list(llm_ends.events)
-        done = queued
-        for _ in range(300):  # bounded: 30 s
-            done = await client.responses.retrieve(queued.id, extra_headers=hdr)
-            if done.status != "queued":
-                break
-            await asyncio.sleep(0.1)
+        done = await _polled(client, queued, hdr)
         ends = await llm_ends.wait(1)
     finally:
         await client.close()
@@ -125,7 +120,7 @@ async def test_a_streamed_background_response_whose_client_left_keeps_its_call(
     key = f"{tenant_of('Bearer EMPTY')}/id/bg-left"
     hdr = {"x-session-id": "bg-left", "Authorization": "Bearer EMPTY"}
     body = {"model": "tiny", "input": "Say hello.", "background": True, "stream": True,
-            "max_output_tokens": 3000, "temperature": 0}
+            "max_output_tokens": 256, "temperature": 0}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{base}/v1/responses", json=body, headers=hdr) as r:
             assert r.status == 200
@@ -149,6 +144,19 @@ async def test_a_streamed_background_response_whose_client_left_keeps_its_call(
     assert dev_proxy.gateway.plane.phase(key) is not Phase.IN_CALL
     assert len(dev_proxy.gateway.background) == 0
     assert [e["session"] for e in await llm_ends.wait(1)] == [key]
+
+
+async def _polled(client: openai.AsyncOpenAI, queued: Response,
+                  headers: dict[str, str]) -> Response:
+    """A background response polled through the proxy until it is no longer queued (30 s at
+    most)."""
+    done = queued
+    for _ in range(300):
+        done = await client.responses.retrieve(queued.id, extra_headers=headers)
+        if done.status != "queued":
+            break
+        await asyncio.sleep(0.1)
+    return done
 
 
 def _u(r: Response) -> Any:
@@ -230,12 +238,7 @@ async def test_a_background_response_is_polled_and_cancelled_through_the_proxy(
             queued = await client.responses.create(model="tiny", input="List the files.",
                                                    max_output_tokens=4, background=True,
                                                    extra_headers=hdr)
-            done = queued
-            for _ in range(300):  # bounded: 30 s
-                done = await client.responses.retrieve(queued.id, extra_headers=hdr)
-                if done.status != "queued":
-                    break
-                await asyncio.sleep(0.1)
+            done = await _polled(client, queued, hdr)
             nxt = await client.responses.create(model="tiny", input="a.py", max_output_tokens=2,
                                                 previous_response_id=queued.id, extra_headers=hdr)
             # The tiny random model mostly writes this prompt up to the budget.
