@@ -78,10 +78,13 @@ req err404_stream "$RAW/error-404-stream.txt" POST /v1/chat/completions \
 req oov "$RAW/error-400-token-id.json" POST /v1/completions \
   "{\"model\":\"$M\",\"prompt\":[5,99999],\"max_tokens\":2}"
 
+# The "id" a response file starts with.
+id_of() { sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$1"; }
+
 echo "== the Responses API (store on)"
 req responses "$OUT/vllm-0.32-responses.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":5,\"temperature\":0}"
-RID=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$OUT/vllm-0.32-responses.json")
+RID=$(id_of "$OUT/vllm-0.32-responses.json")
 req responses_stream "$OUT/vllm-0.32-responses-stream.txt" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":3,\"temperature\":0,\"stream\":true}"
 req responses_continued "$OUT/vllm-0.32-responses-continued.json" POST /v1/responses \
@@ -96,7 +99,7 @@ req responses_bg "$OUT/vllm-0.32-responses-background.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":5,\"temperature\":0,\"background\":true}"
 req responses_bg_long "$RAW/responses-bg-long.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"max_output_tokens\":3000,\"temperature\":0,\"background\":true}"
-BGID=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$RAW/responses-bg-long.json")
+BGID=$(id_of "$RAW/responses-bg-long.json")
 req responses_bg_cancel "$OUT/vllm-0.32-responses-background-cancelled.json" POST "/v1/responses/$BGID/cancel"
 req responses_bg_nostore "$OUT/vllm-0.32-responses-error-background.json" POST /v1/responses \
   "{\"model\":\"$M\",\"input\":\"Say hello.\",\"background\":true,\"store\":false}"

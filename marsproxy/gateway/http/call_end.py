@@ -12,7 +12,7 @@ import time
 from marsproxy.core.identity import Route
 from marsproxy.gateway.http.relay_response import CLIENT_GONE
 from marsproxy.gateway.http.sse import UNREADABLE, read_body
-from marsproxy.gateway.shells.background import ended_well, unfinished
+from marsproxy.gateway.shells.background import unfinished
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents
 from marsproxy.gateway.shells.service import Gateway
 
@@ -62,9 +62,9 @@ class CallEnd:
 
         def ended(body: bytes | None) -> None:
             # The final response, read as the reply had been: its usage, its kind (the
-            # answer rule), a chain session's reply.
+            # answer rule), a chain session's reply; none: the call failed.
             out.body, out.usage, out.reply, out.reply_kind = body, None, None, None
-            out.ok = body is not None and ended_well(body)
+            out.ok = body is not None
             self.read(route, out)
             self._end(out, clock)
 

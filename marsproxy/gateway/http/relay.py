@@ -42,11 +42,11 @@ from marsproxy.gateway.http.upstream import (
     Opened,
     Picker,
     UpstreamFailure,
+    credentials,
     request_headers,
     response_headers,
 )
 from marsproxy.gateway.shells.admission_types import Refused
-from marsproxy.gateway.shells.background import credentials
 from marsproxy.gateway.shells.kv_events import sets_session_id
 from marsproxy.gateway.shells.outcome import OVERHEAD_HEADER as OVERHEAD_HEADER
 from marsproxy.gateway.shells.outcome import Clock, Outcome, RequestEvents, error

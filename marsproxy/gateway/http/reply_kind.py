@@ -59,7 +59,8 @@ def body_kind(route: str, obj: dict[str, Any]) -> ReplyKind | None:
     return kind_of(isinstance(msg, dict) and bool(msg.get("tool_calls")), ch.get("finish_reason"))
 
 
-_RESPONSE_ENDS = frozenset({"completed", "incomplete"})
+RESPONSE_ENDS = frozenset({"completed", "incomplete"})
+"""The statuses of a Responses object that ended with a reply (not failed, cancelled, running)."""
 
 
 def responses_kind(resp: dict[str, Any]) -> ReplyKind | None:
@@ -68,7 +69,7 @@ def responses_kind(resp: dict[str, Any]) -> ReplyKind | None:
     ``in_progress`` (a ``background`` response, still generating on the worker), ``failed``,
     ``cancelled``."""
     status = resp.get("status")
-    if status not in _RESPONSE_ENDS:
+    if status not in RESPONSE_ENDS:
         return None
     items = resp.get("output")
     calls = isinstance(items, list) and any(

@@ -67,6 +67,12 @@ def request_headers(incoming: CIMultiDictProxy[str], *, identity: bool) -> CIMul
     return out
 
 
+def credentials(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's key alone (``Authorization`` or ``x-api-key``), for the proxy's own requests
+    to a worker on the client's behalf (its stored responses' routes)."""
+    return {k: v for k in ("Authorization", "x-api-key") if (v := headers.get(k))}
+
+
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return _filtered(upstream, _DROP_RESPONSE)
 

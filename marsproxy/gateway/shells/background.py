@@ -2,16 +2,16 @@
 
 vLLM answers such a call at once with the response ``queued`` (no output, no usage) and
 generates it afterwards; the client polls ``GET /v1/responses/{id}`` or cancels it. Streamed, the
-generation goes on when the client leaves mid-stream: the same then. Ending the
-call when that first reply leaves would tell admission the session is in a tool phase while the
-engine still fills its KV, and the answer rule would never see the reply. So the call stays
-open: the proxy asks the worker for the response every ``health.interval_s`` (at once after a
-client's own ``GET`` or ``cancel`` of it has passed through) until its status says it has ended,
-then ends the call with the final response (its usage, its kind). A response still unfinished
-after ``upstream.first_byte_timeout_s`` (the longest a non-streamed call may take to its whole
-reply), one the worker no longer knows, a worker that does not answer ``health.unhealthy_after``
-times in a row (as a health check would eject it), or a proxy shutting down ends the call
-without one.
+generation goes on when the client leaves mid-stream: the same then. Ending the call when that
+first reply leaves would tell admission the session is in a tool phase while the engine still
+fills its KV, and the answer rule would never see the reply. So the call stays open: the proxy
+asks the worker for the response every ``health.interval_s`` (at once after a client's own
+``GET`` or ``cancel`` of it has passed through) until its status says it has ended, then ends
+the call with the final response (its usage, its kind); a failed or cancelled one ends it as an
+error does. A response still unfinished after ``upstream.first_byte_timeout_s`` (the longest a
+non-streamed call may take to its whole reply), one the worker no longer knows, a worker that
+does not answer ``health.unhealthy_after`` times in a row (as a health check would eject it), or
+a proxy shutting down ends the call without one.
 """
 
 from __future__ import annotations
@@ -21,26 +21,23 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import aiohttp
 
+from marsproxy.gateway.http.reply_kind import RESPONSE_ENDS
+
 log = logging.getLogger("marsproxy.gateway.shells.background")
 
 # The statuses of a response the worker is still working on (vLLM 0.32 shows ``queued`` until
-# the end; ``in_progress`` is the OpenAI API's word for the same), and of one that ended well.
+# the end; ``in_progress`` is the OpenAI API's word for the same).
 UNFINISHED = frozenset({"queued", "in_progress"})
-ENDED_WELL = frozenset({"completed", "incomplete"})
 
-# Called once per watched call: the final response's bytes, or None (no final response known).
+# Called once per watched call: the final response's bytes where it ended with a reply
+# (``completed``, ``incomplete``), else None (failed, cancelled, lost, given up).
 Finish = Callable[[bytes | None], None]
-
-
-def credentials(headers: Mapping[str, str]) -> dict[str, str]:
-    """The client's credentials, as the worker checks them on its own routes."""
-    return {k: v for k in ("Authorization", "x-api-key") if (v := headers.get(k))}
 
 
 @dataclass
@@ -49,8 +46,16 @@ class _Watch:
     auth: dict[str, str]
     finish: Finish
     deadline: float
-    answered: bool = False  # the last ask got the response (unfinished)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One ask's outcome: whether the worker answered, and the response's end if it has one."""
+
+    answered: bool
+    ended: bool = False
+    body: bytes | None = None  # an end with a reply
 
 
 class BackgroundCalls:
@@ -115,11 +120,11 @@ class BackgroundCalls:
                 async with asyncio.timeout(self._interval_s):
                     await w.wake.wait()
             w.wake.clear()
-            body = await self._ask(rid, w)
-            if body is not None:
-                self._end(rid, body)
+            answer = await self._ask(rid, w)
+            if answer.ended:
+                self._end(rid, answer.body)
                 return
-            missed = 0 if w.answered else missed + 1
+            missed = 0 if answer.answered else missed + 1
             if missed >= self._unanswered:  # as a worker ejected: its calls are lost
                 log.warning("background response %s: its worker did not answer %d times;"
                             " its call ends without it", rid[:64], missed)
@@ -132,27 +137,27 @@ class BackgroundCalls:
                 self._end(rid, None)
                 return
 
-    async def _ask(self, rid: str, w: _Watch) -> bytes | None:
-        """The response's bytes once it has ended (or is gone: ``b""``); ``None``: not yet
-        (``w.answered``), or no answer this time."""
-        w.answered = False
+    async def _ask(self, rid: str, w: _Watch) -> _Answer:
         http = self._http()
         if http is None:
-            return None
+            return _Answer(answered=False)
         try:
             async with asyncio.timeout(self._request_timeout_s), http.get(
                     w.url, headers=w.auth) as r:
                 if r.status == 404:  # the worker restarted, or dropped it: nothing to wait for
                     log.info("background response %s: the worker no longer keeps it", rid[:64])
-                    return b""
+                    return _Answer(answered=True, ended=True)
                 if r.status != 200:
-                    return None
+                    return _Answer(answered=False)
                 body = await r.read()
-                w.answered = True
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.info("asking for background response %s failed: %r", rid[:64], exc)
-            return None
-        return None if unfinished(body) else body
+            return _Answer(answered=False)
+        status = _status(body)
+        if status in UNFINISHED:
+            return _Answer(answered=True)
+        return _Answer(answered=True, ended=True,
+                       body=body if status in RESPONSE_ENDS else None)
 
     def _end(self, rid: str, body: bytes | None) -> None:
         w = self._watched.pop(rid, None)
@@ -162,7 +167,7 @@ class BackgroundCalls:
         if w is None:
             return
         try:
-            w.finish(body or None)
+            w.finish(body)
         except Exception:  # the end of one call must not stop the others' watch
             log.exception("ending the call of background response %s failed", rid[:64])
 
@@ -170,11 +175,6 @@ class BackgroundCalls:
 def unfinished(body: bytes) -> bool:
     """Whether a Responses object's bytes say the worker is still generating it."""
     return _status(body) in UNFINISHED
-
-
-def ended_well(body: bytes) -> bool:
-    """Whether a Responses object's bytes say it ended with a reply (not failed, cancelled)."""
-    return _status(body) in ENDED_WELL
 
 
 def _status(body: bytes) -> object:

@@ -30,7 +30,7 @@ from marsproxy.core.replies import ReplyWorkers
 from marsproxy.core.sessions import Turn
 from marsproxy.gateway.http.health import WorkerHealth
 from marsproxy.gateway.http.routes import stored_response_id
-from marsproxy.gateway.http.upstream import Picker
+from marsproxy.gateway.http.upstream import Picker, credentials
 from marsproxy.gateway.shells.admission import AdmissionShell
 from marsproxy.gateway.shells.metrics import GatewayMetrics
 from marsproxy.gateway.shells.replicas import ReplyLink
@@ -135,8 +135,8 @@ class Replies:
         urls = [u for u in healthy if self._workers[u].label not in deniers]
         if not urls:
             return None
-        auth = {k: v for k in ("Authorization", "x-api-key") if (v := headers.get(k))}
-        url, denied = await worker_keeping(http, urls, response_id, auth, self._probe_timeout_s)
+        url, denied = await worker_keeping(http, urls, response_id, credentials(headers),
+                                           self._probe_timeout_s)
         if url is not None:
             return self._workers[url].label
         if denied:

@@ -258,17 +258,15 @@ class Gateway:
                       response_id: str | None) -> None:
         """The session table learns how ``turn`` ended; a Responses reply id it may be
         continued from is remembered with the worker that made it (:class:`Replies`)."""
-        made = ok and bool(response_id)
-        # Where it went, before finish may forget it; read only for a reply to remember.
-        sess = self.sessions.of(turn) if made else None
-        url = self.placement.worker_of(turn.session) if sess is not None else None
+        if ok and response_id:  # before finish may forget the session
+            url = self.placement.worker_of(turn.session)
+            if url is not None:
+                self.reply_made(turn, response_id, url)
         self.sessions.finish(turn, ok=ok, reply=reply, now=self.now(), response_id=response_id)
-        if response_id and sess is not None and url is not None:
-            self.replies.made(sess.tenant, response_id, turn.session, url)
 
     def reply_made(self, turn: Turn, response_id: str, url: str) -> None:
-        """A background reply's id, known before its call ends (``background.py``): the
-        client's polls of it find their worker."""
+        """``turn``'s reply ``response_id`` came from the worker at ``url``: calls naming it go
+        there (also a background reply's, before its call ends: the client's polls)."""
         sess = self.sessions.of(turn)
         if sess is not None:
             self.replies.made(sess.tenant, response_id, turn.session, url)

@@ -8,7 +8,9 @@ Workers: ``responses_worker.StoringWorker`` (vLLM with its response store on).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -38,6 +40,19 @@ async def _post(http: aiohttp.ClientSession, g: Running, session: str, fake: str
         return out
 
 
+@contextlib.asynccontextmanager
+async def _streamed(http: aiohttp.ClientSession, g: Running,
+                    session: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    """A streamed background call of a tool-calling session, its first event (created) read."""
+    async with http.post(url(g, "/v1/responses"), headers={"x-session-id": session,
+                                                            "x-fake": "tool"},
+                         json={"model": "fake", "input": "go", "tools": TOOLS,
+                               "background": True, "stream": True}) as r:
+        assert r.status == 200
+        await r.content.readuntil(b"\n\n")
+        yield r
+
+
 def _polls(w: StoringWorker, rid: str) -> int:
     return sum(s.method == "GET" and s.path_qs == f"/v1/responses/{rid}" for s in w.seen)
 
@@ -49,9 +64,15 @@ async def _open_calls(http: aiohttp.ClientSession, g: Running) -> float:
                       if line.startswith("marsproxy_background_calls ")))
 
 
-async def _started(two: list[StoringWorker], **sections: Any) -> tuple[Running, StoringWorker]:
+@contextlib.asynccontextmanager
+async def _proxy(two: list[StoringWorker],
+                 **sections: Any) -> AsyncIterator[tuple[Running, StoringWorker]]:
+    """A gateway in front of the first storing worker, stopped at the end."""
     g = await gateway(config([two[0].url], **sections))
-    return g, two[0]
+    try:
+        yield g, two[0]
+    finally:
+        await g.stop()
 
 
 async def test_the_call_stays_open_until_the_worker_ends_it_and_its_answer_ends_the_session(
@@ -60,8 +81,7 @@ async def test_the_call_stays_open_until_the_worker_ends_it_and_its_answer_ends_
     """``background: true``: vLLM answers ``queued`` at once and generates after. That is no
     answer and no end of the call: admission sees the session in a call while the engine works;
     the final response, read when the proxy's poll finds it, is the answer that ends it."""
-    g, w = await _started(two, health={"interval_s": 0.05})
-    try:
+    async with _proxy(two, health={"interval_s": 0.05}) as (g, w):
         await _post(http, g, "bg", "tool")  # this key's replies call tools
         reply = await _post(http, g, "bg", "ok", background=True)
         rid = reply["id"]
@@ -75,37 +95,31 @@ async def test_the_call_stays_open_until_the_worker_ends_it_and_its_answer_ends_
         polls = _polls(w, rid)
         await asyncio.sleep(0.3)
         assert _polls(w, rid) == polls  # no poll after its end
-    finally:
-        await g.stop()
 
 
 async def test_a_finished_background_calls_usage_is_counted_and_its_session_goes_on(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 0.05})
-
-    async def prompt_tokens() -> str:
+    async def prompt_tokens(g: Running) -> str:
         async with http.get(url(g, "/metrics")) as r:
             text = await r.text()
         return next((line for line in text.splitlines()
                      if line.startswith('marsproxy_tokens_total{kind="prompt"}')), "none")
 
-    try:
+    async with _proxy(two, health={"interval_s": 0.05}) as (g, w):
         rid = (await _post(http, g, "t", "tool", background=True))["id"]
         await until(lambda: _polls(w, rid) >= 1)
-        assert await prompt_tokens() == "none"  # the queued reply carried no usage
+        assert await prompt_tokens(g) == "none"  # the queued reply carried no usage
         w.finish(rid)
         await until(lambda: _phase(g, "t") is Phase.DORMANT)  # a tool call: it comes back
-        assert await prompt_tokens() == 'marsproxy_tokens_total{kind="prompt"} 5.0'
-    finally:
-        await g.stop()
+        assert await prompt_tokens(g) == 'marsproxy_tokens_total{kind="prompt"} 5.0'
 
 
 async def test_the_clients_own_poll_through_the_proxy_ends_the_call_at_once(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 30})  # the proxy's own poll: far off
-    try:
+    # The proxy's own poll: far off.
+    async with _proxy(two, health={"interval_s": 30}) as (g, w):
         rid = (await _post(http, g, "p", "tool", background=True))["id"]
         w.finish(rid)
         async with http.get(url(g, f"/v1/responses/{rid}")) as r:
@@ -113,15 +127,12 @@ async def test_the_clients_own_poll_through_the_proxy_ends_the_call_at_once(
             assert (await r.json())["status"] == "completed"
         await until(lambda: _phase(g, "p") is Phase.DORMANT, within=3)
         assert _polls(w, rid) == 2  # the client's, then the proxy's
-    finally:
-        await g.stop()
 
 
 async def test_a_cancelled_background_response_ends_its_call(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 30})
-    try:
+    async with _proxy(two, health={"interval_s": 30}) as (g, w):
         rid = (await _post(http, g, "c", "tool", background=True))["id"]
         assert _phase(g, "c") is Phase.IN_CALL
         async with http.post(url(g, f"/v1/responses/{rid}/cancel")) as r:
@@ -130,30 +141,24 @@ async def test_a_cancelled_background_response_ends_its_call(
         await until(lambda: _phase(g, "c") is not Phase.IN_CALL, within=3)
         assert len(g.gateway.background) == 0
         assert rid not in w.running
-    finally:
-        await g.stop()
 
 
 async def test_a_response_the_worker_no_longer_keeps_ends_its_call(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 0.05})
-    try:
+    async with _proxy(two, health={"interval_s": 0.05}) as (g, w):
         rid = (await _post(http, g, "f", "tool", background=True))["id"]
         await until(lambda: _polls(w, rid) >= 1)
         assert _phase(g, "f") is Phase.IN_CALL
         w.forget(rid)  # the worker restarted: its store is gone
         await until(lambda: _phase(g, "f") is not Phase.IN_CALL)
-    finally:
-        await g.stop()
 
 
 async def test_a_worker_that_stops_answering_ends_its_background_calls(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 0.05, "unhealthy_after": 3})
-    try:
+    async with _proxy(two, health={"interval_s": 0.05, "unhealthy_after": 3}) as (g, w):
         with caplog.at_level(logging.WARNING, "marsproxy.gateway.shells.background"):
             rid = (await _post(http, g, "d", "tool", background=True))["id"]
             await until(lambda: _polls(w, rid) >= 2)
@@ -161,35 +166,27 @@ async def test_a_worker_that_stops_answering_ends_its_background_calls(
             await w.stop()  # the worker is gone: no answer any more
             await until(lambda: _phase(g, "d") is not Phase.IN_CALL)
         assert any("did not answer 3 times" in r.getMessage() for r in caplog.records)
-    finally:
-        await g.stop()
 
 
 async def test_a_response_unfinished_past_the_first_byte_timeout_ends_its_call(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 0.05},
-                          upstream={"first_byte_timeout_s": 0.3})
-    try:
+    async with _proxy(two, health={"interval_s": 0.05},
+                        upstream={"first_byte_timeout_s": 0.3}) as (g, w):
         with caplog.at_level(logging.WARNING, "marsproxy.gateway.shells.background"):
             rid = (await _post(http, g, "x", "tool", background=True))["id"]
             await until(lambda: _phase(g, "x") is not Phase.IN_CALL)
         assert rid in w.running  # the worker still generates; the proxy stopped waiting
         assert any("upstream.first_byte_timeout_s" in r.getMessage() for r in caplog.records)
-    finally:
-        await g.stop()
 
 
 async def test_the_proxy_stopping_ends_every_open_background_call(
     two: list[StoringWorker], http: aiohttp.ClientSession
 ) -> None:
-    g, w = await _started(two, health={"interval_s": 30})
-    try:
+    async with _proxy(two, health={"interval_s": 30}) as (g, w):
         rid = (await _post(http, g, "s", "tool", background=True))["id"]
         assert _phase(g, "s") is Phase.IN_CALL
-    finally:
-        await g.stop()
     assert len(g.gateway.background) == 0
     assert _phase(g, "s") is not Phase.IN_CALL  # no call held open by a proxy that is gone
     assert rid in w.running
@@ -200,14 +197,8 @@ async def test_a_streamed_background_response_whose_client_left_is_watched_to_it
 ) -> None:
     """vLLM goes on with a background response whose streaming client left: so does its call,
     until the worker's response has ended (then with its usage)."""
-    g, w = await _started(two, health={"interval_s": 0.05})
-    try:
-        async with http.post(url(g, "/v1/responses"), headers={"x-session-id": "gone",
-                                                                "x-fake": "tool"},
-                             json={"model": "fake", "input": "go", "tools": TOOLS,
-                                   "background": True, "stream": True}) as r:
-            assert r.status == 200
-            await r.content.readuntil(b"\n\n")  # response.created
+    async with _proxy(two, health={"interval_s": 0.05}) as (g, w):
+        async with _streamed(http, g, "gone") as r:
             r.close()  # the client leaves mid-stream
         rid = w.made[-1]
         await until(lambda: _polls(w, rid) >= 2)  # the proxy asks after it
@@ -215,26 +206,16 @@ async def test_a_streamed_background_response_whose_client_left_is_watched_to_it
         w.finish(rid)
         await until(lambda: _phase(g, "gone") is Phase.DORMANT)
         assert len(g.gateway.background) == 0
-    finally:
-        await g.stop()
 
 
 async def test_a_streamed_background_response_ends_its_call_with_the_stream(
     two: list[StoringWorker], http: aiohttp.ClientSession, until: Any
 ) -> None:
     """With ``stream: true`` the stream carries the whole generation: nothing to poll."""
-    g, w = await _started(two, health={"interval_s": 0.05})
-    try:
-        async with http.post(url(g, "/v1/responses"), headers={"x-session-id": "st",
-                                                                "x-fake": "tool"},
-                             json={"model": "fake", "input": "go", "tools": TOOLS,
-                                   "background": True, "stream": True}) as r:
-            assert r.status == 200
-            await r.content.readuntil(b"\n\n")
+    async with _proxy(two, health={"interval_s": 0.05}) as (g, w):
+        async with _streamed(http, g, "st") as r:
             w.finish(w.made[-1])
             await r.read()
         await until(lambda: _phase(g, "st") is Phase.DORMANT)
         assert len(g.gateway.background) == 0
         assert _polls(w, w.made[-1]) == 0
-    finally:
-        await g.stop()
